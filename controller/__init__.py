@@ -1,0 +1,1 @@
+"""The specctl daemon (scrape -> store -> model -> table -> push) and the `specctl` CLI."""

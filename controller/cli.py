@@ -1,0 +1,22 @@
+"""Entry point of the `specctl` console script."""
+
+from __future__ import annotations
+
+import importlib
+
+from controller.cli_app import app
+
+# One module per command (group); importing a module registers its commands on `app`.
+COMMAND_MODULES = (
+    "sims.cli",
+)
+
+
+def main() -> None:
+    for name in COMMAND_MODULES:
+        importlib.import_module(name)
+    app()
+
+
+if __name__ == "__main__":
+    main()

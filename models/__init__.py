@@ -1,0 +1,1 @@
+"""Learning code: step-cost and acceptance regression, exploration, threshold derivation."""

@@ -1,0 +1,235 @@
+"""Hardware + model cost profile of a speculative-decoding server, and its cost model.
+
+A profile is a YAML file (schema: `Profile`, documented field by field in docs/simulator.md).
+The cost model turns it into the time of one decode iteration at batch size B and depth s:
+
+    t_iter(s, B)  = t_target(B, n=s+1) + t_extend(B, n=s+1) + s * t_draft(B) + sched + spec_sched
+    t_iter(0, B)  = t_target(B, n=1)   + t_extend(B, n=1)                    + sched + spec_sched
+    t_nospec(B)   = t_target(B, n=1)                                         + sched
+
+    t_target(B, n) = fixed + comm + comm_per_token*T + smoothmax(t_mem, t_compute),  T = B*n
+    t_mem          = weight_read + moe_read(T) + kv_read(B, context)
+    moe_read(T)    = expert_read * (1 - (1 - top_k/experts) ** T)   (experts touched by T tokens)
+    t_compute      = compute_per_token * T
+    smoothmax(a,b) = (a**p + b**p) ** (1/p)                         (roofline knee, p = sharpness)
+
+Depth 0 still pays the draft extend that keeps the draft KV cache warm, so a speculative server
+at depth 0 is slower than a server without speculation (as measured upstream).
+
+All functions are numpy-vectorised over the batch size so the simulator and the oracle can
+evaluate whole curves at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+PROFILES_DIR = Path(__file__).parent / "profiles"
+
+NonNeg = Annotated[float, Field(ge=0.0)]
+Pos = Annotated[float, Field(gt=0.0)]
+Prob = Annotated[float, Field(ge=0.0, le=1.0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MoECost(_Strict):
+    experts: Annotated[int, Field(ge=1)]
+    top_k: Annotated[int, Field(ge=1)]
+    expert_read_ms: NonNeg = Field(description="Time to read every routed expert's weights once")
+
+    @model_validator(mode="after")
+    def _k_le_experts(self) -> MoECost:
+        if self.top_k > self.experts:
+            raise ValueError(f"top_k ({self.top_k}) cannot exceed experts ({self.experts})")
+        return self
+
+
+class TargetCost(_Strict):
+    fixed_ms: NonNeg = Field(description="Kernel launch / graph replay overhead per forward")
+    comm_ms: NonNeg = Field(0.0, description="Per-forward collective latency (PCIe all-reduce)")
+    comm_us_per_token: NonNeg = Field(0.0, description="Collective bandwidth cost per batch token")
+    weight_read_ms: NonNeg = Field(description="Dense (non-expert) weights read once: the floor")
+    moe: MoECost | None = None
+    kv_us_per_req_per_1k_ctx: NonNeg = Field(
+        description="KV cache read per request per 1k tokens of context"
+    )
+    compute_us_per_token: NonNeg = Field(description="Compute-bound slope per batch token")
+    roofline_sharpness: Annotated[float, Field(ge=1.0, le=16.0)] = 4.0
+
+
+class DraftCost(_Strict):
+    step_fixed_ms: NonNeg = Field(description="One draft forward (graph replay), batch-independent")
+    step_us_per_req: NonNeg = Field(description="One draft forward, per request in the batch")
+    extend_fixed_ms: NonNeg = Field(description="Draft extend after verify, paid even at depth 0")
+    extend_us_per_token: NonNeg = Field(description="Draft extend per token it re-encodes")
+    spec_sched_ms: NonNeg = Field(
+        0.0, description="Extra CPU work per speculative iteration (verify bookkeeping)"
+    )
+
+
+class SchedulerCost(_Strict):
+    sched_ms: NonNeg = Field(description="CPU scheduling work per decode iteration")
+    prefill_fixed_ms: NonNeg = Field(description="Fixed cost of one prefill batch")
+    prefill_us_per_token: NonNeg = Field(description="Prefill cost per prompt token")
+    max_running_requests_spec: Annotated[int, Field(ge=1)] = Field(
+        48, description="Running-request cap with speculation on (SGLang's default is 48)"
+    )
+    max_running_requests_nospec: Annotated[int, Field(ge=1)] = 256
+    request_overhead_ms: NonNeg = Field(
+        0.0, description="Per-request latency outside the GPU (HTTP, tokenize, detokenize)"
+    )
+
+
+class AcceptanceModel(_Strict):
+    """Per-position conditional acceptance: p[i] = P(draft i+1 accepted | drafts 1..i accepted)."""
+
+    phases: dict[str, list[Prob]]
+    default_phase: str
+
+    @model_validator(mode="after")
+    def _phases_ok(self) -> AcceptanceModel:
+        if self.default_phase not in self.phases:
+            raise ValueError(
+                f"default_phase '{self.default_phase}' is not among phases {sorted(self.phases)}"
+            )
+        return self
+
+    def expected_length(self, phase: str, depth: int) -> float:
+        """E[tokens per request per iteration] at `depth`, bonus token included."""
+        p = np.asarray(self.phases[phase][:depth], dtype=float)
+        return float(1.0 + np.cumprod(p).sum()) if depth > 0 else 1.0
+
+
+class Profile(_Strict):
+    name: str
+    description: str = ""
+    sources: list[str] = Field(default_factory=list, description="Evidence for the parameters")
+    context_tokens: Annotated[int, Field(ge=1)] = Field(
+        4096, description="Typical context length the KV read is charged for when not simulated"
+    )
+    target: TargetCost
+    draft: DraftCost
+    scheduler: SchedulerCost
+    acceptance: AcceptanceModel
+    captured_depths: list[Annotated[int, Field(ge=0, le=15)]]
+    full_depth: Annotated[int, Field(ge=1, le=15)] = Field(
+        description="The depth a server with a fixed speculative config would run"
+    )
+    step_time_cv: Annotated[float, Field(ge=0.0, le=0.5)] = Field(
+        0.02, description="Coefficient of variation of iteration time (lognormal noise)"
+    )
+
+    @model_validator(mode="after")
+    def _depths_ok(self) -> Profile:
+        depths = sorted(set(self.captured_depths))
+        if depths != sorted(self.captured_depths):
+            raise ValueError("captured_depths must not repeat")
+        if self.full_depth not in depths:
+            raise ValueError(f"full_depth {self.full_depth} is not in captured_depths {depths}")
+        for name, probs in self.acceptance.phases.items():
+            if len(probs) < max(depths):
+                raise ValueError(
+                    f"acceptance.phases.{name} has {len(probs)} positions; "
+                    f"the deepest captured depth needs {max(depths)}"
+                )
+        return self
+
+    # ------------------------------------------------------------------ cost model
+
+    def target_ms(self, batch: Any, tokens_per_req: Any, context: Any = None) -> np.ndarray:
+        """Target forward time (ms) for `batch` requests of `tokens_per_req` tokens each."""
+        c = self.target
+        b = np.asarray(batch, dtype=float)
+        t = b * np.asarray(tokens_per_req, dtype=float)
+        ctx = self.context_tokens if context is None else np.asarray(context, dtype=float)
+        mem = c.weight_read_ms + c.kv_us_per_req_per_1k_ctx * b * (ctx / 1000.0) / 1000.0
+        if c.moe is not None:
+            untouched = (1.0 - c.moe.top_k / c.moe.experts) ** t
+            mem = mem + c.moe.expert_read_ms * (1.0 - untouched)
+        compute = c.compute_us_per_token * t / 1000.0
+        p = c.roofline_sharpness
+        core = (mem**p + compute**p) ** (1.0 / p)
+        return np.asarray(c.fixed_ms + c.comm_ms + c.comm_us_per_token * t / 1000.0 + core)
+
+    def draft_step_ms(self, batch: Any) -> np.ndarray:
+        d = self.draft
+        return np.asarray(d.step_fixed_ms + d.step_us_per_req * np.asarray(batch, float) / 1000.0)
+
+    def draft_extend_ms(self, batch: Any, tokens_per_req: Any) -> np.ndarray:
+        d = self.draft
+        t = np.asarray(batch, float) * np.asarray(tokens_per_req, float)
+        return np.asarray(d.extend_fixed_ms + d.extend_us_per_token * t / 1000.0)
+
+    def iteration_ms(self, depth: int | None, batch: Any, context: Any = None) -> np.ndarray:
+        """Mean time (ms) of one decode iteration; depth None = a server without speculation."""
+        sched = self.scheduler.sched_ms
+        if depth is None:
+            return self.target_ms(batch, 1, context) + sched
+        n = depth + 1
+        return (
+            self.target_ms(batch, n, context)
+            + self.draft_extend_ms(batch, n)
+            + depth * self.draft_step_ms(batch)
+            + sched
+            + self.draft.spec_sched_ms
+        )
+
+    def max_running(self, speculative: bool) -> int:
+        s = self.scheduler
+        return s.max_running_requests_spec if speculative else s.max_running_requests_nospec
+
+    def decode_tok_per_s(self, depth: int | None, batch: Any, phase: str | None = None) -> Any:
+        """Steady decode throughput (tok/s) of `batch` running requests, no prefill."""
+        accept = (
+            1.0
+            if depth is None
+            else self.acceptance.expected_length(phase or self.acceptance.default_phase, depth)
+        )
+        b = np.asarray(batch, float)
+        return b * accept / (self.iteration_ms(depth, b) / 1000.0)
+
+
+class ProfileError(ValueError):
+    """A profile file is missing or invalid; the message names the field and the file."""
+
+
+def builtin_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+
+
+def load_profile(name_or_path: str | Path) -> Profile:
+    """Load a built-in profile by name, or a profile YAML file by path."""
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists():
+        path = PROFILES_DIR / f"{name_or_path}.yaml"
+        if not path.exists():
+            raise ProfileError(
+                f"unknown profile '{name_or_path}': built-in profiles are "
+                f"{', '.join(builtin_profiles()) or '(none)'}; or pass a path to a YAML file"
+            )
+    if not path.exists():
+        raise ProfileError(f"profile file not found: {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        raise ProfileError(f"{path}: not valid YAML: {err}") from None
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as err:
+        raise ProfileError(f"{path}: {_explain(err)}") from None
+
+
+def _explain(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        lines.append(f"{loc}: {e['msg']}")
+    return "; ".join(lines)

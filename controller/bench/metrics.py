@@ -1,0 +1,136 @@
+"""Read the contract's per-(depth, bucket) counters and SGLang's gauges from `/metrics` text.
+
+Counters are summed over every series of a (depth, bucket) pair (one series per TP/DP rank), so
+a delta between two scrapes is the server's total work at that depth and bucket in between.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from sglang_hooks.contract import (
+    LABEL_BUCKET,
+    LABEL_DEPTH,
+    METRIC_EXPLORE_ITERATIONS,
+    METRIC_GPU_SECONDS,
+    METRIC_ITERATIONS,
+    METRIC_REQUEST_STEPS,
+    METRIC_TOKENS,
+)
+
+_FIELD_BY_FAMILY = {
+    METRIC_ITERATIONS: "iterations",
+    METRIC_REQUEST_STEPS: "request_steps",
+    METRIC_TOKENS: "tokens",
+    METRIC_GPU_SECONDS: "gpu_seconds",
+    METRIC_EXPLORE_ITERATIONS: "explore_iterations",
+}
+
+
+class MetricsFormatError(ValueError):
+    """The `/metrics` body is not Prometheus text format."""
+
+
+@dataclass(frozen=True)
+class DepthWork:
+    """Decode work done at one depth (summed over buckets, or one bucket)."""
+
+    iterations: float = 0.0
+    request_steps: float = 0.0
+    tokens: float = 0.0
+    gpu_seconds: float = 0.0
+    explore_iterations: float = 0.0
+
+    def __add__(self, other: DepthWork) -> DepthWork:
+        return DepthWork(
+            self.iterations + other.iterations,
+            self.request_steps + other.request_steps,
+            self.tokens + other.tokens,
+            self.gpu_seconds + other.gpu_seconds,
+            self.explore_iterations + other.explore_iterations,
+        )
+
+    def __sub__(self, other: DepthWork) -> DepthWork:
+        return DepthWork(
+            self.iterations - other.iterations,
+            self.request_steps - other.request_steps,
+            self.tokens - other.tokens,
+            self.gpu_seconds - other.gpu_seconds,
+            self.explore_iterations - other.explore_iterations,
+        )
+
+    @property
+    def mean_batch(self) -> float | None:
+        return self.request_steps / self.iterations if self.iterations > 0 else None
+
+    @property
+    def accept_length(self) -> float | None:
+        return self.tokens / self.request_steps if self.request_steps > 0 else None
+
+    @property
+    def decode_tok_per_s(self) -> float | None:
+        return self.tokens / self.gpu_seconds if self.gpu_seconds > 0 else None
+
+    @property
+    def step_ms(self) -> float | None:
+        return 1000.0 * self.gpu_seconds / self.iterations if self.iterations > 0 else None
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One `/metrics` scrape: contract counters per (depth, bucket) and every gauge by name."""
+
+    counters: Mapping[tuple[int, int], DepthWork]
+    gauges: Mapping[str, float]
+
+    def by_depth(self) -> dict[int, DepthWork]:
+        out: dict[int, DepthWork] = {}
+        for (depth, _bucket), work in self.counters.items():
+            out[depth] = out.get(depth, DepthWork()) + work
+        return out
+
+    def has_contract_counters(self) -> bool:
+        return bool(self.counters)
+
+
+def parse_scrape(text: str) -> Scrape:
+    """Parse Prometheus text; raise MetricsFormatError with the parser's reason on garbage."""
+    sums: dict[tuple[int, int], dict[str, float]] = {}
+    gauges: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                name = sample.name.removesuffix("_total")
+                field = _FIELD_BY_FAMILY.get(name)
+                if field is not None and LABEL_DEPTH in sample.labels:
+                    key = (int(sample.labels[LABEL_DEPTH]), int(sample.labels.get(LABEL_BUCKET, 0)))
+                    slot = sums.setdefault(key, {})
+                    slot[field] = slot.get(field, 0.0) + float(sample.value)
+                elif family.type == "gauge":
+                    # Several ranks report the same gauge; keep the largest (e.g. running reqs).
+                    gauges[sample.name] = max(gauges.get(sample.name, float("-inf")), sample.value)
+    except ValueError as err:
+        raise MetricsFormatError(f"not Prometheus text format: {err}") from None
+    counters = {key: DepthWork(**fields) for key, fields in sums.items()}
+    return Scrape(counters=counters, gauges=gauges)
+
+
+def work_between(before: Scrape, after: Scrape) -> dict[int, DepthWork]:
+    """Work per depth done between two scrapes (depths with no new iterations are left out)."""
+    b, a = before.by_depth(), after.by_depth()
+    out = {}
+    for depth, work in a.items():
+        delta = work - b.get(depth, DepthWork())
+        if delta.iterations > 0:
+            out[depth] = delta
+    return out
+
+
+def total(works: Iterable[DepthWork]) -> DepthWork:
+    out = DepthWork()
+    for w in works:
+        out = out + w
+    return out

@@ -1,0 +1,208 @@
+"""One server seen through the contract: read its table back, push a table, scrape `/metrics`.
+
+Every failure becomes a `ServerError` whose message says what went wrong and what to do, so the
+commands can print it as is: an unreachable URL, a missing or wrong admin key (401), a server
+without the specctl plugin, a table the server refuses (its 400 names the field).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from controller.bench.metrics import MetricsFormatError, Scrape, parse_scrape
+from sglang_hooks.contract import (
+    PolicyError,
+    PolicyTable,
+    parse_table,
+    push_body,
+    read_server_state,
+)
+
+ADMIN_KEY_ENV = "SPECCTL_ADMIN_KEY"
+
+
+class ServerError(RuntimeError):
+    """A server could not be reached, or refused or garbled a request."""
+
+
+def admin_key_from_env(explicit: str | None) -> str | None:
+    return explicit if explicit else os.environ.get(ADMIN_KEY_ENV) or None
+
+
+@dataclass(frozen=True)
+class ServerState:
+    """The specctl state a server reports in `/server_info` (rank 0; ranks must agree)."""
+
+    table: PolicyTable | None
+    version: int
+    captured_depths: tuple[int, ...]
+    source: str
+    last_rejection: str | None
+    ranks: int
+
+    def describe(self) -> str:
+        return "released (SGLang's own choice)" if self.table is None else self.table.describe()
+
+
+class ServerClient:
+    """Synchronous admin client for one server (the load itself runs in `loadgen`)."""
+
+    def __init__(self, url: str, admin_key: str | None = None, timeout_s: float = 10.0) -> None:
+        self.url = url.rstrip("/")
+        self.admin_key = admin_key
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ServerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ transport
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            return self._http.request(method, path, **kwargs)
+        except httpx.TimeoutException:
+            raise ServerError(
+                f"{self.url}{path} did not answer in time; is the server overloaded or hung?"
+            ) from None
+        except httpx.TransportError as err:
+            raise ServerError(
+                f"cannot reach {self.url} ({type(err).__name__}: {err}); is the server running, "
+                "and is --url right (e.g. http://127.0.0.1:30000)?"
+            ) from None
+
+    # ------------------------------------------------------------------ read
+
+    def health(self) -> bool:
+        return self._request("GET", "/health").status_code == 200
+
+    def server_info(self) -> dict[str, Any]:
+        resp = self._request("GET", "/server_info")
+        if resp.status_code != 200:
+            raise ServerError(
+                f"GET {self.url}/server_info answered {resp.status_code}: {resp.text[:200]}"
+            )
+        try:
+            info = resp.json()
+        except ValueError:
+            raise ServerError(
+                f"GET {self.url}/server_info did not return JSON; is this SGLang?"
+            ) from None
+        if not isinstance(info, dict):
+            raise ServerError(
+                f"GET {self.url}/server_info returned {type(info).__name__}, not an object"
+            )
+        return info
+
+    def state(self) -> ServerState:
+        try:
+            ranks = read_server_state(self.server_info())
+        except PolicyError as err:
+            raise ServerError(f"{self.url}: {err.field}: {err.message}") from None
+        first = ranks[0]
+        versions = {r.get("version") for r in ranks}
+        if len(versions) > 1:
+            raise ServerError(
+                f"{self.url}: DP ranks report different table versions "
+                f"{sorted(map(str, versions))}; a push is still being applied, try again"
+            )
+        try:
+            table = None if first.get("table") is None else parse_table(first["table"])
+        except PolicyError as err:
+            raise ServerError(f"{self.url} reports an invalid table: {err}") from None
+        return ServerState(
+            table=table,
+            version=int(first.get("version") or 0),
+            captured_depths=tuple(sorted(first.get("captured_depths") or ())),
+            source=str(first.get("source", "?")),
+            last_rejection=first.get("last_rejection"),
+            ranks=len(ranks),
+        )
+
+    def metrics_text(self) -> str:
+        resp = self._request("GET", "/metrics")
+        if resp.status_code != 200:
+            raise ServerError(
+                f"GET {self.url}/metrics answered {resp.status_code}; start SGLang with "
+                "--enable-metrics"
+            )
+        return resp.text
+
+    def scrape(self) -> Scrape:
+        try:
+            return parse_scrape(self.metrics_text())
+        except MetricsFormatError as err:
+            raise ServerError(f"{self.url}/metrics: {err}") from None
+
+    def model_id(self) -> str | None:
+        """The served model's id from `/v1/models`, if the server lists one."""
+        try:
+            resp = self._request("GET", "/v1/models")
+            data = resp.json()["data"] if resp.status_code == 200 else []
+            return str(data[0]["id"]) if data else None
+        except (ServerError, ValueError, KeyError, IndexError, TypeError):
+            return None
+
+    # ------------------------------------------------------------------ write
+
+    def push(self, table: PolicyTable | None) -> ServerState:
+        """Push `table` (None releases control), then read it back; raise unless it is live."""
+        headers = {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else {}
+        resp = self._request("POST", "/set_internal_state", json=push_body(table), headers=headers)
+        self._raise_for_push(resp, table)
+        state = self.state()
+        want = None if table is None else table.to_json()
+        got = None if state.table is None else state.table.to_json()
+        if want != got:
+            raise ServerError(
+                f"{self.url} accepted the push but reports table {state.describe()!r} "
+                f"(version {state.version}); another controller may be pushing at the same time"
+            )
+        return state
+
+    def _raise_for_push(self, resp: httpx.Response, table: PolicyTable | None) -> None:
+        what = "release control" if table is None else f"push table {table.describe()!r}"
+        if resp.status_code == 401:
+            hint = (
+                "the key given was refused"
+                if self.admin_key
+                else f"no admin key was given: pass --admin-key or set {ADMIN_KEY_ENV}"
+            )
+            raise ServerError(
+                f"{self.url} refused to {what}: 401 Unauthorized ({hint}); use the value of the "
+                "server's --admin-api-key"
+            )
+        body: Any
+        try:
+            body = resp.json()
+        except ValueError:
+            body = resp.text[:200]
+        if resp.status_code == 400 and isinstance(body, dict) and "field" in body:
+            raise ServerError(
+                f"{self.url} refused to {what}: {body.get('field')}: {body.get('message')}"
+            )
+        if resp.status_code == 422:
+            raise ServerError(
+                f"{self.url} refused to {what}: 422 (the server does not accept specctl's "
+                f"numeric settings): {body}"
+            )
+        if resp.status_code != 200:
+            raise ServerError(f"{self.url} refused to {what}: {resp.status_code} {body}")
+        # SGLang answers one bool per DP rank; a dict form ({"updated": ...}) is tolerated.
+        flags: list[Any] = []
+        if isinstance(body, list):
+            flags = body
+        elif isinstance(body, dict):
+            flags = [body.get("updated", body.get("success", True))]
+        if any(flag is False for flag in flags):
+            reason = self.state().last_rejection or "no reason reported"
+            raise ServerError(f"{self.url} refused to {what} on some DP rank: {reason}")

@@ -1,0 +1,211 @@
+"""Scrape: counters from a server's /metrics text -> per-(depth, bucket) `Sample`s.
+
+Counters are keyed per series `family|depth|bs_bucket|dp_rank` (TP rank 0 and PP rank 0 only:
+every TP/PP rank of a DP rank counts the same iterations). Deltas between two snapshots are
+summed over DP ranks into one `Sample` per (depth, bucket).
+
+Counter resets. A server restart zeroes every counter at once, so if any series went down
+since the previous snapshot the whole server is taken to have restarted and each series'
+current value is its delta since the restart (the rule Prometheus' `increase()` applies per
+series). A series seen for the first time starts at zero, so its value is its delta. A restart
+after which every counter has already grown past its old value is not detectable from counters
+alone; the interval it spans is then under-counted, never over-counted.
+
+Garbage. A page that does not parse is rejected whole (the snapshot is not advanced, nothing is
+stored). Single series that are NaN, infinite, negative or carry unreadable labels are dropped
+and counted. A (depth, bucket) whose deltas are mutually impossible (mean batch outside its
+bucket, fewer tokens than request steps, ...) is dropped and counted, not stored.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from models.samples import Sample
+from sglang_hooks.contract import (
+    BS_BUCKET_EDGES,
+    COUNTER_FAMILIES,
+    LABEL_BUCKET,
+    LABEL_DEPTH,
+    MAX_DEPTH,
+    METRIC_EXPLORE_ITERATIONS,
+    METRIC_GPU_SECONDS,
+    METRIC_ITERATIONS,
+    METRIC_REQUEST_STEPS,
+    METRIC_TOKENS,
+    bucket_upper,
+)
+
+_FAMILIES = frozenset(COUNTER_FAMILIES)
+_BUCKETS = frozenset(BS_BUCKET_EDGES)
+REL_TOL = 1e-6
+
+
+class ScrapeError(RuntimeError):
+    """A scrape that yields nothing storable. `kind` labels the daemon's error counter."""
+
+    def __init__(self, kind: str, message: str) -> None:
+        self.kind = kind  # "unreachable" | "timeout" | "http_status" | "parse" | "no_series" ...
+        super().__init__(message)
+
+
+def series_key(family: str, depth: int, bucket: int, dp_rank: str) -> str:
+    return f"{family}|{depth}|{bucket}|{dp_rank}"
+
+
+def split_key(key: str) -> tuple[str, int, int, str]:
+    family, depth, bucket, dp = key.split("|")
+    return family, int(depth), int(bucket), dp
+
+
+@dataclass
+class CounterSnapshot:
+    """Counter values of one scrape, keyed by `series_key`."""
+
+    values: dict[str, float] = field(default_factory=dict)
+    dropped_series: int = 0  # NaN / negative / unreadable labels
+
+
+def _family_of(sample_name: str) -> str | None:
+    if sample_name.endswith("_created"):
+        return None
+    base = sample_name.removesuffix("_total")
+    return base if base in _FAMILIES else None
+
+
+def _parse_int(raw: str | None) -> int | None:
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+def parse_counters(text: str) -> CounterSnapshot:
+    """The specctl counters of one /metrics page. Raises ScrapeError('parse') on bad text."""
+    snap = CounterSnapshot()
+    try:
+        families = list(text_string_to_metric_families(text))
+    except Exception as err:  # the parser raises ValueError, IndexError, ... on bad lines
+        raise ScrapeError("parse", f"/metrics text does not parse: {err!r}"[:300]) from None
+    for fam in families:
+        for s in fam.samples:
+            family = _family_of(s.name)
+            if family is None:
+                continue
+            labels = s.labels
+            if labels.get("tp_rank", "0") != "0" or labels.get("pp_rank", "0") != "0":
+                continue
+            depth = _parse_int(labels.get(LABEL_DEPTH))
+            bucket = _parse_int(labels.get(LABEL_BUCKET))
+            value = s.value
+            if (
+                depth is None
+                or not 0 <= depth <= MAX_DEPTH
+                or bucket not in _BUCKETS
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+                or value < 0
+            ):
+                snap.dropped_series += 1
+                continue
+            assert bucket is not None
+            key = series_key(family, depth, bucket, labels.get("dp_rank", ""))
+            snap.values[key] = snap.values.get(key, 0.0) + float(value)
+    return snap
+
+
+@dataclass
+class DeltaResult:
+    deltas: dict[str, float]
+    merged: dict[str, float]  # the snapshot to keep for the next scrape
+    restarted: bool
+
+
+def counter_deltas(
+    previous: Mapping[str, float] | None, current: Mapping[str, float]
+) -> DeltaResult:
+    """Deltas of `current` over `previous`; None previous: a baseline only (no deltas)."""
+    if previous is None:
+        return DeltaResult({}, dict(current), False)
+    restarted = any(v < previous[k] * (1 - REL_TOL) for k, v in current.items() if k in previous)
+    deltas: dict[str, float] = {}
+    for key, value in current.items():
+        old = previous.get(key)
+        deltas[key] = value if restarted or old is None else max(value - old, 0.0)
+    if restarted:
+        # Series not reported since the restart start again from zero.
+        merged = dict(current)
+    else:
+        merged = dict(previous)
+        merged.update(current)
+    return DeltaResult(deltas, merged, restarted)
+
+
+@dataclass
+class SampleBuild:
+    samples: list[Sample]
+    inconsistent: int  # (depth, bucket) groups dropped as impossible
+
+
+def build_samples(
+    deltas: Mapping[str, float],
+    *,
+    group: str,
+    target: str,
+    t_end: float,
+    interval_s: float,
+) -> SampleBuild:
+    """Sum deltas over DP ranks into one checked `Sample` per (depth, bucket) that ran."""
+    sums: dict[tuple[int, int], dict[str, float]] = defaultdict(dict)
+    for key, delta in deltas.items():
+        family, depth, bucket, _dp = split_key(key)
+        cell = sums[(depth, bucket)]
+        cell[family] = cell.get(family, 0.0) + delta
+    out: list[Sample] = []
+    inconsistent = 0
+    for (depth, bucket), cell in sorted(sums.items()):
+        iterations = cell.get(METRIC_ITERATIONS, 0.0)
+        if iterations <= 0:
+            continue  # nothing ran at this (depth, bucket) in the interval
+        sample = Sample(
+            group=group,
+            target=target,
+            t_end=t_end,
+            interval_s=interval_s,
+            depth=depth,
+            bs_bucket=bucket,
+            iterations=iterations,
+            request_steps=cell.get(METRIC_REQUEST_STEPS, 0.0),
+            tokens=cell.get(METRIC_TOKENS, 0.0),
+            gpu_seconds=cell.get(METRIC_GPU_SECONDS, 0.0),
+            explore_iterations=cell.get(METRIC_EXPLORE_ITERATIONS, 0.0),
+        )
+        if why_inconsistent(sample) is None:
+            out.append(sample)
+        else:
+            inconsistent += 1
+    return SampleBuild(out, inconsistent)
+
+
+def why_inconsistent(s: Sample) -> str | None:
+    """A sentence saying why a sample cannot be real, or None if it is plausible."""
+    lo, hi = 1 - REL_TOL, 1 + REL_TOL
+    if s.gpu_seconds <= 0:
+        return "iterations ran but gpu_seconds did not grow"
+    mean_batch = s.request_steps / s.iterations
+    if not s.bs_bucket * lo <= mean_batch <= bucket_upper(s.bs_bucket) * hi:
+        return f"mean batch {mean_batch:.2f} lies outside bucket {s.bs_bucket}"
+    if not s.request_steps * lo <= s.tokens <= s.request_steps * (s.depth + 1) * hi:
+        return (
+            f"tokens {s.tokens} impossible for {s.request_steps} request steps at depth {s.depth}"
+        )
+    if s.explore_iterations > s.iterations * hi:
+        return "more exploration iterations than iterations"
+    return None

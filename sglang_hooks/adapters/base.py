@@ -1,0 +1,63 @@
+"""What an adapter declares: the symbols it hooks (checked statically by the guard) and the
+few accessors whose spelling differs between SGLang versions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+# Hook kinds, spelled like sglang.srt.plugins.hook_registry.HookType members.
+AROUND, AFTER = "AROUND", "AFTER"
+
+
+@dataclass(frozen=True)
+class SymbolSpec:
+    """A method (or, with `attribute`, a class field) the plugin relies on.
+
+    `module`/`cls` say where it is *defined* (what the guard parses); `params` are the
+    leading parameters after `self` that the hook reads, by position and name.
+    """
+
+    module: str
+    cls: str
+    name: str
+    params: tuple[str, ...] = ()
+    is_async: bool = False
+    attribute: bool = False
+
+    @property
+    def where(self) -> str:
+        return f"{self.module}.{self.cls}.{self.name}"
+
+
+@dataclass(frozen=True)
+class HookSpec:
+    """A hook to register: HookRegistry target, kind, the plugin function, its symbol."""
+
+    target: str
+    kind: str
+    hook: str  # attribute name in sglang_hooks.hooks
+    symbol: SymbolSpec
+
+
+@dataclass(frozen=True)
+class Adapter:
+    name: str
+    min_version: tuple[int, int, int]
+    max_version: tuple[int, int, int]
+    hooks: tuple[HookSpec, ...]
+    # Symbols read but not hooked (fields of result objects and the like).
+    reads: tuple[SymbolSpec, ...] = ()
+    # self of the set/get_internal_state hook -> the Scheduler.
+    scheduler_of: Callable[[Any], Any] = field(default=lambda obj: obj)
+    # (result, batch size) -> tokens emitted by that decode iteration, bonus included.
+    tokens_of: Callable[[Any, int], int] = field(default=lambda result, bs: 0)
+
+    @property
+    def versions(self) -> str:
+        lo, hi = self.min_version, self.max_version
+        return f"{'.'.join(map(str, lo))} to {'.'.join(map(str, hi))}"
+
+    def symbols(self) -> tuple[SymbolSpec, ...]:
+        return tuple(h.symbol for h in self.hooks) + self.reads

@@ -1,0 +1,39 @@
+"""SGLang 0.5.17: `Scheduler.set_internal_state` checks a hard-coded whitelist itself.
+
+The plugin wraps that method: the specctl keys are taken out before the whitelist sees them
+(it would refuse them), the table is validated as a whole, the other keys go to SGLang
+unchanged, and the table is installed only if SGLang accepted the rest. With no other keys
+SGLang's method is not called at all, because on success it also resets the acceptance-rate
+statistics, which a policy push should not do.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_hooks.adapters.base import AFTER, AROUND, Adapter, HookSpec, SymbolSpec
+from sglang_hooks.adapters.common import COMMON_HOOKS, COMMON_READS
+
+_SCHED = "sglang.srt.managers.scheduler"
+
+
+def _tokens(result: Any, batch_size: int) -> int:
+    # 0.5.17 sets num_correct_drafts = sum(accept_lens) - batch size: one bonus per request
+    return int(result.num_correct_drafts) + batch_size
+
+
+ADAPTER = Adapter(
+    name="sglang-0.5.17",
+    min_version=(0, 5, 17),
+    max_version=(0, 5, 22),
+    hooks=(
+        *COMMON_HOOKS,
+        HookSpec(f"{_SCHED}.Scheduler.set_internal_state", AROUND, "set_internal_state",
+                 SymbolSpec(_SCHED, "Scheduler", "set_internal_state", ("recv_req",))),
+        HookSpec(f"{_SCHED}.Scheduler.get_internal_state", AFTER, "get_internal_state",
+                 SymbolSpec(_SCHED, "Scheduler", "get_internal_state", ("recv_req",))),
+    ),
+    reads=COMMON_READS,
+    scheduler_of=lambda scheduler: scheduler,
+    tokens_of=_tokens,
+)

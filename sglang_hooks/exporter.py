@@ -1,0 +1,84 @@
+"""Export the per-depth counts to SGLang's own `/metrics` (its multiprocess registry).
+
+Created in the scheduler process that owns SGLang's scheduler metrics (TP rank 0 of each
+replica; only with `--enable-metrics`), after SGLang has set PROMETHEUS_MULTIPROC_DIR, so
+the series land in the same files SGLang's HTTP process aggregates: no new port.
+Deltas are pushed at a coarse cadence (runtime.EXPORT_INTERVAL_S), never per iteration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from sglang_hooks.contract import (
+    BASE_LABELS,
+    COUNTER_FAMILIES,
+    LABEL_BUCKET,
+    LABEL_DEPTH,
+    METRIC_CAPTURED_DEPTH,
+    METRIC_EXPLORE_ITERATIONS,
+    METRIC_GPU_SECONDS,
+    METRIC_ITERATIONS,
+    METRIC_POLICY_VERSION,
+    METRIC_REQUEST_STEPS,
+    METRIC_TOKENS,
+)
+
+if TYPE_CHECKING:
+    from sglang_hooks.runtime import SchedulerRuntime
+
+_HELP = {
+    METRIC_ITERATIONS: "Decode iterations run, by speculation depth and batch-size bucket.",
+    METRIC_REQUEST_STEPS: "Sum of batch sizes over those decode iterations.",
+    METRIC_TOKENS: "Tokens emitted by those decode iterations (bonus token included).",
+    METRIC_GPU_SECONDS: "GPU seconds spent in those decode iterations (CUDA events).",
+    METRIC_EXPLORE_ITERATIONS: "Decode iterations that were exploration probes.",
+}
+
+
+class PrometheusExporter:
+    def __init__(self, labels: Mapping[str, Any], registry: Any = None) -> None:
+        from prometheus_client import REGISTRY, Counter, Gauge
+
+        registry = REGISTRY if registry is None else registry
+        self.base = tuple(str(labels.get(name, "")) for name in BASE_LABELS)
+        names = (*BASE_LABELS, LABEL_DEPTH, LABEL_BUCKET)
+        self.counters = [
+            Counter(family, _HELP[family], labelnames=names, registry=registry)
+            for family in COUNTER_FAMILIES
+        ]
+        self.policy_version = Gauge(
+            METRIC_POLICY_VERSION,
+            "Version of the live specctl table (0: SGLang's own adaptive choice).",
+            labelnames=BASE_LABELS,
+            multiprocess_mode="mostrecent",
+            registry=registry,
+        )
+        self.captured = Gauge(
+            METRIC_CAPTURED_DEPTH,
+            "1 for each speculation depth captured at start-up (a table may use it).",
+            labelnames=(*BASE_LABELS, LABEL_DEPTH),
+            multiprocess_mode="mostrecent",
+            registry=registry,
+        )
+        self._children: dict[tuple[int, int], list[Any]] = {}
+        self._captured_shown: frozenset[int] = frozenset()
+
+    def export(self, runtime: SchedulerRuntime) -> None:
+        for key, cell in runtime.counters.drain().items():
+            children = self._children.get(key)
+            if children is None:
+                depth, bucket = key
+                children = self._children[key] = [
+                    c.labels(*self.base, str(depth), str(bucket)) for c in self.counters
+                ]
+            for child, value in zip(children, cell, strict=True):
+                if value:
+                    child.inc(value)
+        table = runtime.table
+        self.policy_version.labels(*self.base).set(0 if table is None else table.version)
+        if runtime.captured_depths != self._captured_shown:
+            for depth in runtime.captured_depths:
+                self.captured.labels(*self.base, str(depth)).set(1)
+            self._captured_shown = runtime.captured_depths

@@ -1,0 +1,52 @@
+"""The frozen start-up table: `SPECCTL_POLICY_FILE` names a YAML or JSON file with a `table:`.
+
+The file may carry provenance next to the table (when and from what it was learned); only
+`table` is read, in contract form `{"version": n, "tiers": [...]}`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from sglang_hooks.contract import PolicyError, PolicyTable, parse_table
+
+POLICY_FILE_ENV = "SPECCTL_POLICY_FILE"
+
+
+def load_policy_file(
+    path: str | Path, captured_depths: Iterable[int] | None = None
+) -> PolicyTable:
+    """Read and validate the table in `path`. Raises PolicyError naming the file and field."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as err:
+        raise PolicyError(POLICY_FILE_ENV, f"cannot read {p}: {err.strerror or err}") from None
+    try:
+        if p.suffix.lower() == ".json":
+            data = json.loads(text)
+        else:
+            import yaml  # JSON is valid YAML too, so any other suffix goes through YAML
+
+            data = yaml.safe_load(text)
+    except ValueError as err:  # json.JSONDecodeError and yaml.YAMLError both derive from it
+        raise PolicyError(POLICY_FILE_ENV, f"{p} is not valid JSON/YAML: {err}") from None
+    except Exception as err:  # yaml.YAMLError is not a ValueError
+        raise PolicyError(POLICY_FILE_ENV, f"{p} is not valid YAML: {err}") from None
+    if not isinstance(data, Mapping) or "table" not in data:
+        raise PolicyError(
+            f"{p}: table",
+            "missing: the policy file needs a top-level 'table' with 'version' and 'tiers'",
+        )
+    try:
+        return parse_table(data["table"], captured_depths=captured_depths)
+    except PolicyError as err:
+        raise PolicyError(f"{p}: table.{err.field}", err.message) from None
+
+
+def policy_file_from_env() -> str | None:
+    value = os.environ.get(POLICY_FILE_ENV, "").strip()
+    return value or None

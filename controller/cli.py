@@ -10,6 +10,7 @@ from controller.cli_app import app
 COMMAND_MODULES = (
     "sims.cli",
     "controller.bench_cli",
+    "controller.status_cli",
 )
 
 

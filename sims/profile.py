@@ -86,6 +86,15 @@ class SchedulerCost(_Strict):
     request_overhead_ms: NonNeg = Field(
         0.0, description="Per-request latency outside the GPU (HTTP, tokenize, detokenize)"
     )
+    max_prefill_tokens: Annotated[int, Field(ge=1)] = Field(
+        16384, description="Prompt tokens one prefill batch may admit (SGLang's default)"
+    )
+    max_total_tokens: Annotated[int, Field(ge=1)] = Field(
+        1_000_000, description="KV cache pool size in tokens (sglang:token_usage denominator)"
+    )
+    cuda_graph_padding: bool = Field(
+        True, description="Charge a decode iteration at the next CUDA-graph batch size"
+    )
 
 
 class AcceptanceModel(_Strict):

@@ -1,0 +1,112 @@
+"""Prometheus exposition of a simulated server: the contract's counters and SGLang's own series.
+
+One `CollectorRegistry` per server with one custom collector that reads the engine's state at
+scrape time, so the text is exactly what prometheus_client renders for a real process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from sglang_hooks import contract
+
+if TYPE_CHECKING:
+    from sims.server import SimulatedServer
+
+_COUNTER_HELP = {
+    contract.METRIC_ITERATIONS: "Decode iterations run at this depth and batch-size bucket",
+    contract.METRIC_REQUEST_STEPS: "Sum of batch sizes over those decode iterations",
+    contract.METRIC_TOKENS: "Tokens emitted by those decode iterations, bonus token included",
+    contract.METRIC_GPU_SECONDS: "Seconds spent in those decode iterations",
+    contract.METRIC_EXPLORE_ITERATIONS: "Those decode iterations that were exploration probes",
+}
+
+_GAUGE_HELP = {
+    "sglang:num_running_reqs": "The number of running requests.",
+    "sglang:num_queue_reqs": "The number of requests in the waiting queue.",
+    "sglang:gen_throughput": "The generation throughput (token/s).",
+    "sglang:token_usage": "The token usage.",
+    "sglang:spec_accept_length": "The average acceptance length of speculative decoding.",
+    "sglang:spec_accept_rate": "The average acceptance rate of speculative decoding.",
+    "sglang:spec_num_steps": "The active speculative num_steps (depth).",
+}
+
+
+class SimulatedServerCollector(Collector):
+    def __init__(self, server: SimulatedServer) -> None:
+        self.server = server
+
+    def collect(self) -> Iterator[Metric]:
+        server = self.server
+        engine = server.engine
+        base = server.base_label_values()
+        labels = [*contract.BASE_LABELS, contract.LABEL_DEPTH, contract.LABEL_BUCKET]
+        if server.speculative:
+            families = [
+                CounterMetricFamily(name, _COUNTER_HELP[name], labels=labels)
+                for name in contract.COUNTER_FAMILIES
+            ]
+            for (depth, bucket), row in sorted(engine.counters.items()):
+                for family, value in zip(families, row, strict=True):
+                    family.add_metric([*base, str(depth), str(bucket)], value)
+            yield from families
+
+            version = GaugeMetricFamily(
+                contract.METRIC_POLICY_VERSION,
+                "Version of the policy table in force (0: SGLang's own choice)",
+                labels=list(contract.BASE_LABELS),
+            )
+            version.add_metric(base, float(server.policy_version))
+            yield version
+            captured = GaugeMetricFamily(
+                contract.METRIC_CAPTURED_DEPTH,
+                "1 for every depth the server captured CUDA graphs for",
+                labels=[*contract.BASE_LABELS, contract.LABEL_DEPTH],
+            )
+            for depth in server.profile.captured_depths:
+                captured.add_metric([*base, str(depth)], 1.0)
+            yield captured
+
+        g = engine.gauges
+        values = {
+            "sglang:num_running_reqs": g.num_running_reqs,
+            "sglang:num_queue_reqs": g.num_queue_reqs,
+            "sglang:gen_throughput": g.gen_throughput,
+            "sglang:token_usage": g.token_usage,
+            "sglang:spec_accept_length": g.spec_accept_length,
+            "sglang:spec_accept_rate": g.spec_accept_rate,
+            "sglang:spec_num_steps": g.spec_num_steps,
+        }
+        for name in contract.SGLANG_GAUGES:
+            gauge = GaugeMetricFamily(name, _GAUGE_HELP[name], labels=list(contract.BASE_LABELS))
+            gauge.add_metric(base, values[name])
+            yield gauge
+
+        tok_labels = ["model_name", "engine_type", "is_streaming"]
+        gen = CounterMetricFamily(
+            "sglang:generation_tokens", "Number of generation tokens processed.", labels=tok_labels
+        )
+        req = CounterMetricFamily(
+            "sglang:num_requests", "The number of requests finished.", labels=tok_labels
+        )
+        for streaming, (tokens, requests) in sorted(server.finished_by_streaming().items()):
+            flag = "true" if streaming else "false"
+            gen.add_metric([server.model_name, "unified", flag], tokens)
+            req.add_metric([server.model_name, "unified", flag], requests)
+        yield gen
+        yield req
+
+
+def new_registry(server: SimulatedServer) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SimulatedServerCollector(server))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> str:
+    return generate_latest(registry).decode()

@@ -1,0 +1,314 @@
+"""`SimulatedServer`: one simulated SGLang 0.5.23 server with the specctl plugin loaded.
+
+It speaks the same contract as the real plugin (sglang_hooks/contract.py): the same
+`/set_internal_state` semantics and errors, the same `/server_info` readback, the same
+`/metrics` series. The daemon's evaluation drives it in-process (`advance`, then scrape);
+`sims.http` wraps it in a FastAPI app whose clock runs at a multiple of wall time.
+
+All public methods are thread-safe (one lock): the HTTP app advances the clock from a
+background thread while request handlers read metrics and submit requests.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import threading
+from typing import Any, Literal
+
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from sglang_hooks import contract
+from sglang_hooks.contract import PolicyError, PolicyTable
+from sims.engine import Engine, RequestListener, SimStats
+from sims.metrics import new_registry, render
+from sims.policies import DepthPolicy, FixedDepthPolicy, SGLangAdaptivePolicy, TablePolicy
+from sims.profile import Profile
+from sims.workload import Workload
+
+log = logging.getLogger(__name__)
+
+SGLANG_VERSION = "0.5.23"
+
+
+class _SetInternalStateBody(BaseModel):
+    # SGLang 0.5.23: SetInternalStateReq.server_args: Dict[str, Union[int, float]].
+    server_args: dict[str, int | float]
+
+
+_BODY = TypeAdapter(_SetInternalStateBody)
+
+
+class SimulatedServer:
+    """A simulated speculative-decoding SGLang server. See docs/simulator.md#in-process-api."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        workload: Workload,
+        *,
+        seed: int = 0,
+        admin_key: str | None = None,
+        api_key: str | None = None,
+        speculative: bool = True,
+        model_name: str | None = None,
+        table: PolicyTable | None = None,
+        policy: DepthPolicy | None = None,
+    ) -> None:
+        """`table`: a policy file frozen at start-up (source "startup"). `policy`: run this
+        policy instead (a fixed depth or the oracle, for baselines); both optional."""
+        self.profile = profile
+        self.workload = workload
+        self.speculative = speculative
+        self.model_name = model_name or profile.name
+        self.admin_key = admin_key
+        self.api_key = api_key
+        self._lock = threading.RLock()
+        self.engine = Engine(profile, workload, seed=seed, speculative=speculative)
+        self._adaptive = self.engine.policy
+        self._captured = list(profile.captured_depths) if speculative else []
+        self._table: PolicyTable | None = None
+        self._source = "none"
+        self._last_rejection: str | None = None
+        self._applied_iteration: int | None = None
+        self._live_version = 0
+        self._streaming_finished = [0, 0]  # tokens, requests of finished streaming requests
+        self._target = 0.0
+        if table is not None:
+            self._table = table
+            self._source = "startup"
+            self._install_now(TablePolicy(table, self.engine.policy_rng), table.version)
+        elif policy is not None:
+            self._source = "startup"
+            if isinstance(policy, FixedDepthPolicy):
+                self._table = contract.single_depth_table(policy.depth)
+            self._install_now(policy, 0)
+        self._registry = new_registry(self)
+
+    def _install_now(self, policy: DepthPolicy, version: int) -> None:
+        self.engine.set_policy(policy, on_applied=self._applied(version))
+        self.engine._apply_pending_policy()
+
+    # ------------------------------------------------------------------ clock
+
+    @property
+    def now(self) -> float:
+        """Simulated seconds since start."""
+        return self.engine.now
+
+    def advance(self, seconds: float) -> None:
+        """Run the simulation forward by `seconds` of simulated time."""
+        if seconds < 0:
+            raise ValueError(f"seconds must be >= 0, got {seconds}")
+        with self._lock:
+            self._target = max(self._target, self.engine.now) + seconds
+            self.engine.run_until(self._target)
+
+    def advance_to(self, sim_time: float) -> None:
+        """Run the simulation until `sim_time` (no-op if already past it)."""
+        with self._lock:
+            if sim_time > self.engine.now:
+                self._target = sim_time
+                self.engine.run_until(sim_time)
+
+    def set_concurrency(self, concurrency: float | None) -> None:
+        """Set the closed-loop client count from now on (None: follow the workload again)."""
+        if concurrency is not None and concurrency < 0:
+            raise ValueError(f"concurrency must be >= 0, got {concurrency}")
+        with self._lock:
+            self.engine.set_concurrency(concurrency)
+
+    def stats(self) -> SimStats:
+        with self._lock:
+            out = self.engine.stats.copy()
+            out.now = self.engine.now
+            return out
+
+    # ------------------------------------------------------------------ requests
+
+    def submit(
+        self,
+        prompt_tokens: int,
+        max_new_tokens: int,
+        listener: RequestListener | None = None,
+    ) -> int:
+        """A request from outside the workload; it joins the queue at the current time."""
+        with self._lock:
+            return self.engine.submit(prompt_tokens, max_new_tokens, listener)
+
+    def record_streaming_finished(self, tokens: int) -> None:
+        with self._lock:
+            self._streaming_finished[0] += tokens
+            self._streaming_finished[1] += 1
+
+    def finished_by_streaming(self) -> dict[bool, tuple[int, int]]:
+        st = self.engine.stats
+        s_tok, s_req = self._streaming_finished
+        return {
+            False: (st.completed_output_tokens - s_tok, st.completed_requests - s_req),
+            True: (s_tok, s_req),
+        }
+
+    # ------------------------------------------------------------------ auth
+
+    def authorize(
+        self, level: Literal["normal", "admin_optional"], authorization: str | None
+    ) -> bool:
+        """SGLang 0.5.23's rule (srt/utils/auth.py) for NORMAL and ADMIN_OPTIONAL endpoints."""
+        key = (self.admin_key or self.api_key) if level == "admin_optional" else self.api_key
+        if not key:
+            return True
+        if not authorization:
+            return False
+        parts = authorization.split(" ", 1)
+        if len(parts) != 2 or parts[0].lower() != "bearer":
+            return False
+        return secrets.compare_digest(parts[1], key)
+
+    # ------------------------------------------------------------------ admin RPC
+
+    def set_internal_state(self, body: object, authorization: str | None) -> tuple[int, object]:
+        """POST /set_internal_state -> (HTTP status, JSON body), as the plugin answers it."""
+        if not self.authorize("admin_optional", authorization):
+            return 401, {"error": "Unauthorized"}
+        try:
+            req = _BODY.validate_python(body)
+        except ValidationError as err:
+            return 422, {"detail": _fastapi_errors(err)}
+        with self._lock:
+            ours, rest = contract.split_policy_keys(req.server_args)
+            table: PolicyTable | None = None
+            if ours:
+                try:
+                    table = contract.decode_table(ours, captured_depths=self._captured)
+                except PolicyError as err:
+                    self._last_rejection = f"{err.field}: {err.message}"
+                    log.warning("specctl: policy push rejected: %s", self._last_rejection)
+                    return 400, err.to_json()
+            for key, value in rest.items():
+                reason = self._sglang_key_rejection(key, value)
+                if reason is not None:
+                    # SGLang refuses the whole request when one key is refused; so do we.
+                    log.warning(reason)
+                    if ours:
+                        self._last_rejection = reason
+                    return 200, [False]
+            if ours:
+                self._install(table)
+            return 200, [True]
+
+    def _sglang_key_rejection(self, key: str, value: float) -> str | None:
+        """Why SGLang 0.5.23 would refuse this non-specctl key (None: it accepts it)."""
+        if key == "pp_max_micro_batch_size":
+            upper = self.engine.max_running
+            if not 1 <= value <= upper:
+                return (
+                    f"Updating {key} to {value} is rejected because it is out of the valid "
+                    f"range [1, {upper}]."
+                )
+            return None
+        if key in ("speculative_accept_threshold_single", "speculative_accept_threshold_acc"):
+            return None
+        return f"Updating {key} is not supported."
+
+    def _install(self, table: PolicyTable | None) -> None:
+        self._last_rejection = None
+        self._table = table
+        self._applied_iteration = None
+        if table is None:
+            self._source = "none"
+            self.engine.set_policy(self._adaptive, on_applied=self._applied(0))
+        else:
+            self._source = "push"
+            policy = TablePolicy(table, self.engine.policy_rng)
+            self.engine.set_policy(policy, on_applied=self._applied(table.version))
+
+    def _applied(self, version: int):  # type: ignore[no-untyped-def]
+        def on_applied(forward_ct: int) -> None:
+            self._applied_iteration = forward_ct
+            self._live_version = version
+
+        return on_applied
+
+    @property
+    def policy_version(self) -> int:
+        return self._live_version
+
+    @property
+    def policy_name(self) -> str:
+        return self.engine.policy.name
+
+    def specctl_state(self) -> dict[str, Any]:
+        with self._lock:
+            return contract.server_state(
+                self._table,
+                self._captured,
+                source=self._source,
+                last_rejection=self._last_rejection,
+                applied_iteration=self._applied_iteration,
+            )
+
+    # ------------------------------------------------------------------ readback
+
+    def server_info(self) -> dict[str, Any]:
+        """GET /server_info: SGLang's startup configuration plus per-DP-rank internal state."""
+        with self._lock:
+            engine = self.engine
+            internal: dict[str, Any] = {
+                "effective_max_running_requests_per_dp": engine.max_running,
+                "last_gen_throughput": engine.gauges.gen_throughput,
+                "world_size": 1,
+                contract.SERVER_INFO_KEY: self.specctl_state(),
+            }
+            if self.speculative:
+                internal["avg_spec_accept_length"] = engine.stats.accept_length
+                adaptive = self._adaptive
+                if isinstance(adaptive, SGLangAdaptivePolicy):
+                    internal["adaptive_slot_steps"] = {
+                        str(k): v for k, v in adaptive.slot_steps().items()
+                    }
+            p = self.profile
+            return {
+                "model_path": self.model_name,
+                "served_model_name": self.model_name,
+                "speculative_algorithm": "EAGLE3" if self.speculative else None,
+                "speculative_num_steps": p.full_depth if self.speculative else None,
+                "speculative_eagle_topk": 1 if self.speculative else None,
+                "speculative_num_draft_tokens": p.full_depth + 1 if self.speculative else None,
+                "speculative_adaptive": self.speculative,
+                "max_running_requests": engine.max_running,
+                "max_prefill_tokens": p.scheduler.max_prefill_tokens,
+                "max_total_num_tokens": p.scheduler.max_total_tokens,
+                "enable_metrics": True,
+                "decode_log_interval": 40,
+                "internal_states": [internal],
+                "version": SGLANG_VERSION,
+                "frontend": "python",
+                "simulated": {"profile": p.name, "now_s": engine.now, "policy": self.policy_name},
+            }
+
+    def metrics_text(self) -> str:
+        """GET /metrics body (Prometheus text exposition format)."""
+        with self._lock:
+            return render(self._registry)
+
+    def base_label_values(self) -> list[str]:
+        return [self.model_name, "unified", "0", "0", "0"]
+
+
+def _fastapi_errors(err: ValidationError) -> list[dict[str, Any]]:
+    """Pydantic errors in FastAPI's 422 shape: loc starts with "body"."""
+    return [
+        {"type": e["type"], "loc": ["body", *e["loc"]], "msg": e["msg"], "input": _jsonable(e)}
+        for e in err.errors(include_url=False)
+    ]
+
+
+def _jsonable(error: Any) -> Any:
+    value = error.get("input")
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)
+    return value

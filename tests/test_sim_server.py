@@ -1,0 +1,202 @@
+"""SimulatedServer in-process API: clock, admin RPC semantics, readback, metrics, determinism."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sglang_hooks import contract
+from sglang_hooks.contract import parse_table, push_body, read_server_state, single_depth_table
+from sims.profile import load_profile
+from sims.server import SimulatedServer
+from sims.workload import Workload, load_scenario
+
+KIMI = "kimi-k25-8x-rtxpro6000-pcie"
+
+
+@pytest.fixture(scope="module")
+def kimi():
+    return load_profile(KIMI)
+
+
+def _server(profile, concurrency=16, **kw) -> SimulatedServer:
+    workload = Workload.closed(concurrency, prompt_tokens=512, output_tokens=128)
+    return SimulatedServer(profile, workload, **kw)
+
+
+def _counters(text: str) -> dict[tuple[str, int, int], float]:
+    """(family, depth, bucket) -> value for the contract's counter families."""
+    out: dict[tuple[str, int, int], float] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name not in contract.COUNTER_FAMILIES:
+            continue
+        for s in fam.samples:
+            if s.name.endswith("_total"):
+                key = (fam.name, int(s.labels["depth"]), int(s.labels["bs_bucket"]))
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def _by_depth(counters: dict[tuple[str, int, int], float], family: str) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for (fam, depth, _), v in counters.items():
+        if fam == family:
+            out[depth] = out.get(depth, 0.0) + v
+    return out
+
+
+def test_clock_advances_and_tokens_flow(kimi):
+    server = _server(kimi)
+    server.advance(30)
+    assert server.now >= 30
+    stats = server.stats()
+    assert stats.tokens_generated > 0
+    assert stats.completed_requests > 0
+    assert stats.decode_iterations > 0 and stats.prefill_iterations > 0
+
+
+def test_same_seed_same_results_and_other_seed_differs(kimi):
+    def run(seed: int) -> tuple[int, int, str]:
+        server = SimulatedServer(kimi, load_scenario("ramp").workload, seed=seed)
+        server.advance(90)
+        st = server.stats()
+        return st.tokens_generated, st.decode_iterations, server.metrics_text()
+
+    assert run(7) == run(7)
+    assert run(7)[0] != run(8)[0]
+
+
+def test_push_applies_table_at_next_iteration_and_depth_changes(kimi):
+    server = _server(kimi, concurrency=16)
+    server.advance(20)
+    before = _by_depth(_counters(server.metrics_text()), contract.METRIC_ITERATIONS)
+    status, body = server.set_internal_state(push_body(single_depth_table(2, version=5)), None)
+    assert (status, body) == (200, [True])
+    state = read_server_state(server.server_info())[0]
+    assert state["source"] == "push" and state["version"] == 5
+    assert state["applied_iteration"] is None  # applied at the next iteration boundary
+    server.advance(20)
+    state = read_server_state(server.server_info())[0]
+    assert state["applied_iteration"] is not None
+    after = _by_depth(_counters(server.metrics_text()), contract.METRIC_ITERATIONS)
+    grown = {d for d in after if after[d] > before.get(d, 0.0)}
+    assert grown == {2}
+    assert "specctl_policy_version{" in server.metrics_text()
+    assert server.policy_version == 5
+
+
+def test_release_returns_control_to_sglang_adaptive(kimi):
+    server = _server(kimi)
+    server.set_internal_state(push_body(single_depth_table(2, version=1)), None)
+    server.advance(5)
+    status, body = server.set_internal_state(push_body(None), None)
+    assert (status, body) == (200, [True])
+    server.advance(5)
+    state = read_server_state(server.server_info())[0]
+    assert state["source"] == "none" and state["table"] is None
+    assert server.policy_name == "sglang-adaptive"
+    assert server.policy_version == 0
+
+
+def test_invalid_push_is_400_naming_the_wire_key_and_recorded(kimi):
+    server = _server(kimi)
+    body = push_body(parse_table({"tiers": [{"min_batch": 1, "depth": 3}]}))
+    body["server_args"]["specctl_t0_depth"] = 9  # not captured
+    status, err = server.set_internal_state(body, None)
+    assert status == 400
+    assert err["field"] == "specctl_t0_depth"
+    state = read_server_state(server.server_info())[0]
+    assert state["last_rejection"].startswith("specctl_t0_depth")
+    assert state["source"] == "none"
+
+
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"server_args": {"specctl_version": "three"}}, "specctl_version"),
+        ({"server_args": [1, 2]}, "server_args"),
+        ({"args": {}}, "server_args"),
+        ("not json object", None),
+    ],
+)
+def test_malformed_body_is_422_naming_the_field(kimi, body, field):
+    server = _server(kimi)
+    status, err = server.set_internal_state(body, None)
+    assert status == 422
+    locs = [e["loc"] for e in err["detail"]]
+    assert all(loc[0] == "body" for loc in locs)
+    if field is not None:
+        assert any(field in loc for loc in locs)
+
+
+def test_unknown_sglang_key_is_false_and_known_key_true(kimi):
+    server = _server(kimi)
+    assert server.set_internal_state({"server_args": {"no_such_knob": 1}}, None) == (200, [False])
+    ok = {"server_args": {"speculative_accept_threshold_single": 1.0}}
+    assert server.set_internal_state(ok, None) == (200, [True])
+    # A table plus a refused key: nothing is applied, and the reason is recorded.
+    mixed = push_body(single_depth_table(1, version=3))
+    mixed["server_args"]["no_such_knob"] = 1
+    assert server.set_internal_state(mixed, None) == (200, [False])
+    state = read_server_state(server.server_info())[0]
+    assert state["version"] == 0 and "no_such_knob" in state["last_rejection"]
+
+
+def test_auth_admin_optional(kimi):
+    admin = _server(kimi, admin_key="adm", api_key="api")
+    body = push_body(single_depth_table(1, version=1))
+    assert admin.set_internal_state(body, None) == (401, {"error": "Unauthorized"})
+    assert admin.set_internal_state(body, "Bearer api")[0] == 401  # api key is not enough
+    assert admin.set_internal_state(body, "Bearer adm") == (200, [True])
+    api_only = _server(kimi, api_key="api")
+    assert api_only.set_internal_state(body, "Bearer wrong")[0] == 401
+    assert api_only.set_internal_state(body, "Bearer api") == (200, [True])
+    assert _server(kimi).set_internal_state(body, None) == (200, [True])
+
+
+def test_metrics_ratios_match_stats(kimi):
+    server = _server(kimi, concurrency=8)
+    server.set_internal_state(push_body(single_depth_table(3, version=1)), None)
+    server.advance(120)
+    c = _counters(server.metrics_text())
+    iters = sum(v for (f, d, _), v in c.items() if f == contract.METRIC_ITERATIONS and d == 3)
+    steps = sum(v for (f, d, _), v in c.items() if f == contract.METRIC_REQUEST_STEPS and d == 3)
+    tokens = sum(v for (f, d, _), v in c.items() if f == contract.METRIC_TOKENS and d == 3)
+    gpu = sum(v for (f, d, _), v in c.items() if f == contract.METRIC_GPU_SECONDS and d == 3)
+    accept = tokens / steps
+    expected = kimi.acceptance.expected_length("chat", 3)
+    assert accept == pytest.approx(expected, rel=0.03)
+    mean_batch = steps / iters
+    model_ms = float(kimi.iteration_ms(3, round(mean_batch)))
+    assert 1000 * gpu / iters == pytest.approx(model_ms, rel=0.10)
+
+
+def test_sglang_series_present_with_real_labels(kimi):
+    server = _server(kimi, concurrency=4)
+    server.advance(30)
+    fams = {f.name: f for f in text_string_to_metric_families(server.metrics_text())}
+    for name in contract.SGLANG_GAUGES:
+        sample = fams[name].samples[0]
+        assert set(sample.labels) == set(contract.BASE_LABELS)
+    assert fams["sglang:num_running_reqs"].samples[0].value == 4
+    assert 1.0 < fams["sglang:spec_accept_length"].samples[0].value < 4.0
+    assert fams["sglang:generation_tokens"].type == "counter"
+    captured = {int(s.labels["depth"]) for s in fams[contract.METRIC_CAPTURED_DEPTH].samples}
+    assert captured == set(kimi.captured_depths)
+
+
+def test_nospec_server_has_no_draft_cost_and_higher_cap(kimi):
+    spec = _server(kimi, concurrency=200)
+    nospec = _server(kimi, concurrency=200, speculative=False)
+    assert nospec.engine.max_running > spec.engine.max_running
+    nospec.advance(60)
+    assert set(nospec.stats().iterations_per_depth) == {0}
+    info = nospec.server_info()
+    assert info["speculative_algorithm"] is None
+
+
+def test_external_concurrency_override(kimi):
+    server = _server(kimi, concurrency=1)
+    server.set_concurrency(32)
+    server.advance(60)
+    assert server.engine.n + server.engine.queue_length >= 24

@@ -11,6 +11,7 @@ COMMAND_MODULES = (
     "sims.cli",
     "controller.bench_cli",
     "controller.status_cli",
+    "sglang_hooks.serve_cli",
 )
 
 

@@ -1,0 +1,85 @@
+"""What `specctl serve` adds to an SGLang command line (pure functions, tested without SGLang).
+
+The plugin steers depth only among depths SGLang captured at start-up, and a depth is usable
+at every batch size only if every batch-size slot of the adaptive config lists it (SGLang
+captures CUDA graphs per slot candidate). So the launch writes a one-slot config listing every
+allowed depth.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DEPTHS = (0, 1, 2, 3, 4, 5)
+DEFAULT_PORT = 30000
+
+
+def adaptive_config(depths: Sequence[int]) -> dict[str, Any]:
+    """An adaptive config with one slot (batch size 1 and up) that captures every depth."""
+    steps = sorted(set(int(d) for d in depths))
+    if not steps or steps[0] < 0:
+        raise ValueError(f"depths must be non-negative integers, got {list(depths)}")
+    return {"1": {"candidate_steps": steps}}
+
+
+def _has_flag(args: Sequence[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in args)
+
+
+def _flag_value(args: Sequence[str], flag: str) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return None
+
+
+def build_command(
+    sglang_args: Sequence[str], config_path: Path, python: str = "python3"
+) -> tuple[list[str], dict[str, str], list[str]]:
+    """(argv, extra environment, notes for the user) for launching SGLang with the plugin."""
+    args = list(sglang_args)
+    notes: list[str] = []
+    if not _has_flag(args, "--speculative-algorithm"):
+        raise ValueError("add --speculative-algorithm EAGLE3 (or EAGLE) and its draft model: "
+                         "specctl steers speculative decoding")
+    if _has_flag(args, "--speculative-adaptive-config"):
+        notes.append("kept your --speculative-adaptive-config: only depths listed in every "
+                     "slot can be pushed")
+    else:
+        args += ["--speculative-adaptive-config", str(config_path)]
+    if not _has_flag(args, "--speculative-adaptive"):
+        args.append("--speculative-adaptive")
+    if not _has_flag(args, "--enable-metrics"):
+        args.append("--enable-metrics")
+    if not _has_flag(args, "--max-running-requests"):
+        notes.append("SGLang lowers --max-running-requests to 48 when speculation is on; set it "
+                     "explicitly (e.g. 256) so high concurrency is admitted")
+    if not _has_flag(args, "--cuda-graph-max-bs"):
+        notes.append("set --cuda-graph-max-bs to at least the batch sizes you serve: above it "
+                     "decode runs without CUDA graphs at every depth")
+    argv = [python, "-m", "sglang.launch_server", *args]
+    return argv, {"SGLANG_PLUGINS": "specctl"}, notes
+
+
+def admin_url(sglang_args: Sequence[str]) -> str:
+    host = _flag_value(sglang_args, "--host") or "127.0.0.1"
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    port = _flag_value(sglang_args, "--port") or str(DEFAULT_PORT)
+    return f"http://{host}:{port}"
+
+
+def render(argv: Sequence[str], env: dict[str, str]) -> str:
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+    return f"{prefix} {shlex.join(argv)}".strip()
+
+
+def write_config(path: Path, depths: Sequence[int]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(adaptive_config(depths), indent=2) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,557 @@
+"""The learner the daemon calls: fit on counter samples, predict tok/s curves, propose a table.
+
+Predicted decode tok/s of depth s at batch B is B * L_s / step(s, B): step time from the pooled
+roofline model (stable, long memory, `models/step_model.py`), accept length L_s from the decayed
+Gamma posteriors (drifting, short memory, `models/acceptance.py`). `propose` picks the best depth
+per batch size, compresses it into tiers (`models/tiers.py`), and adds exploration where the
+posterior says an alternative may still win (Thompson sampling on posterior draws), within
+`exploration_cap`. Rationale and measurements: docs/models.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from models.acceptance import AcceptanceModel
+from models.evidence import Cells, aggregate, sample_arrays
+from models.samples import Sample
+from models.step_model import RooflineStepModel, roofline_features
+from models.tiers import Run, crossovers, hysteresis_for, merge_small_gain_runs, runs_of
+from sglang_hooks.contract import (
+    BS_BUCKET_EDGES,
+    MAX_DEPTH,
+    MAX_TIERS,
+    PolicyTable,
+    Tier,
+    bs_bucket,
+    bucket_upper,
+)
+
+MODEL_VERSION = "specctl-models/1 (roofline-bayes step, ew-gamma acceptance, thompson explore)"
+
+
+class LearnerConfig(BaseModel):
+    """Knobs of the learner. Every field has a default that suits the built-in profiles."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    exploration_cap: float = Field(
+        default=0.03,
+        ge=0.0,
+        le=0.5,
+        description="Hard cap on the share of decode iterations exploring",
+    )
+    acceptance_half_life_s: float = Field(
+        default=120.0, gt=0.0, description="Memory of acceptance (a workload property, drifts)"
+    )
+    step_half_life_s: float = Field(
+        default=86400.0, gt=0.0, description="Memory of step cost (a hardware property, stable)"
+    )
+    min_gain: float = Field(
+        default=0.02,
+        ge=0.0,
+        description="A depth must beat its neighbours' by this margin to hold a tier",
+    )
+    hysteresis_fraction: float = Field(
+        default=0.125,
+        ge=0.0,
+        lt=1.0,
+        description="Hysteresis of each boundary, fraction of min_batch",
+    )
+    explore_margin: float = Field(
+        default=0.01,
+        ge=0.0,
+        description="An alternative counts as possibly better only if it may win by this margin "
+        "(without it, exploration never stops at a crossover, where two depths tie)",
+    )
+    explore_threshold: float = Field(
+        default=0.05,
+        gt=0.0,
+        lt=1.0,
+        description="Below this probability that an alternative wins, a tier does not explore",
+    )
+    explore_saturation: float = Field(
+        default=0.5,
+        gt=0.0,
+        le=1.0,
+        description="Probability that an alternative wins at which a tier explores at the cap",
+    )
+    min_evidence_iterations: float = Field(
+        default=50.0,
+        ge=0.0,
+        description="Below this many iterations a depth is cold: explored, not run",
+    )
+    posterior_draws: int = Field(
+        default=256, ge=16, le=4096, description="Thompson draws per proposal"
+    )
+    step_cv: float = Field(
+        default=0.05, gt=0.0, description="Assumed coefficient of variation of one iteration's time"
+    )
+    model_error: float = Field(
+        default=0.01,
+        gt=0.0,
+        description="Relative error floor per (depth, bucket) of the step model",
+    )
+    acceptance_prior_rate: float = Field(
+        default=0.6,
+        gt=0.0,
+        lt=1.0,
+        description="Per-position acceptance assumed before any evidence",
+    )
+    acceptance_prior_strength: float = Field(
+        default=20.0,
+        gt=0.0,
+        description="Weight of the cross-depth acceptance prior, in request-steps",
+    )
+    acceptance_dispersion: float = Field(
+        default=2.0, ge=1.0, description="Request-steps per independent acceptance observation"
+    )
+    extrapolation_factor: float = Field(
+        default=2.0,
+        ge=1.0,
+        description="Tables resolve batch sizes up to this times the largest seen",
+    )
+
+
+@dataclass
+class CurvePoint:
+    batch: float
+    tok_per_s: float
+    lo: float  # 5th percentile of the posterior of tok_per_s
+    hi: float  # 95th percentile
+    step_ms: float
+    accept_length: float
+    evidence_iterations: float  # decayed iterations of this depth in the bucket of `batch`
+
+
+@dataclass
+class Proposal:
+    table: PolicyTable
+    predicted_tok_per_s: dict[int, float]  # bs_bucket -> decode tok/s under `table`
+    crossovers: list[tuple[int, int, float]]  # (from_depth, to_depth, batch size)
+    exploration_share: float  # expected share of iterations exploring under `table`
+    reason: str
+
+
+@dataclass
+class _Segment:
+    lo: int
+    hi: int
+    depth: int
+    explore_share: float = 0.0
+    explore_depths: tuple[int, ...] = ()
+
+
+class Learner:
+    """Learns tok/s against batch size and depth for one group of identical targets."""
+
+    version: str = MODEL_VERSION
+
+    def __init__(
+        self, captured_depths: Sequence[int], config: LearnerConfig | None = None, seed: int = 0
+    ) -> None:
+        depths = sorted(set(captured_depths))
+        if not depths:
+            raise ValueError("captured_depths: at least one depth is required")
+        bad = [d for d in depths if not isinstance(d, int) or not 0 <= d <= MAX_DEPTH]
+        if bad:
+            raise ValueError(f"captured_depths: {bad[0]!r} is not an integer in [0, {MAX_DEPTH}]")
+        self.captured = depths
+        self.config = config or LearnerConfig()
+        self.seed = seed
+        self.step = RooflineStepModel()
+        self.acceptance = self._new_acceptance()
+        self.fitted_at: float | None = None
+        self._evidence: dict[tuple[int, int], float] = {}  # (depth, bucket) -> decayed iterations
+        self._recent: dict[int, tuple[float, float]] = {}  # bucket -> (iterations, request_steps)
+        self._max_batch_seen = 0.0
+
+    def _new_acceptance(self) -> AcceptanceModel:
+        c = self.config
+        return AcceptanceModel(
+            self.captured,
+            prior_rate=c.acceptance_prior_rate,
+            prior_strength=c.acceptance_prior_strength,
+            dispersion=c.acceptance_dispersion,
+        )
+
+    # ------------------------------------------------------------------ learning
+
+    def fit(self, samples: Sequence[Sample], now: float) -> None:
+        """Refit from all samples of the group (idempotent: state depends only on the inputs)."""
+        arrays = sample_arrays(samples)
+        step_cells = aggregate(arrays, now, self.config.step_half_life_s)
+        recent = aggregate(arrays, now, self.config.acceptance_half_life_s)
+        self.step.fit(step_cells, self.config.step_cv, self.config.model_error)
+        self.acceptance.fit(recent)
+        self._evidence = {
+            (int(d), int(b)): float(n)
+            for d, b, n in zip(
+                step_cells.depth, step_cells.bucket, step_cells.iterations, strict=True
+            )
+        }
+        self._recent = _per_bucket(recent)
+        self._max_batch_seen = float(step_cells.mean_batch.max()) if len(step_cells) else 0.0
+        self.fitted_at = now
+
+    def evidence(self, depth: int) -> float:
+        """Decayed iterations (step memory) of `depth` over all buckets."""
+        return sum(n for (d, _), n in self._evidence.items() if d == depth)
+
+    def warm_depths(self) -> list[int]:
+        """Captured depths with enough evidence to be run (the rest are only explored)."""
+        if not self.step.fitted:
+            return []
+        floor = self.config.min_evidence_iterations
+        return [d for d in self.captured if self.evidence(d) >= floor and self.evidence(d) > 0]
+
+    # ------------------------------------------------------------------ prediction
+
+    def _mean_tok(self, depth: int, batch: np.ndarray) -> np.ndarray:
+        step_ms, _ = self.step.predict(np.full(batch.shape, depth), batch)
+        return np.asarray(batch * self.acceptance.mean_length(depth) / (step_ms / 1000.0))
+
+    def _draw_tok(
+        self, depths: Sequence[int], batch: np.ndarray, rng: np.random.Generator
+    ) -> dict[int, np.ndarray]:
+        """Posterior draws (k, len(batch)) of tok/s per depth, sharing step-model draws."""
+        k = self.config.posterior_draws
+        coef = self.step.draw_coefficients(rng, k)
+        out = {}
+        for d in depths:
+            x = roofline_features(np.full(batch.shape, d), batch)
+            mean_ms = x @ self.step.coef_ * self.step.scale_ms_  # type: ignore[operator]
+            step_ms = coef @ x.T * self.step.scale_ms_
+            # Extrapolated draws may cross zero; a step cannot be < 5% of the posterior mean.
+            step_ms = np.maximum(step_ms, 0.05 * np.asarray(mean_ms))
+            length = self.acceptance.draw_lengths(d, rng, k)
+            out[d] = batch[None, :] * length[:, None] / (step_ms / 1000.0)
+        return out
+
+    def curves(self, batch: np.ndarray) -> dict[int, list[CurvePoint]]:
+        """Predicted tok/s with a 90% band per captured depth at each batch size."""
+        b = np.atleast_1d(np.asarray(batch, float))
+        out: dict[int, list[CurvePoint]] = {}
+        if not self.step.fitted:
+            for d in self.captured:
+                length = self.acceptance.mean_length(d)
+                out[d] = [
+                    CurvePoint(float(x), np.nan, np.nan, np.nan, np.nan, length, 0.0) for x in b
+                ]
+            return out
+        draws = self._draw_tok(self.captured, b, np.random.default_rng(self.seed))
+        for d in self.captured:
+            step_ms, _ = self.step.predict(np.full(b.shape, d), b)
+            length = self.acceptance.mean_length(d)
+            lo, hi = np.percentile(draws[d], [5.0, 95.0], axis=0)
+            out[d] = [
+                CurvePoint(
+                    batch=float(x),
+                    tok_per_s=float(x * length / (s / 1000.0)),
+                    lo=float(lo_),
+                    hi=float(hi_),
+                    step_ms=float(s),
+                    accept_length=length,
+                    evidence_iterations=self._evidence.get((d, bs_bucket(max(int(x), 1))), 0.0),
+                )
+                for x, s, lo_, hi_ in zip(b, step_ms, lo, hi, strict=True)
+            ]
+        return out
+
+    def best_depth(self, batch: int) -> int:
+        """The depth with the highest predicted tok/s at `batch` among warm depths."""
+        warm = self.warm_depths()
+        if not warm:
+            return max(self.captured)
+        b = np.asarray([float(batch)])
+        return max(warm, key=lambda d: float(self._mean_tok(d, b)[0]))
+
+    # ------------------------------------------------------------------ proposal
+
+    def propose(
+        self,
+        now: float,
+        live: PolicyTable | None,
+        batch_histogram: Mapping[int, float] | None = None,
+    ) -> Proposal:
+        """The table to run next, with exploration where the model is unsure (<= the cap)."""
+        c = self.config
+        warm = self.warm_depths()
+        cold = [d for d in self.captured if d not in warm]
+        version = (live.version + 1) if live is not None else 1
+        hist = self._histogram(batch_histogram)
+        if not warm:
+            return self._cold_start(live, cold, version, hist)
+
+        top = self._grid_top(hist)
+        grid = np.arange(1, top + 1, dtype=float)
+        tok = {d: self._mean_tok(d, grid) for d in warm}
+        stacked = np.stack([tok[d] for d in warm])
+        best = np.asarray(warm)[np.argmax(stacked, axis=0)]
+        # Runs that win by less than the exploration margin are noise in a flat region: they
+        # neither change throughput nor mark a real crossover.
+        resolved = merge_small_gain_runs(runs_of(best), tok, c.explore_margin)
+        raw_crossovers = crossovers(resolved, tok)
+        runs = merge_small_gain_runs(resolved, tok, c.min_gain)
+        runs = _limit_runs(runs, tok, MAX_TIERS // 2)
+
+        segments = self._explore_segments(runs, warm, cold, top)
+        tiers = _to_tiers(segments, c.hysteresis_fraction)
+        table = PolicyTable.build(tiers, version=version, captured_depths=self.captured)
+        share = _expected_share(table, hist)
+        predicted = self._predicted(table, hist, top)
+        reason = self._reason(table, raw_crossovers, share, segments, predicted, live, hist, top)
+        return Proposal(table, predicted, raw_crossovers, share, reason)
+
+    def _explore_segments(
+        self, runs: list[Run], warm: list[int], cold: list[int], top: int
+    ) -> list[_Segment]:
+        """Split runs at bucket edges and decide each piece's exploration from the posterior."""
+        c = self.config
+        pieces: list[_Segment] = []
+        for r in runs:
+            lo = r.lo
+            while lo <= r.hi:
+                hi = min(r.hi, bucket_upper(bs_bucket(lo)))
+                pieces.append(_Segment(lo, hi, r.depth))
+                lo = hi + 1
+        pieces[-1].hi = max(pieces[-1].hi, top)
+        reps = np.asarray([self._representative_batch(p) for p in pieces])
+        draws = self._draw_tok(warm, reps, np.random.default_rng(self.seed))
+        for i, p in enumerate(pieces):
+            chosen = draws[p.depth][:, i] * (1.0 + c.explore_margin)
+            p_beat = {d: float(np.mean(draws[d][:, i] > chosen)) for d in warm if d != p.depth}
+            uncertain = max(p_beat.values(), default=0.0)
+            alts = [d for d, pb in p_beat.items() if pb >= c.explore_threshold]
+            if cold:
+                p.explore_depths = tuple(sorted(set(alts) | set(cold)))
+                p.explore_share = c.exploration_cap
+            elif alts:
+                p.explore_depths = tuple(sorted(alts))
+                p.explore_share = c.exploration_cap * min(1.0, uncertain / c.explore_saturation)
+        return _merge_segments(pieces)
+
+    def _representative_batch(self, seg: _Segment) -> float:
+        """Where in a segment to judge it: the recent mean batch of its bucket, else its middle."""
+        iters, steps = self._recent.get(bs_bucket(seg.lo), (0.0, 0.0))
+        mean = steps / iters if iters > 0 else (seg.lo + seg.hi) / 2.0
+        return float(min(max(mean, seg.lo), seg.hi))
+
+    def _cold_start(
+        self, live: PolicyTable | None, cold: list[int], version: int, hist: dict[int, float]
+    ) -> Proposal:
+        cap = self.config.exploration_cap
+        base = live.tiers if live is not None else (Tier(1, max(self.captured)),)
+        tiers = []
+        for t in base:
+            depth = t.depth if t.depth in self.captured else max(self.captured)
+            alts = tuple(d for d in cold if d != depth)
+            tiers.append(
+                Tier(t.min_batch, depth, t.hysteresis, cap if alts else 0.0, alts if alts else ())
+            )
+        table = PolicyTable.build(tiers, version=version, captured_depths=self.captured)
+        share = _expected_share(table, hist)
+        reason = (
+            f"cold start: no evidence yet for {_depth_list(cold)}; keeping "
+            f"{table.describe()} and probing {cap:.1%} of steps"
+        )
+        return Proposal(table, {}, [], share, reason)
+
+    def _histogram(self, batch_histogram: Mapping[int, float] | None) -> dict[int, float]:
+        """Normalised share of iterations per bucket: the caller's, else the recent evidence."""
+        if batch_histogram is not None:
+            raw = {bs_bucket(max(int(b), 1)): 0.0 for b in batch_histogram}
+            for b, v in batch_histogram.items():
+                if np.isfinite(v) and v > 0:
+                    raw[bs_bucket(max(int(b), 1))] += float(v)
+        else:
+            raw = {b: it for b, (it, _) in self._recent.items()}
+        total = sum(raw.values())
+        return {b: v / total for b, v in raw.items() if v > 0} if total > 0 else {}
+
+    def _grid_top(self, hist: Mapping[int, float]) -> int:
+        seen = max([self._max_batch_seen, *(float(b) for b in hist)], default=1.0)
+        top = int(np.ceil(self.config.extrapolation_factor * seen))
+        return int(min(max(top, 16), BS_BUCKET_EDGES[-1]))
+
+    def _predicted(
+        self, table: PolicyTable, hist: Mapping[int, float], top: int
+    ) -> dict[int, float]:
+        """Decode tok/s per bucket under `table`, probes included (tokens over time)."""
+        buckets = sorted(set(hist) | {b for b in BS_BUCKET_EDGES if b <= top})
+        out = {}
+        for b in buckets:
+            batch = np.asarray([self._bucket_batch(b)])
+            tier = table.tiers[_tier_index(table, int(batch[0]))]
+            mix = [(1.0 - tier.explore_share, tier.depth)]
+            mix += [(tier.explore_share / len(tier.explore_depths), d) for d in tier.explore_depths]
+            tokens = time = 0.0
+            for p, d in mix:
+                step_ms, _ = self.step.predict(np.asarray([d]), batch)
+                tokens += p * float(batch[0]) * self.acceptance.mean_length(d)
+                time += p * float(step_ms[0]) / 1000.0
+            out[b] = tokens / time
+        return out
+
+    def _bucket_batch(self, bucket: int) -> float:
+        iters, steps = self._recent.get(bucket, (0.0, 0.0))
+        if iters > 0:
+            return steps / iters
+        return (bucket + min(bucket_upper(bucket), 2 * bucket)) / 2.0
+
+    def _reason(
+        self,
+        table: PolicyTable,
+        raw: list[tuple[int, int, float]],
+        share: float,
+        segments: list[_Segment],
+        predicted: Mapping[int, float],
+        live: PolicyTable | None,
+        hist: Mapping[int, float],
+        top: int,
+    ) -> str:
+        parts = [table.describe()]
+        if raw:
+            parts.append("crossovers " + ", ".join(f"d{a}->d{b} at {x:.1f}" for a, b, x in raw))
+        probing = [s for s in segments if s.explore_share > 0]
+        if probing:
+            where = ", ".join(
+                f"{s.lo}-{s.hi}: {_depth_list(list(s.explore_depths))}" for s in probing[:3]
+            )
+            parts.append(f"probing {share:.1%} of steps ({where})")
+        else:
+            parts.append("no probes (model certain)")
+        if live is not None and hist:
+            live_tok = self._predicted(live, hist, top)
+            gain = sum(w * predicted[b] for b, w in hist.items()) / max(
+                sum(w * live_tok[b] for b, w in hist.items()), 1e-9
+            )
+            parts.append(f"predicted {gain - 1.0:+.1%} vs live v{live.version}")
+        return "; ".join(parts)
+
+    # ------------------------------------------------------------------ persistence
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model_version": self.version,
+            "captured_depths": self.captured,
+            "seed": self.seed,
+            "config": self.config.model_dump(),
+            "fitted_at": self.fitted_at,
+            "step": self.step.to_json(),
+            "acceptance": self.acceptance.to_json(),
+            "evidence": [[d, b, n] for (d, b), n in sorted(self._evidence.items())],
+            "recent": [[b, it, rs] for b, (it, rs) in sorted(self._recent.items())],
+            "max_batch_seen": self._max_batch_seen,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Learner:
+        if data.get("model_version") != MODEL_VERSION:
+            raise ValueError(
+                f"model_version: state was saved by {data.get('model_version')!r}, this is "
+                f"{MODEL_VERSION!r}; refit from the stored samples instead"
+            )
+        learner = cls(
+            data["captured_depths"], LearnerConfig.model_validate(data["config"]), data["seed"]
+        )
+        learner.step = RooflineStepModel.from_json(data["step"])
+        learner.acceptance.load_json(data["acceptance"])
+        learner.fitted_at = data["fitted_at"]
+        learner._evidence = {(int(d), int(b)): float(n) for d, b, n in data["evidence"]}
+        learner._recent = {int(b): (float(i), float(r)) for b, i, r in data["recent"]}
+        learner._max_batch_seen = float(data["max_batch_seen"])
+        return learner
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def _per_bucket(cells: Cells) -> dict[int, tuple[float, float]]:
+    out: dict[int, tuple[float, float]] = {}
+    for b, it, rs in zip(cells.bucket, cells.iterations, cells.request_steps, strict=True):
+        i0, r0 = out.get(int(b), (0.0, 0.0))
+        out[int(b)] = (i0 + float(it), r0 + float(rs))
+    return out
+
+
+def _limit_runs(runs: list[Run], tok: Mapping[int, np.ndarray], most: int) -> list[Run]:
+    """Merge the weakest runs until at most `most` remain (leaves room for probe splits)."""
+    gain = 0.0
+    while len(runs) > most:
+        gain = gain * 2 if gain else 0.005
+        runs = merge_small_gain_runs(runs, tok, gain)
+    return runs
+
+
+def _merge_segments(pieces: list[_Segment]) -> list[_Segment]:
+    """Join neighbours of equal depth whose probing is both on or both off; cap the count."""
+    out: list[_Segment] = []
+    for p in pieces:
+        last = out[-1] if out else None
+        if (
+            last is not None
+            and last.depth == p.depth
+            and (last.explore_share > 0) == (p.explore_share > 0)
+        ):
+            last.hi = p.hi
+            last.explore_share = max(last.explore_share, p.explore_share)
+            last.explore_depths = tuple(sorted(set(last.explore_depths) | set(p.explore_depths)))
+        else:
+            out.append(_Segment(p.lo, p.hi, p.depth, p.explore_share, p.explore_depths))
+    while len(out) > MAX_TIERS:
+        # Fold the smallest same-depth neighbour pair (probing on wins: safe, within the cap).
+        pairs = [i for i in range(len(out) - 1) if out[i].depth == out[i + 1].depth]
+        i = min(pairs, key=lambda j: out[j].hi - out[j].lo + out[j + 1].hi - out[j + 1].lo)
+        a, b = out[i], out.pop(i + 1)
+        a.hi = b.hi
+        a.explore_share = max(a.explore_share, b.explore_share)
+        a.explore_depths = tuple(sorted(set(a.explore_depths) | set(b.explore_depths)))
+    return out
+
+
+def _to_tiers(segments: list[_Segment], fraction: float) -> list[Tier]:
+    tiers: list[Tier] = []
+    prev = 0
+    for s in segments:
+        tiers.append(
+            Tier(
+                min_batch=s.lo,
+                depth=s.depth,
+                hysteresis=hysteresis_for(s.lo, prev, fraction),
+                explore_share=float(s.explore_share) if s.explore_depths else 0.0,
+                explore_depths=s.explore_depths if s.explore_share > 0 else (),
+            )
+        )
+        prev = s.lo
+    return tiers
+
+
+def _tier_index(table: PolicyTable, batch: int) -> int:
+    idx = 0
+    for i, t in enumerate(table.tiers):
+        if t.min_batch <= batch:
+            idx = i
+    return idx
+
+
+def _expected_share(table: PolicyTable, hist: Mapping[int, float]) -> float:
+    """Expected probe share over the histogram (the largest tier share without one)."""
+    if not hist:
+        return max((t.explore_share for t in table.tiers), default=0.0)
+    total = 0.0
+    for bucket, weight in hist.items():
+        lo, hi = bucket, min(bucket_upper(bucket), 2 * bucket)
+        # A bucket can straddle tiers: average the share over its batch sizes.
+        shares = [table.tiers[_tier_index(table, b)].explore_share for b in range(lo, hi + 1)]
+        total += weight * float(np.mean(shares))
+    return total
+
+
+def _depth_list(depths: Sequence[int]) -> str:
+    return ", ".join("off" if d == 0 else f"d{d}" for d in depths) or "none"

@@ -1,0 +1,207 @@
+"""The learner: crossovers from simulated counters, exploration within the cap, drift, tables."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from models.learner import Learner, LearnerConfig
+from models.samples import Sample
+from models.synthetic import SyntheticServer, sweep_samples, true_crossovers
+from sglang_hooks.contract import PolicyTable, Tier, parse_table, single_depth_table
+from sims.profile import Profile
+
+# A dense model whose best depth falls 4 -> 3 -> 2 -> 1 -> off as the batch grows: every
+# crossover is pronounced, so a learner that misplaces one is wrong, not unlucky.
+DENSE = Profile.model_validate(
+    {
+        "name": "test-dense",
+        "context_tokens": 2000,
+        "target": {
+            "fixed_ms": 1.0,
+            "weight_read_ms": 8.0,
+            "kv_us_per_req_per_1k_ctx": 5.0,
+            "compute_us_per_token": 60.0,
+            "roofline_sharpness": 4.0,
+        },
+        "draft": {
+            "step_fixed_ms": 0.6,
+            "step_us_per_req": 8.0,
+            "extend_fixed_ms": 0.4,
+            "extend_us_per_token": 4.0,
+            "spec_sched_ms": 0.3,
+        },
+        "scheduler": {"sched_ms": 0.8, "prefill_fixed_ms": 5, "prefill_us_per_token": 50},
+        "acceptance": {
+            "default_phase": "chat",
+            "phases": {"chat": [0.85, 0.8, 0.75, 0.7], "code": [0.9, 0.85, 0.8, 0.75]},
+        },
+        "captured_depths": [0, 1, 2, 3, 4],
+        "full_depth": 3,
+        "step_time_cv": 0.03,
+    }
+)
+DEPTHS = DENSE.captured_depths
+SWEEP_BATCHES = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256]
+
+
+@pytest.fixture(scope="module")
+def sweep() -> list[Sample]:
+    return sweep_samples(DENSE, SWEEP_BATCHES, seconds_per_point=1.0, seed=3)
+
+
+@pytest.fixture(scope="module")
+def learned(sweep: list[Sample]) -> Learner:
+    learner = Learner(DEPTHS)
+    learner.fit(sweep, now=sweep[-1].t_end)
+    return learner
+
+
+def test_learner_recovers_profile_crossovers_within_15_percent(learned: Learner) -> None:
+    proposal = learned.propose(now=learned.fitted_at or 0.0, live=None)
+    truth = true_crossovers(DENSE, DEPTHS, 512)
+    assert [(a, b) for a, b, _ in proposal.crossovers] == [(a, b) for a, b, _ in truth]
+    for (_, _, got), (_, _, want) in zip(proposal.crossovers, truth, strict=True):
+        assert abs(got - want) / want < 0.15, (got, want)
+
+
+def test_best_depth_matches_the_cost_model_away_from_crossovers(learned: Learner) -> None:
+    for batch, depth in [(2, 4), (15, 4), (36, 3), (62, 2), (130, 1), (250, 0)]:
+        assert learned.best_depth(batch) == depth
+
+
+def test_curves_bracket_the_true_throughput(learned: Learner) -> None:
+    batch = np.asarray([4.0, 32.0, 128.0])
+    for depth, points in learned.curves(batch).items():
+        truth = DENSE.decode_tok_per_s(depth, batch)
+        for point, want in zip(points, truth, strict=True):
+            assert point.lo <= point.tok_per_s <= point.hi
+            assert abs(point.tok_per_s - want) / want < 0.03
+            assert point.evidence_iterations > 0
+
+
+def test_cold_start_probes_every_unseen_depth_at_the_cap() -> None:
+    server = SyntheticServer(DENSE, single_depth_table(3), seed=1)
+    samples = server.run(20.0, lambda t: 8)
+    learner = Learner(DEPTHS)
+    learner.fit(samples, now=server.now)
+    proposal = learner.propose(server.now, live=single_depth_table(3))
+    for tier in proposal.table.tiers:
+        assert tier.explore_share == pytest.approx(0.03)
+        assert {0, 1, 2, 4} <= set(tier.explore_depths) | {tier.depth}
+    assert proposal.exploration_share <= 0.03 + 1e-12
+
+
+def test_cold_start_without_any_samples_keeps_the_live_table_and_probes() -> None:
+    live = parse_table({"tiers": [{"min_batch": 1, "depth": 3}, {"min_batch": 32, "depth": 1}]})
+    proposal = Learner(DEPTHS).propose(0.0, live=live)
+    assert [t.depth for t in proposal.table.tiers] == [3, 1]
+    assert all(t.explore_share == pytest.approx(0.03) for t in proposal.table.tiers)
+    assert "cold start" in proposal.reason
+
+
+def test_no_exploration_where_the_model_is_certain(learned: Learner) -> None:
+    proposal = learned.propose(now=learned.fitted_at or 0.0, live=None)
+    table = proposal.table
+    # Far from every crossover, inside the measured range, the posterior leaves no doubt.
+    for batch in (8, 36, 62, 130, 250):
+        tier = table.tiers[max(i for i, t in enumerate(table.tiers) if t.min_batch <= batch)]
+        assert tier.explore_share == 0.0, (batch, table.describe())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_exploration_share_never_exceeds_the_cap(seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    cap = float(rng.choice([0.01, 0.03, 0.1]))
+    table = single_depth_table(int(rng.choice(DEPTHS)))
+    server = SyntheticServer(DENSE, table, seed=seed)
+    learner = Learner(DEPTHS, LearnerConfig(exploration_cap=cap), seed=seed)
+    samples: list[Sample] = []
+    probes = iterations = 0.0
+    for _ in range(12):
+        level = float(rng.choice([2, 10, 40, 150]))
+        chunk = server.run(5.0, lambda t, level=level: int(rng.integers(1, 2 * level)))
+        samples += chunk
+        probes += sum(s.explore_iterations for s in chunk)
+        iterations += sum(s.iterations for s in chunk)
+        learner.fit(samples, now=server.now)
+        hist = {int(b): float(rng.random()) for b in rng.choice([1, 8, 32, 128], 2)}
+        proposal = learner.propose(server.now, live=server.table, batch_histogram=hist)
+        assert proposal.exploration_share <= cap + 1e-12
+        assert all(t.explore_share <= cap + 1e-12 for t in proposal.table.tiers)
+        server.set_table(proposal.table)
+    assert probes / iterations <= cap * 1.5  # realised share, sampling noise allowed
+
+
+def test_acceptance_drift_is_tracked_within_three_minutes() -> None:
+    server = SyntheticServer(DENSE, single_depth_table(3), seed=2, phase="chat")
+    samples = []
+    for _ in range(60):  # 10 minutes of chat
+        samples += server.run(10.0, lambda t: 16)
+    server.phase = "code"
+    for _ in range(18):  # 3 minutes of code
+        samples += server.run(10.0, lambda t: 16)
+    learner = Learner(DEPTHS)
+    learner.fit(samples, now=server.now)
+    want = DENSE.acceptance.expected_length("code", 3)
+    assert abs(learner.acceptance.mean_length(3) - want) / want < 0.05
+    # The depths the server did not run follow through the shared per-position rate.
+    assert learner.acceptance.mean_length(4) > DENSE.acceptance.expected_length("chat", 4)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_proposed_tables_always_validate_against_the_contract(seed: int) -> None:
+    rng = np.random.default_rng(100 + seed)
+    batches = sorted({int(x) for x in rng.integers(1, 300, size=int(rng.integers(1, 8)))})
+    depths = sorted({int(x) for x in rng.choice(DEPTHS, size=int(rng.integers(1, 5)))})
+    samples = sweep_samples(DENSE, batches, 0.5, depths=depths, seed=seed)
+    learner = Learner(DEPTHS, seed=seed)
+    learner.fit(samples, now=samples[-1].t_end)
+    live = PolicyTable.build([Tier(1, depths[0])], version=7)
+    proposal = learner.propose(samples[-1].t_end, live=live)
+    again = parse_table(proposal.table.to_json(), captured_depths=DEPTHS)
+    assert again == proposal.table
+    assert proposal.table.version == 8
+    assert proposal.table.depths <= set(DEPTHS)
+
+
+def test_state_round_trips_through_json(learned: Learner) -> None:
+    restored = Learner.from_json(json.loads(json.dumps(learned.to_json())))
+    now = learned.fitted_at or 0.0
+    assert restored.propose(now, None).table == learned.propose(now, None).table
+    batch = np.asarray([3.0, 77.0])
+    for depth in DEPTHS:
+        a, b = learned.curves(batch)[depth], restored.curves(batch)[depth]
+        assert [p.tok_per_s for p in a] == [p.tok_per_s for p in b]
+
+
+def test_fit_is_idempotent(sweep: list[Sample]) -> None:
+    a, b = Learner(DEPTHS), Learner(DEPTHS)
+    a.fit(sweep, now=1e3)
+    b.fit(sweep, now=1e3)
+    b.fit(sweep, now=1e3)
+    assert a.to_json() == b.to_json()
+
+
+def test_garbage_samples_are_ignored_not_fatal(sweep: list[Sample]) -> None:
+    bad = [
+        Sample("g", "t", 1.0, 1.0, 3, 8, 0.0, 0.0, 0.0, 0.0),
+        Sample("g", "t", 1.0, 1.0, 3, 8, 10.0, 80.0, math.nan, 0.5),
+        Sample("g", "t", 1.0, 1.0, 3, 8, 10.0, 80.0, 9999.0, 0.5),  # more tokens than possible
+        Sample("g", "t", math.inf, 1.0, 3, 8, 10.0, 80.0, 100.0, 0.5),
+    ]
+    clean, dirty = Learner(DEPTHS), Learner(DEPTHS)
+    clean.fit(sweep, now=1e3)
+    dirty.fit(bad + sweep, now=1e3)
+    assert clean.to_json() == dirty.to_json()
+
+
+def test_config_typo_names_the_field() -> None:
+    with pytest.raises(ValidationError, match="exploraton_cap"):
+        LearnerConfig.model_validate({"exploraton_cap": 0.05})
+    with pytest.raises(ValueError, match="captured_depths"):
+        Learner([])

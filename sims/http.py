@@ -1,0 +1,420 @@
+"""The HTTP face of a `SimulatedServer`: SGLang's endpoints over FastAPI, served by uvicorn.
+
+The simulated clock runs at `speedup` x wall time, advanced by a background thread
+(`SimClock`). An HTTP generation request becomes a real request inside the simulation: it
+queues, is prefilled, joins the decode batch and receives tokens as the batch produces them,
+so a load generator sees realistic TTFT, inter-token latency and throughput against
+concurrency (divided by `speedup` in wall time). Generated text is synthetic.
+
+Endpoints: /metrics, /server_info (+ deprecated /get_server_info), /set_internal_state (POST,
+PUT), /health, /health_generate, /ready, /generate, /v1/completions (streaming or not, with
+usage), /v1/models. Auth follows SGLang 0.5.23: /health*, /ready and /metrics are open;
+/set_internal_state is ADMIN_OPTIONAL; everything else needs the API key when one is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from sims.server import SimulatedServer
+
+_WORDS = (
+    " the", " model", " speculates", " and", " verifies", " tokens", " in", " one", " pass",
+    " while", " the", " batch", " is", " small", ";", " under", " load", " it", " stops", ".",
+)  # fmt: skip
+_OPEN_PATHS = ("/health", "/ready", "/metrics")
+
+
+def synthetic_text(start: int, count: int) -> str:
+    """Deterministic filler text for output tokens [start, start + count)."""
+    return "".join(_WORDS[i % len(_WORDS)] for i in range(start, start + count))
+
+
+def prompt_token_count(prompt: Any) -> int:
+    """Prompt length: token ids count as given; text at ~4 characters per token."""
+    if isinstance(prompt, list):
+        if all(isinstance(x, int) for x in prompt):
+            return max(len(prompt), 1)
+        return sum(prompt_token_count(p) for p in prompt)
+    if isinstance(prompt, str):
+        return max(1, round(len(prompt) / 4))
+    return 1
+
+
+class SimClock:
+    """Advances a server's simulated clock to `speedup` x the wall time since `start()`."""
+
+    def __init__(self, server: SimulatedServer, speedup: float, tick_s: float = 0.002) -> None:
+        if speedup <= 0:
+            raise ValueError(f"speedup must be > 0, got {speedup}")
+        self.server = server
+        self.speedup = speedup
+        self.tick_s = tick_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="sim-clock", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        wall0 = time.monotonic()
+        sim0 = self.server.now
+        try:
+            while not self._stop.wait(self.tick_s):
+                target = sim0 + (time.monotonic() - wall0) * self.speedup
+                self.server.advance_to(target)
+        except BaseException as err:  # surfaced by /health, never silently lost
+            self.error = err
+            raise
+
+
+class _Stream:
+    """Bridges the engine's callbacks (clock thread) to an asyncio queue (request handler)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[tuple[str, int, float]] = asyncio.Queue()
+
+    def on_tokens(self, count: int, sim_time: float) -> None:
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, ("tokens", count, sim_time))
+
+    def on_done(self, sim_time: float, finish_reason: str) -> None:
+        self.loop.call_soon_threadsafe(
+            self.queue.put_nowait, ("done:" + finish_reason, 0, sim_time)
+        )
+
+
+@dataclass
+class _Progress:
+    tokens: int
+    text: str
+    finished: str | None
+    sim_time: float
+
+
+async def _generate(
+    server: SimulatedServer, prompt_tokens: int, max_tokens: int
+) -> AsyncIterator[_Progress]:
+    """Submit a request to the simulation and yield its progress as tokens arrive."""
+    stream = _Stream(asyncio.get_running_loop())
+    server.submit(prompt_tokens, max_tokens, stream)
+    produced = 0
+    while True:
+        kind, count, sim_time = await stream.queue.get()
+        if kind == "tokens":
+            text = synthetic_text(produced, count)
+            produced += count
+            yield _Progress(produced, text, None, sim_time)
+        else:
+            yield _Progress(produced, "", kind.split(":", 1)[1], sim_time)
+            return
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _bad_request(message: str, field: str) -> JSONResponse:
+    return JSONResponse(
+        status_code=400,
+        content={
+            "object": "error",
+            "message": f"{field}: {message}",
+            "type": "BadRequestError",
+            "param": field,
+            "code": 400,
+        },
+    )
+
+
+def _int_field(body: dict[str, Any], name: str, default: int, low: int = 1) -> int:
+    value = body.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"must be an integer >= {low}, got {value!r}")
+    return value
+
+
+def create_app(server: SimulatedServer) -> FastAPI:
+    """A FastAPI app over `server`. The clock is driven separately (see `SimClock`)."""
+    app = FastAPI(title="specctl simulated SGLang server", docs_url=None, redoc_url=None)
+
+    @app.middleware("http")
+    async def api_key_auth(request: Request, call_next):  # type: ignore[no-untyped-def]
+        path = request.url.path
+        if request.method == "OPTIONS" or path.startswith(_OPEN_PATHS):
+            return await call_next(request)
+        if path == "/set_internal_state":
+            return await call_next(request)  # ADMIN_OPTIONAL: checked by the server
+        if not server.authorize("normal", request.headers.get("authorization")):
+            return JSONResponse(status_code=401, content={"error": "Unauthorized"})
+        return await call_next(request)
+
+    @app.get("/health")
+    @app.get("/health_generate")
+    @app.get("/ready")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(server.metrics_text(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/server_info")
+    @app.get("/get_server_info")
+    async def server_info() -> dict[str, Any]:
+        return server.server_info()
+
+    @app.api_route("/set_internal_state", methods=["POST", "PUT"])
+    async def set_internal_state(request: Request) -> JSONResponse:
+        authorization = request.headers.get("authorization")
+        if not server.authorize("admin_optional", authorization):
+            return JSONResponse(status_code=401, content={"error": "Unauthorized"})
+        raw = await request.body()
+        try:
+            body = json.loads(raw) if raw else None
+        except json.JSONDecodeError as err:
+            detail = [
+                {"type": "json_invalid", "loc": ["body", err.pos], "msg": "JSON decode error"}
+            ]
+            return JSONResponse(status_code=422, content={"detail": detail})
+        if body is None:
+            detail = [{"type": "missing", "loc": ["body"], "msg": "Field required"}]
+            return JSONResponse(status_code=422, content={"detail": detail})
+        status, content = server.set_internal_state(body, authorization)
+        return JSONResponse(status_code=status, content=content)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": server.model_name,
+                    "object": "model",
+                    "created": int(time.time()),
+                    "owned_by": "sglang",
+                    "root": server.model_name,
+                }
+            ],
+        }
+
+    async def _json_body(request: Request) -> dict[str, Any] | JSONResponse:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _bad_request("request body is not valid JSON", "body")
+        if not isinstance(body, dict):
+            return _bad_request("must be a JSON object", "body")
+        return body
+
+    @app.api_route("/generate", methods=["POST", "PUT"], response_model=None)
+    async def generate(request: Request) -> Response:
+        body = await _json_body(request)
+        if isinstance(body, JSONResponse):
+            return body
+        prompt = body.get("input_ids", body.get("text"))
+        if prompt is None:
+            return _bad_request("give 'text' or 'input_ids'", "text")
+        params = body.get("sampling_params") or {}
+        if not isinstance(params, dict):
+            return _bad_request("must be an object", "sampling_params")
+        try:
+            max_tokens = _int_field(params, "max_new_tokens", 128)
+        except ValueError as err:
+            return _bad_request(str(err), "sampling_params.max_new_tokens")
+        prompt_tokens = prompt_token_count(prompt)
+        rid = body.get("rid") or uuid.uuid4().hex
+        t0 = server.now
+
+        def meta(p: _Progress) -> dict[str, Any]:
+            info: dict[str, Any] = {
+                "id": rid,
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": p.tokens,
+                "cached_tokens": 0,
+                "finish_reason": None,
+            }
+            if p.finished is not None:
+                info["finish_reason"] = {"type": p.finished, "length": p.tokens}
+                info["e2e_latency"] = p.sim_time - t0
+            return info
+
+        if body.get("stream"):
+
+            async def events() -> AsyncIterator[bytes]:
+                text = ""
+                async for p in _generate(server, prompt_tokens, max_tokens):
+                    text += p.text
+                    if p.finished is not None:
+                        server.record_streaming_finished(p.tokens)
+                    yield _sse({"text": text, "meta_info": meta(p)})
+                yield b"data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        text = ""
+        last: _Progress | None = None
+        async for p in _generate(server, prompt_tokens, max_tokens):
+            text += p.text
+            last = p
+        assert last is not None
+        return JSONResponse({"text": text, "meta_info": meta(last)})
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(request: Request) -> Response:
+        body = await _json_body(request)
+        if isinstance(body, JSONResponse):
+            return body
+        if "prompt" not in body:
+            return _bad_request("is required", "prompt")
+        try:
+            max_tokens = _int_field(body, "max_tokens", 16)
+        except ValueError as err:
+            return _bad_request(str(err), "max_tokens")
+        prompt_tokens = prompt_token_count(body["prompt"])
+        cid = f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        model = body.get("model") or server.model_name
+
+        def usage(tokens: int) -> dict[str, int]:
+            return {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": tokens,
+                "total_tokens": prompt_tokens + tokens,
+            }
+
+        def chunk(text: str, finish: str | None) -> dict[str, Any]:
+            return {
+                "id": cid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+            }
+
+        if body.get("stream"):
+            opts = body.get("stream_options") or {}
+            include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+
+            async def events() -> AsyncIterator[bytes]:
+                async for p in _generate(server, prompt_tokens, max_tokens):
+                    if p.finished is None:
+                        yield _sse(chunk(p.text, None))
+                        continue
+                    server.record_streaming_finished(p.tokens)
+                    yield _sse(chunk("", p.finished))
+                    if include_usage:
+                        final = chunk("", None)
+                        final["choices"] = []
+                        final["usage"] = usage(p.tokens)
+                        yield _sse(final)
+                yield b"data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        text = ""
+        last: _Progress | None = None
+        async for p in _generate(server, prompt_tokens, max_tokens):
+            text += p.text
+            last = p
+        assert last is not None
+        out = chunk(text, last.finished)
+        out["usage"] = usage(last.tokens)
+        return JSONResponse(out)
+
+    return app
+
+
+# ----------------------------------------------------------------------------- serving
+
+
+class ServedSimulation:
+    """A SimulatedServer behind uvicorn on a loopback port, its clock running in a thread.
+
+    `start()` returns once the socket accepts connections; `stop()` shuts both down.
+    `port=0` picks a free port (read `base_url` after `start()`).
+    """
+
+    def __init__(
+        self,
+        server: SimulatedServer,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        speedup: float = 1.0,
+        log_level: str = "warning",
+    ) -> None:
+        self.server = server
+        self.clock = SimClock(server, speedup)
+        self.host = host
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind((host, port))
+        self.port = self._sock.getsockname()[1]
+        config = uvicorn.Config(
+            create_app(server), log_level=log_level, access_log=False, lifespan="off"
+        )
+        self.uvicorn = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 10.0) -> str:
+        self.clock.start()
+        self._thread = threading.Thread(
+            target=self.uvicorn.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.uvicorn.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                self.stop()
+                raise RuntimeError(f"simulated server did not start on {self.base_url}")
+            time.sleep(0.01)
+        return self.base_url
+
+    def serve_forever(self) -> None:
+        """Blocking: serve until interrupted (Ctrl-C), for `specctl sim serve`."""
+        self.clock.start()
+        try:
+            self.uvicorn.run(sockets=[self._sock])
+        finally:
+            self.clock.stop()
+
+    def stop(self) -> None:
+        self.uvicorn.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.clock.stop()
+        self._sock.close()
+
+    def __enter__(self) -> ServedSimulation:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

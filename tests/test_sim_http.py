@@ -1,0 +1,158 @@
+"""The simulated server over real loopback HTTP: metrics, admin RPC, generation endpoints."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from sglang_hooks import contract
+from sglang_hooks.contract import push_body, read_server_state, single_depth_table
+
+
+def _depth_iterations(text: str) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name == contract.METRIC_ITERATIONS:
+            for s in fam.samples:
+                if s.name.endswith("_total"):
+                    d = int(s.labels["depth"])
+                    out[d] = out.get(d, 0.0) + s.value
+    return out
+
+
+def _wait_for(predicate, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sim_server", [{"concurrency": 8, "speedup": 200}], indirect=True)
+def test_push_over_http_changes_depth_and_reads_back(sim_server):
+    url = sim_server.base_url
+    with httpx.Client(base_url=url, timeout=10) as client:
+        _wait_for(lambda: sum(_depth_iterations(client.get("/metrics").text).values()) > 50)
+        r = client.post("/set_internal_state", json=push_body(single_depth_table(1, version=9)))
+        assert r.status_code == 200 and r.json() == [True]
+        before = _depth_iterations(client.get("/metrics").text)
+        _wait_for(lambda: _depth_iterations(client.get("/metrics").text).get(1, 0) > 50)
+        after = _depth_iterations(client.get("/metrics").text)
+        assert {d for d in after if after[d] > before.get(d, 0)} == {1}
+        state = read_server_state(client.get("/server_info").json())[0]
+        assert state["source"] == "push" and state["version"] == 9
+        assert state["applied_iteration"] is not None
+        legacy = client.get("/get_server_info").json()
+        assert read_server_state(legacy)[0]["version"] == 9
+        # PUT is accepted too, and release hands control back.
+        r = client.put("/set_internal_state", json=push_body(None))
+        assert r.json() == [True]
+        assert read_server_state(client.get("/server_info").json())[0]["source"] == "none"
+
+
+@pytest.mark.parametrize("sim_server", [{"admin_key": "adm", "api_key": "api"}], indirect=True)
+def test_http_auth_and_errors(sim_server):
+    url = sim_server.base_url
+    good = push_body(single_depth_table(2, version=1))
+    with httpx.Client(base_url=url, timeout=10) as client:
+        assert client.get("/health").status_code == 200
+        assert client.get("/metrics").status_code == 200  # always open, like SGLang
+        r = client.post("/set_internal_state", json=good)
+        assert (r.status_code, r.json()) == (401, {"error": "Unauthorized"})
+        api = {"Authorization": "Bearer api"}
+        adm = {"Authorization": "Bearer adm"}
+        assert client.post("/set_internal_state", json=good, headers=api).status_code == 401
+        assert client.get("/server_info").status_code == 401
+        assert client.get("/server_info", headers=api).status_code == 200
+        r = client.post("/set_internal_state", content=b"{not json", headers=adm)
+        assert r.status_code == 422 and r.json()["detail"][0]["loc"][0] == "body"
+        r = client.post("/set_internal_state", json={"server_args": {"a": [1]}}, headers=adm)
+        assert r.status_code == 422
+        assert any("a" in e["loc"] for e in r.json()["detail"])
+        bad = push_body(single_depth_table(2, version=1))
+        bad["server_args"]["specctl_t0_hysteresis"] = 3
+        r = client.post("/set_internal_state", json=bad, headers=adm)
+        assert r.status_code == 400 and r.json()["field"] == "specctl_t0_hysteresis"
+        r = client.post("/set_internal_state", json={"server_args": {"nope": 1}}, headers=adm)
+        assert (r.status_code, r.json()) == (200, [False])
+        r = client.post("/set_internal_state", json=good, headers=adm)
+        assert (r.status_code, r.json()) == (200, [True])
+
+
+@pytest.mark.parametrize("sim_server", [{"speedup": 100}], indirect=True)
+def test_completions_generate_and_models(sim_server):
+    url = sim_server.base_url
+    with httpx.Client(base_url=url, timeout=20) as client:
+        models = client.get("/v1/models").json()
+        assert models["data"][0]["id"] == sim_server.server.model_name
+        r = client.post("/v1/completions", json={"prompt": "x" * 400, "max_tokens": 20})
+        body = r.json()
+        assert r.status_code == 200
+        assert body["usage"] == {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120}
+        assert body["choices"][0]["finish_reason"] == "length" and body["choices"][0]["text"]
+
+        chunks = []
+        with client.stream(
+            "POST",
+            "/v1/completions",
+            json={
+                "prompt": "hello",
+                "max_tokens": 30,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            },
+        ) as resp:
+            for line in resp.iter_lines():
+                if line.startswith("data: "):
+                    chunks.append(line[6:])
+        assert chunks[-1] == "[DONE]"
+        events = [json.loads(c) for c in chunks[:-1]]
+        assert events[-1]["usage"]["completion_tokens"] == 30
+        text_chunks = [e for e in events if e["choices"] and e["choices"][0]["text"]]
+        # Speculation delivers several tokens per decode step: fewer chunks than tokens.
+        assert 1 < len(text_chunks) < 30
+
+        r = client.post(
+            "/generate", json={"input_ids": [1] * 64, "sampling_params": {"max_new_tokens": 12}}
+        )
+        meta = r.json()["meta_info"]
+        assert meta["prompt_tokens"] == 64 and meta["completion_tokens"] == 12
+        assert meta["finish_reason"]["type"] == "length"
+        with client.stream(
+            "POST",
+            "/generate",
+            json={"text": "hi", "stream": True, "sampling_params": {"max_new_tokens": 8}},
+        ) as resp:
+            lines = [ln for ln in resp.iter_lines() if ln.startswith("data: ")]
+        assert lines[-1] == "data: [DONE]"
+        assert json.loads(lines[-2][6:])["meta_info"]["completion_tokens"] == 8
+        r = client.post("/v1/completions", json={"prompt": "x", "max_tokens": 0})
+        assert r.status_code == 400 and "max_tokens" in r.json()["message"]
+
+        fams = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+        streaming = [
+            s for s in fams["sglang:num_requests"].samples if s.labels["is_streaming"] == "true"
+        ]
+        assert streaming and streaming[0].value == 2
+
+
+def test_http_latency_reflects_load(sim_server_factory):
+    """TTFT grows when a background load fills the batch (the request waits for prefill)."""
+    idle = sim_server_factory(speedup=100)
+    busy = sim_server_factory(speedup=100, concurrency=200)
+
+    def sim_latency(handle) -> float:
+        with httpx.Client(base_url=handle.base_url, timeout=30) as client:
+            t0 = handle.server.now
+            r = client.post(
+                "/generate", json={"text": "x" * 40, "sampling_params": {"max_new_tokens": 4}}
+            )
+            assert r.status_code == 200
+            return r.json()["meta_info"]["e2e_latency"] or (handle.server.now - t0)
+
+    time.sleep(0.3)
+    assert sim_latency(busy) > 3 * sim_latency(idle)

@@ -11,6 +11,8 @@ COMMAND_MODULES = (
     "sims.cli",
     "controller.bench_cli",
     "controller.status_cli",
+    "controller.curves_cli",
+    "controller.freeze_cli",
     "sglang_hooks.serve_cli",
 )
 

@@ -8,6 +8,7 @@ with T = B * (s + 1) tokens through the target:
                + c3*B                    (KV-cache read per request, and with c2 the linear
                                           per-token costs, T = B + s*B)
                + f(T)                    (target + draft extend: weights/experts read, compute)
+               + sum_i k_i * B * exp(-T / rho_i)         (KV reads fade behind compute)
     f(T)       = sum_j a_j * (1 - exp(-T / tau_j))       (experts touched by T tokens)
                + sum_k h_k * max(0, T - kappa_k)         (the memory -> compute knee)
 
@@ -32,6 +33,7 @@ from models.evidence import Cells
 
 _SCALE = 64.0  # batch / token counts enter the features in units of 64 so coefficients are O(1)
 _SATURATION_TAUS = (8.0, 32.0, 128.0)
+_KV_FADE_TAUS = (32.0, 128.0, 512.0)
 _KNEES = tuple(float(k) for k in np.geomspace(16, 2048, 15))  # ratio sqrt(2)
 
 
@@ -56,6 +58,10 @@ def roofline_features(depth: np.ndarray, batch: np.ndarray) -> np.ndarray:
     cols = [np.ones_like(b), s, s * b / _SCALE, b / _SCALE]
     cols += [1.0 - np.exp(-t / tau) for tau in _SATURATION_TAUS]
     cols += [np.maximum(t - k, 0.0) / _SCALE for k in _KNEES]
+    # Per-request memory traffic (KV reads) sits inside the roofline: it costs in full while
+    # the forward is memory-bound and fades once compute dominates, so its slope in B decays
+    # with T.
+    cols += [b / _SCALE * np.exp(-t / tau) for tau in _KV_FADE_TAUS]
     return np.stack(cols, axis=-1)
 
 
@@ -97,8 +103,12 @@ class RooflineStepModel:
         scale = float(np.average(y_ms, weights=w_rel))
         y = y_ms / scale
         w = w_rel / np.maximum(y, 1e-6) ** 2
+        # Rescale rows by sqrt(weight) ourselves: BayesianRidge's own `sample_weight` is taken
+        # relative to the other rows, which throws away the absolute precision of the cells and
+        # with it the scale of the posterior covariance that exploration relies on.
+        root = np.sqrt(w)
         reg = BayesianRidge(fit_intercept=False, max_iter=500, tol=1e-8)
-        reg.fit(x, y, sample_weight=w)
+        reg.fit(x * root[:, None], y * root)
         self.coef_ = np.asarray(reg.coef_, float)
         self.cov_ = np.asarray(reg.sigma_, float)
         self.scale_ms_ = scale

@@ -1,14 +1,36 @@
-"""`specctl sim ...`: run the simulator (sweep, serve, evaluate)."""
+"""`specctl sim ...`: run the simulator (profiles, sweep, serve)."""
 
 from __future__ import annotations
+
+import json
+from typing import Annotated
 
 import typer
 
 from controller.cli_app import app
-from sims.profile import builtin_profiles
+from sims.profile import Profile, ProfileError, builtin_profiles, load_profile
 
 sim_app = typer.Typer(help="Simulated SGLang server: sweeps, a served stand-in, evaluations.")
 app.add_typer(sim_app, name="sim")
+
+
+def _profile(name_or_path: str) -> Profile:
+    try:
+        return load_profile(name_or_path)
+    except ProfileError as err:
+        raise typer.BadParameter(str(err), param_hint="--profile") from None
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise typer.BadParameter(
+            f"expected comma-separated integers like 1,2,4, got {text!r}", param_hint=option
+        ) from None
+    if not values or min(values) < 0:
+        raise typer.BadParameter("give at least one integer >= 0", param_hint=option)
+    return values
 
 
 @sim_app.command("profiles")
@@ -16,3 +38,133 @@ def list_profiles() -> None:
     """List the built-in profiles."""
     for name in builtin_profiles():
         typer.echo(name)
+
+
+@sim_app.command("scenarios")
+def list_scenarios() -> None:
+    """List the built-in scenarios with their duration."""
+    from sims.workload import builtin_scenarios, load_scenario
+
+    for name in builtin_scenarios():
+        sc = load_scenario(name)
+        typer.echo(
+            f"{name}\t{sc.duration_s / 60:.0f} min\t{sc.description.strip().splitlines()[0]}"
+        )
+
+
+@sim_app.command("sweep")
+def sweep(
+    profile: Annotated[str, typer.Option(help="Built-in profile name or path to a YAML file")],
+    concurrency: Annotated[
+        str, typer.Option(help="Closed-loop client counts, comma-separated")
+    ] = "1,2,4,8,16,32,64,128,256",
+    depths: Annotated[
+        str | None, typer.Option(help="Depths to sweep (default: the profile's captured depths)")
+    ] = None,
+    duration: Annotated[float, typer.Option(help="Simulated seconds per point")] = 300.0,
+    warmup: Annotated[float, typer.Option(help="Simulated seconds not scored per point")] = 30.0,
+    prompt_tokens: Annotated[int, typer.Option(help="Prompt length of every request")] = 1024,
+    output_tokens: Annotated[int, typer.Option(help="Output length of every request")] = 256,
+    phase: Annotated[
+        str | None, typer.Option(help="Acceptance phase (default: the profile's default)")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Random seed")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+) -> None:
+    """Closed-loop throughput, step time and acceptance per (depth, concurrency), the no-spec
+    baseline and the oracle's best depth per concurrency."""
+    from sims.sweep import SweepSpec, render_table, run_sweep
+
+    prof = _profile(profile)
+    conc = _int_list(concurrency, "--concurrency")
+    if min(conc) < 1:
+        raise typer.BadParameter("client counts must be >= 1", param_hint="--concurrency")
+    depth_list = _int_list(depths, "--depths") if depths else list(prof.captured_depths)
+    bad = [d for d in depth_list if d not in prof.captured_depths]
+    if bad:
+        raise typer.BadParameter(
+            f"depth {bad[0]} is not captured by profile {prof.name} "
+            f"(captured: {prof.captured_depths})",
+            param_hint="--depths",
+        )
+    if phase is not None and phase not in prof.acceptance.phases:
+        raise typer.BadParameter(
+            f"unknown phase {phase!r}; the profile defines {sorted(prof.acceptance.phases)}",
+            param_hint="--phase",
+        )
+    spec = SweepSpec(
+        concurrency=conc,
+        depths=depth_list,
+        duration_s=duration,
+        warmup_s=warmup,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        phase=phase,
+        seed=seed,
+    )
+    if as_json:
+        result = run_sweep(prof, spec)
+        typer.echo(json.dumps(result.to_json(), indent=None))
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    console = Console()
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(f"sweeping {prof.name}", total=spec.points())
+        result = run_sweep(prof, spec, on_point=lambda: progress.advance(task))
+    for table in render_table(result):
+        console.print(table)
+
+
+@sim_app.command("serve")
+def serve(
+    profile: Annotated[str, typer.Option(help="Built-in profile name or path to a YAML file")],
+    host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port (0: pick a free one)")] = 30000,
+    speedup: Annotated[float, typer.Option(help="Simulated seconds per wall second")] = 1.0,
+    admin_key: Annotated[
+        str | None, typer.Option(help="Admin API key for /set_internal_state")
+    ] = None,
+    api_key: Annotated[str | None, typer.Option(help="API key for the other endpoints")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed")] = 0,
+    concurrency: Annotated[
+        float, typer.Option(help="Background closed-loop clients (synthetic load)")
+    ] = 0.0,
+    scenario: Annotated[
+        str | None,
+        typer.Option(help="Drive the background load from a scenario instead of --concurrency"),
+    ] = None,
+    speculative: Annotated[
+        bool, typer.Option("--speculative/--no-speculative", help="EAGLE-3 on, or a plain server")
+    ] = True,
+) -> None:
+    """Serve a simulated SGLang server (SGLang's HTTP API + the specctl plugin's contract)."""
+    from sims.http import ServedSimulation
+    from sims.server import SimulatedServer
+    from sims.workload import ScenarioError, Workload, load_scenario
+
+    prof = _profile(profile)
+    if speedup <= 0:
+        raise typer.BadParameter("must be > 0", param_hint="--speedup")
+    if scenario is not None:
+        try:
+            workload = load_scenario(scenario).workload
+        except ScenarioError as err:
+            raise typer.BadParameter(str(err), param_hint="--scenario") from None
+    else:
+        workload = Workload.closed(concurrency)
+    server = SimulatedServer(
+        prof,
+        workload,
+        seed=seed,
+        admin_key=admin_key,
+        api_key=api_key,
+        speculative=speculative,
+    )
+    served = ServedSimulation(server, host=host, port=port, speedup=speedup, log_level="info")
+    typer.echo(
+        f"simulated {prof.name} ({'EAGLE-3' if speculative else 'no speculation'}) on "
+        f"{served.base_url}, clock x{speedup:g}; Ctrl-C to stop"
+    )
+    served.serve_forever()

@@ -35,6 +35,7 @@ from sims.policies import (
     FixedDepthPolicy,
     SGLangAdaptivePolicy,
     nospec_cuda_graph_batch_sizes,
+    pad_batches,
     spec_cuda_graph_batch_sizes,
 )
 from sims.profile import Profile
@@ -224,17 +225,9 @@ class Engine:
         )
         batch = np.arange(cap + 1, dtype=float)
         batch[0] = 1.0
-        if self.profile.scheduler.cuda_graph_padding:
-            idx = np.searchsorted(graph_bs, batch.astype(int), side="left")
-            padded = np.array(
-                [
-                    graph_bs[i] if i < len(graph_bs) else b
-                    for i, b in zip(idx, batch.astype(int), strict=True)
-                ],
-                float,
-            )
-        else:
-            padded = batch.copy()
+        padded = (
+            pad_batches(batch, graph_bs) if self.profile.scheduler.cuda_graph_padding else batch
+        )
         self.padded_batch = padded
         # Padding rows carry no KV: scale context so that padded * ctx = real batch * ctx.
         ctx = _CTX_GRID[None, :] * (batch / padded)[:, None]
@@ -274,6 +267,23 @@ class Engine:
         )
         self._ctx_total = 0
         self._reserved_total = 0
+
+    def iteration_ms(self, depth: int, n: int) -> float:
+        """Mean iteration time (ms) at `depth` for `n` running requests at their mean context."""
+        ctx = self._ctx_total / n
+        grid = self._ctx_grid
+        j = bisect.bisect_right(grid, ctx) - 1
+        row = self._cost[depth][n]
+        if j < 0:
+            return row[0]
+        if j >= len(grid) - 1:
+            return row[-1]
+        w = (ctx - grid[j]) / (grid[j + 1] - grid[j])
+        return row[j] + w * (row[j + 1] - row[j])
+
+    def phase_counts(self) -> list[int]:
+        """Running requests per acceptance phase (index: profile.acceptance.phases order)."""
+        return list(self._phase_count)
 
     # ------------------------------------------------------------------ controls
 
@@ -529,19 +539,7 @@ class Engine:
         tokens = int(emitted.sum())
         self._ctx_total += tokens
 
-        # Iteration time from the tabulated cost model at the batch's mean context.
-        ctx = self._ctx_total / n
-        grid = self._ctx_grid
-        j = bisect.bisect_right(grid, ctx) - 1
-        row = self._cost[depth][n]
-        if j < 0:
-            ms = row[0]
-        elif j >= len(grid) - 1:
-            ms = row[-1]
-        else:
-            w = (ctx - grid[j]) / (grid[j + 1] - grid[j])
-            ms = row[j] + w * (row[j + 1] - row[j])
-        dt = ms * self._noise_factor() / 1000.0
+        dt = self.iteration_ms(depth, n) * self._noise_factor() / 1000.0
         self.now += dt
         self.forward_ct += 1
         self.last_depth = depth

@@ -18,6 +18,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from sglang_hooks.contract import PolicyTable, TierSelector
 
 
@@ -107,6 +109,20 @@ def nospec_cuda_graph_batch_sizes(max_bs: int) -> list[int]:
     if max_bs not in sizes:
         sizes.append(max_bs)
     return sorted(sizes)
+
+
+def pad_batches(batch: np.ndarray, graph_bs: list[int]) -> np.ndarray:
+    """Each batch size padded up to the next CUDA-graph batch size (beyond the last: itself)."""
+    b = np.asarray(batch, dtype=float)
+    idx = np.searchsorted(graph_bs, b, side="left")
+    top = np.asarray([*graph_bs, 0], dtype=float)[np.minimum(idx, len(graph_bs))]
+    return np.where(idx < len(graph_bs), top, b)
+
+
+def graph_batch_sizes(speculative: bool, max_bs: int) -> list[int]:
+    if speculative:
+        return spec_cuda_graph_batch_sizes(max_bs)
+    return nospec_cuda_graph_batch_sizes(max_bs)
 
 
 @dataclass

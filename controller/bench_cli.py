@@ -269,12 +269,13 @@ def bench(
         code = 2
     if observer.outcome is not None:
         outcome = observer.outcome
-        if outcome.restored is not None:
+        if outcome.pushed and outcome.restored is not None:
             console.print(f"server table restored: {outcome.restored}")
-        elif outcome.results:
+        elif outcome.pushed:
             err_console.print(
                 "[red]the previous table could not be restored[/red]; check the server"
             )
-        report(outcome, out_dir, console)
+        if outcome.results:
+            report(outcome, out_dir, console)
     if code:
         raise typer.Exit(code)

@@ -1,0 +1,174 @@
+"""`specctl bench` end to end over loopback against the served simulator (`sim_server`)."""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from typer.testing import CliRunner
+
+from controller.bench.server_client import ServerClient, ServerError
+from controller.cli import COMMAND_MODULES
+from controller.cli_app import app
+from sglang_hooks.contract import parse_table, push_body, read_server_state
+
+for _module in COMMAND_MODULES:
+    importlib.import_module(_module)
+
+KEY = "bench-key"
+# A table that is not a single depth, so that restoring it is visible.
+BEFORE = parse_table(
+    {"version": 5, "tiers": [{"min_batch": 1, "depth": 3}, {"min_batch": 16, "depth": 0}]}
+)
+FAST = ["--requests-per-level", "6", "--output-tokens", "12", "--prompt-tokens", "32"]
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())  # rich wraps long lines at the terminal width
+
+
+def state_of(url: str) -> dict:
+    return read_server_state(httpx.get(f"{url}/server_info", timeout=5).json())[0]
+
+
+def push_before(url: str) -> None:
+    resp = httpx.post(
+        f"{url}/set_internal_state",
+        json=push_body(BEFORE),
+        headers={"Authorization": f"Bearer {KEY}"},
+        timeout=5,
+    )
+    assert resp.json() == [True]
+
+
+def test_short_sweep_measures_each_depth_restores_the_table_and_writes_reports(
+    sim_server_factory, tmp_path: Path
+) -> None:
+    spec = sim_server_factory(admin_key=KEY, speedup=200)
+    nospec = sim_server_factory(speedup=200, speculative=False)
+    push_before(spec.base_url)
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", "0,3",
+         "--concurrency", "1,4", "--no-spec-url", nospec.base_url, "--out", str(out), *FAST],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader((out / "bench.csv").open()))
+    assert [(r["series"], r["concurrency"]) for r in rows] == [
+        ("d0", "1"), ("d0", "4"), ("d3", "1"), ("d3", "4"), ("no-spec", "1"), ("no-spec", "4"),
+    ]  # fmt: skip
+    for r in rows:
+        assert float(r["output_tok_per_s"]) > 0 and int(r["requests"]) >= 6
+        assert float(r["ttft_p50_ms"]) > 0 and float(r["tpot_p90_ms"]) >= float(r["tpot_p50_ms"])
+    by = {(r["series"], r["concurrency"]): r for r in rows}
+    # The server's own counters confirm the forced depth ran: no drafts at d0, drafts at d3.
+    assert float(by["d0", "1"]["accept_length"]) == pytest.approx(1.0)
+    assert float(by["d3", "1"]["accept_length"]) > 1.3
+    assert float(by["d3", "4"]["mean_batch"]) > float(by["d3", "1"]["mean_batch"])
+    report = json.loads((out / "bench.json").read_text())
+    assert report["table_before"] == BEFORE.to_json() and report["recommended_table"]["tiers"]
+    assert (out / "bench.png").stat().st_size > 10_000
+    # The table that was live before the sweep is live again.
+    after = state_of(spec.base_url)
+    assert after["table"] == BEFORE.to_json() and after["version"] == BEFORE.version
+    assert "server table restored: 1-15: d3 | 16+: off" in flat(result.output)
+
+
+@pytest.mark.parametrize("sim_server", [{"admin_key": KEY, "speedup": 200}], indirect=True)
+def test_clear_errors_for_key_depth_and_url(sim_server, tmp_path: Path) -> None:
+    url = sim_server.base_url
+    runner = CliRunner()
+    base = ["bench", "--url", url, "--concurrency", "1", "--out", str(tmp_path), *FAST]
+
+    missing = runner.invoke(app, base, env={"SPECCTL_ADMIN_KEY": ""})
+    assert missing.exit_code == 2
+    assert (
+        "401 Unauthorized (no admin key was given: pass --admin-key or set SPECCTL_ADMIN_KEY"
+        in flat(missing.output)
+    )
+    wrong = runner.invoke(app, [*base, "--admin-key", "nope"])
+    assert wrong.exit_code == 2 and "the key given was refused" in flat(wrong.output)
+
+    depth = runner.invoke(app, [*base, "--admin-key", KEY, "--depths", "1,7"])
+    assert depth.exit_code == 2
+    assert "--depths 7: tiers[0].depth: depth 7 was not captured by the server" in flat(
+        depth.output
+    )
+    unreachable = runner.invoke(app, [*base, "--url", "http://127.0.0.1:9", "--admin-key", KEY])
+    assert unreachable.exit_code == 2
+    assert "cannot reach http://127.0.0.1:9" in flat(unreachable.output)
+    assert state_of(url)["source"] == "none"  # nothing was left behind
+    assert not list(tmp_path.iterdir())  # and no report of a sweep that never ran
+
+
+@pytest.mark.parametrize("sim_server", [{"admin_key": KEY}], indirect=True)
+def test_a_refused_push_reports_the_servers_field(sim_server) -> None:
+    """The server's own 400 (not the client's pre-check) reaches the user with its field."""
+    bad = parse_table({"tiers": [{"min_batch": 1, "depth": 9}]})
+    with ServerClient(sim_server.base_url, KEY) as client, pytest.raises(ServerError) as err:
+        client.push(bad)
+    assert "specctl_t0_depth: depth 9 was not captured" in str(err.value)
+
+
+def test_a_server_without_the_plugin_is_named(tmp_path: Path) -> None:
+    """A plain FastAPI app stands in for SGLang without the plugin (no specctl state)."""
+    plain = FastAPI()
+    plain.get("/server_info")(lambda: {"internal_states": [{"last_gen_throughput": 0.0}]})
+    config = uvicorn.Config(plain, host="127.0.0.1", port=0, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        result = CliRunner().invoke(
+            app, ["bench", "--url", f"http://127.0.0.1:{port}", "--admin-key", "k", *FAST]
+        )
+    finally:
+        server.should_exit = True
+        thread.join(5)
+    assert result.exit_code == 2
+    assert "the specctl plugin is not loaded on this server" in flat(result.output)
+
+
+@pytest.mark.parametrize("sim_server", [{"admin_key": KEY, "speedup": 20}], indirect=True)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupting_a_sweep_restores_the_table(sim_server, tmp_path: Path, sig) -> None:
+    url = sim_server.base_url
+    push_before(url)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controller.cli", "bench", "--url", url, "--admin-key", KEY,
+         "--depths", "1,3", "--concurrency", "2,4", "--duration-per-level", "30",
+         "--out", str(tmp_path / "b")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 20
+        while state_of(url)["version"] == BEFORE.version:  # wait for the forced depth
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        time.sleep(0.5)  # mid-level, with streams in flight
+        proc.send_signal(sig)
+        output, _ = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, output
+    assert "interrupted" in output
+    after = state_of(url)
+    assert after["table"] == BEFORE.to_json() and after["version"] == BEFORE.version

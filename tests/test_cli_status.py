@@ -1,0 +1,54 @@
+"""`specctl status` end to end: the served simulator under load, and the daemon's own metrics."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from controller.cli import COMMAND_MODULES
+from controller.cli_app import app
+from controller.own_metrics import DaemonMetrics
+from sglang_hooks.contract import push_body, single_depth_table
+
+for _module in COMMAND_MODULES:
+    importlib.import_module(_module)
+
+
+@pytest.mark.parametrize("sim_server", [{"concurrency": 8, "speedup": 100}], indirect=True)
+def test_status_shows_the_live_table_and_recent_per_depth_activity(sim_server) -> None:
+    url = sim_server.base_url
+    httpx.post(f"{url}/set_internal_state", json=push_body(single_depth_table(1, version=4)))
+    metrics = DaemonMetrics()
+    metrics.scrapes.labels("sim").inc(3)
+    metrics.pushes.labels("sim", "good").inc()
+    metrics.target_up.labels("sim").set(1)
+    port = metrics.serve("127.0.0.1", 0)
+    result = CliRunner().invoke(
+        app,
+        ["status", "--url", url, "--window", "1", "--json",
+         "--daemon-url", f"http://127.0.0.1:{port}"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    server = doc["servers"][0]
+    assert server["table_text"] == "1+: d1" and server["source"] == "push"
+    assert server["version"] == 4 and server["captured_depths"] == [0, 1, 2, 3, 4]
+    [d1] = server["depths"]  # only the forced depth ran during the window
+    assert d1["depth"] == 1 and d1["iterations"] > 0 and d1["iteration_share"] == 1.0
+    assert 1.0 < d1["accept_length"] <= 2.0 and d1["decode_tok_per_s"] > 0
+    assert doc["daemon"]["targets"]["sim"]["scrapes"] == 3
+    assert doc["daemon"]["targets"]["sim"]["pushes[good]"] == 1
+
+    panel = CliRunner().invoke(app, ["status", "--url", url, "--window", "0.5"])
+    assert panel.exit_code == 0
+    assert "1+: d1" in panel.output and "decode tok/s" in panel.output
+
+
+def test_status_names_an_unreachable_server_and_exits_1() -> None:
+    result = CliRunner().invoke(app, ["status", "--url", "http://127.0.0.1:9", "--window", "0"])
+    assert result.exit_code == 1
+    assert "cannot reach http://127.0.0.1:9" in " ".join(result.output.split())

@@ -82,7 +82,7 @@ class LearnerConfig(BaseModel):
         description="Probability that an alternative wins at which a tier explores at the cap",
     )
     min_evidence_iterations: float = Field(
-        default=50.0,
+        default=10.0,
         ge=0.0,
         description="Below this many iterations a depth is cold: explored, not run",
     )
@@ -102,6 +102,12 @@ class LearnerConfig(BaseModel):
         gt=0.0,
         lt=1.0,
         description="Per-position acceptance assumed before any evidence",
+    )
+    acceptance_prior_decay: float = Field(
+        default=0.9,
+        gt=0.0,
+        le=1.2,
+        description="Per-position decay of acceptance assumed until several depths have evidence",
     )
     acceptance_prior_strength: float = Field(
         default=20.0,
@@ -176,6 +182,7 @@ class Learner:
         return AcceptanceModel(
             self.captured,
             prior_rate=c.acceptance_prior_rate,
+            prior_decay=c.acceptance_prior_decay,
             prior_strength=c.acceptance_prior_strength,
             dispersion=c.acceptance_dispersion,
         )
@@ -333,7 +340,10 @@ class Learner:
                 p.explore_share = c.exploration_cap
             elif alts:
                 p.explore_depths = tuple(sorted(alts))
-                p.explore_share = c.exploration_cap * min(1.0, uncertain / c.explore_saturation)
+                # Quarters of the cap: a share that moves with every refit would change the
+                # table (and cost a push) at every scrape without changing what is learned.
+                level = np.ceil(4.0 * min(1.0, uncertain / c.explore_saturation)) / 4.0
+                p.explore_share = c.exploration_cap * float(level)
         return _merge_segments(pieces)
 
     def _representative_batch(self, seg: _Segment) -> float:

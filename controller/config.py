@@ -155,6 +155,16 @@ class GuardrailConfig(_Strict):
     rollback_min_iterations: Annotated[int, Field(ge=1)] = Field(
         200, description="Iterations needed in a bucket, before and after, for it to be compared"
     )
+    takeover_min_gain: Annotated[float, Field(ge=0.0)] = Field(
+        0.02,
+        description="Replace the server's own (non-specctl) choice only when the model predicts "
+        "this much more tok/s than measured under it at the same batch buckets",
+    )
+    takeover_max_wait_s: PosFloat = Field(
+        600.0,
+        description="Take over anyway after this long with a fitted model, so that depths the "
+        "server never runs get probed",
+    )
     refused_backoff_s: PosFloat = Field(
         300.0, description="After a refused push, wait this long before pushing to that target"
     )

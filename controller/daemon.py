@@ -20,6 +20,7 @@ from controller.config import ControllerConfig, TargetConfig
 from controller.frozen import load_frozen_policy
 from controller.guardrails import (
     bound_change,
+    bucket_rates,
     changed_buckets,
     compare_after_push,
     restrict_to_captured,
@@ -74,6 +75,7 @@ class TargetState:
     quarantine: dict[tuple[Any, ...], float] = field(default_factory=dict)
     recent: list[Sample] = field(default_factory=list)  # this target's samples, for checks
     predicted: dict[int, float] = field(default_factory=dict)
+    first_fit_seen: float | None = None  # first decision with a fitted model (takeover clock)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -332,6 +334,15 @@ class Controller:
             log.exception("%s: learner could not propose a table: %s", st.name, err)
             return None
         self._note_prediction(st, proposal.predicted_tok_per_s, proposal.exploration_share, hist)
+        if not proposal.predicted_tok_per_s:
+            # The model cannot predict yet (no depth has enough evidence): a table now would be
+            # a guess. Keep what runs; its per-depth counters are the evidence that warms it up.
+            log.debug("%s: no prediction yet (%s); not pushing", st.name, proposal.reason)
+            return None
+        if live.table is None and not self._takeover_ok(
+            st, now, proposal.predicted_tok_per_s, hist
+        ):
+            return None
         try:
             table = restrict_to_captured(proposal.table, live.captured_depths)
             table, clamped = bound_change(live.table, table, g.max_boundary_move)
@@ -451,6 +462,33 @@ class Controller:
             after_tok_per_s=cmp.after_tok_per_s,
         )
         return self._push(st, now, back, kind="rollback", reason=reason, predicted=None)
+
+    def _takeover_ok(
+        self, st: TargetState, now: float, predicted: dict[int, float], hist: dict[int, float]
+    ) -> bool:
+        """Replace the server's own choice only for a predicted, measurable gain (or after
+        takeover_max_wait_s, so that depths it never runs can be probed)."""
+        g = self.config.guardrails
+        if st.first_fit_seen is None:
+            st.first_fit_seen = now
+        if now - st.first_fit_seen >= g.takeover_max_wait_s:
+            return True
+        window = [s for s in st.recent if s.t_end > now - 2 * g.rollback_window_s]
+        measured = bucket_rates(window)
+        common = [b for b in hist if b in predicted and b in measured]
+        if not common:
+            return False
+        pred = sum(hist[b] * predicted[b] for b in common)
+        meas = sum(hist[b] * measured[b].tok_per_s for b in common)
+        gain = pred / meas - 1.0 if meas > 0 else 0.0
+        if gain < g.takeover_min_gain:
+            log.debug(
+                "%s: predicted gain %+.1f%% over the server's own choice; waiting",
+                st.name,
+                100 * gain,
+            )
+            return False
+        return True
 
     # ------------------------------------------------------------------ load and gauges
 

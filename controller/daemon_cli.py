@@ -1,0 +1,169 @@
+"""`specctl daemon [--config PATH]`: run the controller until interrupted (or duration_s)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from controller.cli_app import app
+from controller.config import ConfigError, ControllerConfig, load_config
+from controller.daemon import Controller
+from controller.frozen import FrozenPolicyError
+from controller.model import validate_learner_overrides
+from controller.own_metrics import DaemonMetrics
+from controller.runner import TickInfo, build_transports, run_simulated, run_wall
+from controller.store import Store, StoreError
+
+log = logging.getLogger("specctl.daemon")
+
+
+class ClockFormatter(logging.Formatter):
+    """Log lines stamped with the controller's clock (simulated time in simulated mode)."""
+
+    def __init__(self, clock: Callable[[], str]) -> None:
+        super().__init__("%(message)s")
+        self.clock = clock
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno == logging.INFO else f"{record.levelname.lower()}: "
+        return f"[{self.clock()}] {level}{super().format(record)}"
+
+
+def setup_logging(clock: Callable[[], str], verbose: bool = False) -> logging.Handler:
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(ClockFormatter(clock))
+    logger = logging.getLogger("specctl")
+    for old in list(logger.handlers):
+        logger.removeHandler(old)
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
+    logger.propagate = False
+    return handler
+
+
+def fail(message: str) -> typer.Exit:
+    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
+    return typer.Exit(2)
+
+
+def open_controller(cfg: ControllerConfig) -> tuple[Controller, dict[str, object], DaemonMetrics]:
+    """Build transports, store, metrics and controller; raise typer.Exit on bad input."""
+    problem = validate_learner_overrides(dict(cfg.learner))
+    if problem:
+        raise fail(problem)
+    try:
+        transports, sims = build_transports(cfg)
+        store = Store(cfg.store.resolved_path())
+        metrics = DaemonMetrics()
+        controller = Controller(cfg, store, transports, metrics=metrics)
+    except (ConfigError, StoreError, FrozenPolicyError, ValueError) as err:
+        raise fail(str(err)) from None
+    return controller, dict(sims), metrics
+
+
+def run_daemon(cfg: ControllerConfig, stop: threading.Event | None = None) -> Controller:
+    stop = stop or threading.Event()
+    sim_now = [0.0]
+    if cfg.schedule.clock == "simulated":
+        setup_logging(lambda: f"sim {sim_now[0]:7.0f}s")
+    else:
+        setup_logging(lambda: time.strftime("%H:%M:%S"))
+    controller, sims, metrics = open_controller(cfg)
+    if cfg.metrics.enabled:
+        try:
+            port = metrics.serve(cfg.metrics.host, cfg.metrics.port)
+        except OSError as err:
+            raise fail(
+                f"metrics.port: cannot listen on {cfg.metrics.host}:{cfg.metrics.port} ({err}); "
+                "pick another port or set metrics.enabled: false"
+            ) from None
+        log.info("daemon metrics on http://%s:%d/metrics", cfg.metrics.host, port)
+    names = ", ".join(f"{t.name} ({t.group})" for t in cfg.targets)
+    mode = "frozen policy " + str(cfg.frozen_policy) if cfg.frozen_policy else "learning"
+    log.info(
+        "specctl daemon: %s; targets: %s; store %s",
+        mode,
+        names,
+        cfg.store.resolved_path(),
+    )
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        # Outside the main thread (tests) this raises: the caller sets `stop` itself.
+        with contextlib.suppress(ValueError):
+            signal.signal(sig, lambda *_: stop.set())
+    try:
+        if cfg.schedule.clock == "simulated":
+            until = math.inf if cfg.schedule.duration_s is None else cfg.schedule.duration_s
+            progress = _Progress(controller, every_s=max(60.0, cfg.schedule.decide_interval_s * 4))
+
+            def on_tick(info: TickInfo) -> None:
+                sim_now[0] = info.now
+                progress(info.now)
+
+            run_simulated(
+                controller,
+                sims,  # type: ignore[arg-type]
+                until_s=until,
+                speedup=cfg.schedule.speedup,
+                on_tick=on_tick,
+                stop=stop,
+            )
+        else:
+            run_wall(controller, stop=stop)
+    finally:
+        controller.close()
+        log.info(
+            "stopped: %d samples stored, %d pushes",
+            controller.store.count_samples(),
+            len(controller.store.pushes()),
+        )
+    return controller
+
+
+class _Progress:
+    """One progress line per `every_s` of clock time: samples, fits, the live tables."""
+
+    def __init__(self, controller: Controller, every_s: float) -> None:
+        self.controller = controller
+        self.every_s = every_s
+        self.next_at = every_s
+
+    def __call__(self, now: float) -> None:
+        if now < self.next_at:
+            return
+        self.next_at = now + self.every_s
+        c = self.controller
+        parts = []
+        for name, st in c.targets.items():
+            live = "?" if st.live is None or st.live.table is None else st.live.table.describe()
+            parts.append(f"{name}: {live}")
+        log.info("progress: %d samples stored; %s", c.store.count_samples(), "; ".join(parts))
+
+
+@app.command("daemon")
+def daemon_command(
+    config: Annotated[
+        Path | None,
+        typer.Option(
+            "--config", "-c", help="controller.yaml; default: an in-process simulated server"
+        ),
+    ] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Debug logging")] = False,
+) -> None:
+    """Scrape -> store -> model -> table -> push, for every target in the config."""
+    try:
+        cfg = load_config(config)
+    except ConfigError as err:
+        raise fail(str(err)) from None
+    if verbose:
+        logging.getLogger("specctl").setLevel(logging.DEBUG)
+    run_daemon(cfg)

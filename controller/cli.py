@@ -14,6 +14,9 @@ COMMAND_MODULES = (
     "controller.curves_cli",
     "controller.freeze_cli",
     "sglang_hooks.serve_cli",
+    "controller.daemon_cli",
+    "controller.evaluate_cli",
+    "controller.demo_cli",
 )
 
 

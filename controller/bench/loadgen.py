@@ -76,6 +76,7 @@ class LiveCounters:
     completed: int = 0
     errors: int = 0
     tokens: int = 0
+    chunks: int = 0  # SSE events with tokens (several tokens per event when drafts are accepted)
     t0: float = field(default_factory=time.perf_counter)
 
     def elapsed_s(self) -> float:
@@ -161,6 +162,7 @@ async def _one_request(
                     last = now
                     seen += new
                     live.tokens += new
+                    live.chunks += 1
     except asyncio.CancelledError:
         # The level's deadline cut this request: keep what it produced, mark it incomplete.
         return _result(start, time.perf_counter(), first, last, seen, t0, complete=False)

@@ -1,0 +1,82 @@
+"""Session set-up for the tests that run against the real SGLang 0.5.23 wheel (CPU only).
+
+Run by scripts/test.sh with .venv-sglang/bin/python (see there for the install). In the
+main .venv, where SGLang is not installed, this folder is skipped as a whole.
+
+Before anything imports prometheus_client, PROMETHEUS_MULTIPROC_DIR points at a fresh folder
+(the multiprocess mode SGLang's servers use). Then the GPU-only imports get stand-ins
+(standins.py: triton through SGLang's own `_platform_stubs`, an empty torchvision), and the
+plugin is loaded once through SGLang's real `load_plugins()` and the installed entry point,
+so every test in this session sees the classes exactly as a server process would. Those
+patches cannot be undone, which is why this folder runs in its own interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+def _sglang_installed() -> bool:
+    # By distribution, not find_spec: this folder itself is named "sglang".
+    try:
+        importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+if not _sglang_installed():
+    collect_ignore_glob = ["test_real_*.py"]  # the pure-Python tests here still run
+else:
+    os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="specctl-prom-"))
+    if "prometheus_client.values" in sys.modules:
+        raise RuntimeError(
+            "prometheus_client was imported before tests/sglang/conftest.py could switch it to "
+            "multiprocess mode; run this folder alone with --confcutdir=tests/sglang "
+            "(scripts/test.sh does)"
+        )
+    os.environ["SGLANG_PLUGINS"] = "specctl"
+    sys.path.insert(0, str(HERE))
+    import standins
+
+    standins.install()
+
+
+@pytest.fixture(scope="session")
+def plugin_loaded() -> bool:
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    load_plugins()
+    return bool(HookRegistry._patched)
+
+
+@pytest.fixture
+def runtime(plugin_loaded: bool):  # type: ignore[no-untyped-def]
+    """A fresh plugin runtime for one test (the hooks read the module global at call time)."""
+    from sglang_hooks import hooks
+    from sglang_hooks.gpu_timer import HostIntervalTimer
+    from sglang_hooks.runtime import SchedulerRuntime
+
+    assert plugin_loaded, "the specctl plugin registered no hooks"
+    previous = hooks.RUNTIME
+    hooks.RUNTIME = SchedulerRuntime(timer=HostIntervalTimer())
+    yield hooks.RUNTIME
+    hooks.RUNTIME = previous
+
+
+@pytest.fixture(scope="session")
+def sglang17_root() -> Path:
+    root = os.environ.get("SPECCTL_SGLANG17_SRC")
+    if not root or not (Path(root) / "_version.py").is_file():
+        pytest.fail("SPECCTL_SGLANG17_SRC must point at the unpacked sglang 0.5.17 package "
+                    "(scripts/test.sh downloads it)")
+    return Path(root)

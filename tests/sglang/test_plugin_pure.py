@@ -1,0 +1,108 @@
+"""Plugin parts that need no SGLang: launch command, policy file, counters, GPU timing.
+
+These run in both the main venv and .venv-sglang. The GPU timer test uses a stand-in event
+(`_Event`) because no CUDA device exists here; it checks the never-block contract.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sglang_hooks import launch
+from sglang_hooks.contract import PolicyError
+from sglang_hooks.counters import DepthCounters
+from sglang_hooks.gpu_timer import CudaEventTimer, HostIntervalTimer
+from sglang_hooks.policy_file import load_policy_file
+from sglang_hooks.runtime import SchedulerRuntime
+
+
+def test_serve_adds_what_the_plugin_needs_and_keeps_user_flags(tmp_path: Path) -> None:
+    argv, env, notes = launch.build_command(
+        ["--model-path", "m", "--speculative-algorithm", "EAGLE3", "--port", "31000"],
+        tmp_path / "cfg.json",
+    )
+    assert env == {"SGLANG_PLUGINS": "specctl"}
+    assert "--speculative-adaptive" in argv and "--enable-metrics" in argv
+    assert argv[argv.index("--speculative-adaptive-config") + 1] == str(tmp_path / "cfg.json")
+    assert any("--max-running-requests" in n for n in notes)
+    assert launch.admin_url(["--port", "31000", "--host", "0.0.0.0"]) == "http://127.0.0.1:31000"
+    with pytest.raises(ValueError, match="--speculative-algorithm"):
+        launch.build_command(["--model-path", "m"], tmp_path / "cfg.json")
+
+
+def test_adaptive_config_captures_every_depth_in_one_slot() -> None:
+    assert launch.adaptive_config([3, 0, 1, 3]) == {"1": {"candidate_steps": [0, 1, 3]}}
+
+
+def test_policy_file_reads_table_and_tolerates_provenance(tmp_path: Path) -> None:
+    p = tmp_path / "policy.yaml"
+    p.write_text("provenance: {learned_from: bench}\ntable:\n  version: 2\n  tiers:\n"
+                 "    - {min_batch: 1, depth: 3}\n")
+    assert load_policy_file(p).version == 2
+    with pytest.raises(PolicyError, match="not captured"):
+        load_policy_file(p, captured_depths={0, 1})
+    p.write_text("tiers: []\n")
+    with pytest.raises(PolicyError, match="table"):
+        load_policy_file(p)
+    with pytest.raises(PolicyError, match="cannot read"):
+        load_policy_file(tmp_path / "missing.yaml")
+
+
+def test_counters_bucket_and_drain_once() -> None:
+    c = DepthCounters()
+    c.record(3, 12, 40, 0.02, explore=True)
+    c.record(3, 13, 41, 0.02, explore=False)
+    c.record(0, 5000, 5000, 0.1, explore=False)
+    out = c.drain()
+    assert out[(3, 12)] == [2, 25, 81, 0.04, 1]
+    assert (0, 1024) in out
+    assert c.drain() == {} and c.totals[(3, 12)][0] == 2
+
+
+class _Event:
+    """Stand-in for torch.cuda.Event: completes when the test says so."""
+
+    clock = 0.0
+
+    def __init__(self) -> None:
+        self.t: float | None = None
+        self.done = False
+
+    def record(self) -> None:
+        self.t = _Event.clock
+
+    def query(self) -> bool:
+        return self.done
+
+    def elapsed_time(self, other: _Event) -> float:
+        assert self.done and other.done, "elapsed_time on an incomplete event would block"
+        assert self.t is not None and other.t is not None
+        return (other.t - self.t) * 1000.0
+
+
+def test_cuda_timer_never_blocks_and_parks_unfinished_pairs() -> None:
+    timer = CudaEventTimer(_Event, pool_size=1)
+    rt = SchedulerRuntime(timer=timer)
+    rt.activate({3}, None)
+    token = timer.begin()
+    _Event.clock = 0.25
+    pair = timer.end(token)
+    rt.record_result(3, 4, 10, (False, pair))  # end event not complete: parked, not read
+    assert rt.parked and rt.counters.pending == {}
+    pair[0].done = pair[1].done = True
+    rt.record_result(3, 4, 10, None)  # next result: the parked pair is read now
+    assert not rt.parked
+    assert rt.counters.pending[(3, 4)][3] == pytest.approx(0.25)
+    assert rt.unattributed_results == 1
+
+
+def test_host_timer_ignores_idle_gaps() -> None:
+    now = [0.0]
+    timer = HostIntervalTimer(max_gap_s=1.0, clock=lambda: now[0])
+    assert timer.seconds(None) == 0.0
+    now[0] = 0.03
+    assert timer.seconds(None) == pytest.approx(0.03)
+    now[0] = 5.0
+    assert timer.seconds(None) == 0.0

@@ -1,0 +1,87 @@
+"""Per-depth counters on SGLang's own registry, from real results through the real hooks.
+
+Real: `SchedulerMetricsCollector` (construction runs the plugin's hook, which adds our
+families to the same multiprocess registry), `GenerationBatchResult`, the multiprocess
+collector and exposition that SGLang's /metrics uses, prometheus' text parser.
+Stand-in: the batch (`SimpleNamespace(reqs=[...])`), since only `len(batch.reqs)` is read.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from sglang_hooks import hooks
+from sglang_hooks.contract import BASE_LABELS, COUNTER_FAMILIES, bs_bucket
+from sglang_hooks.runtime import SchedulerRuntime
+
+
+def _scrape() -> dict[str, Any]:
+    from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+    from prometheus_client.parser import text_string_to_metric_families
+
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    text = generate_latest(registry).decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+@pytest.fixture(scope="module")
+def collector(plugin_loaded: bool) -> Any:
+    import tempfile
+
+    from sglang.srt import runtime_context
+    from sglang.srt.observability.metrics_collector import SchedulerMetricsCollector
+    from sglang.srt.server_args import ServerArgs
+
+    model = tempfile.mkdtemp()
+    with open(f"{model}/config.json", "w") as f:
+        f.write('{"architectures": ["LlamaForCausalLM"], "model_type": "llama", '
+                '"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 8, '
+                '"intermediate_size": 128, "vocab_size": 1000, "num_key_value_heads": 4}')
+    args = ServerArgs(model_path=model, device="cpu", skip_tokenizer_init=True)
+    args.resolve_once()
+    runtime_context.publish(args, role="scheduler")
+    labels = {"model_name": "tiny", "engine_type": "unified", "tp_rank": 0, "pp_rank": 0,
+              "moe_ep_rank": 0}
+    SchedulerMetricsCollector(labels, server_args=args)
+    # The plugin's AFTER hook on the collector's __init__ built our exporter beside it.
+    assert hooks.RUNTIME.exporter is not None, "constructing the collector built no exporter"
+    return hooks.RUNTIME.exporter
+
+
+def _result(width: int, correct: int) -> Any:
+    from sglang.srt.managers.utils import GenerationBatchResult
+
+    return GenerationBatchResult(speculative_num_draft_tokens=width, num_correct_drafts=correct)
+
+
+def test_counts_follow_the_depth_each_result_ran_with(collector: Any,
+                                                      runtime: SchedulerRuntime) -> None:
+    runtime.exporter = collector
+    runtime.activate({0, 1, 3}, None)
+    batch = SimpleNamespace(reqs=[object()] * 12)
+    # Launched at depth 3, processed later (overlap): the result says what ran.
+    for width, correct, explore in ((4, 20, False), (4, 18, True), (2, 6, False)):
+        result = _result(width, correct)
+        result.specctl_launch = (explore, None)
+        hooks.count_result(None, None, result, batch)
+    runtime.flush()
+    fams = _scrape()
+    it = {(s.labels["depth"], s.labels["bs_bucket"]): s.value
+          for s in fams["specctl_decode_iterations"].samples if s.name.endswith("_total")}
+    assert it[("3", str(bs_bucket(12)))] == 2 and it[("1", str(bs_bucket(12)))] == 1
+    tokens = {s.labels["depth"]: s.value for s in fams["specctl_decode_tokens"].samples
+              if s.name.endswith("_total")}
+    assert tokens["3"] == (20 + 12) + (18 + 12) and tokens["1"] == 6 + 12
+    explore = {s.labels["depth"]: s.value for s in fams["specctl_explore_iterations"].samples
+               if s.name.endswith("_total")}
+    assert explore["3"] == 1
+    sample = fams["specctl_decode_iterations"].samples[0]
+    assert set(sample.labels) == {*BASE_LABELS, "depth", "bs_bucket"}
+    assert set(COUNTER_FAMILIES) <= set(fams)
+    assert any(n.startswith("sglang:") for n in fams)  # same registry as SGLang's series
+    captured = {s.labels["depth"] for s in fams["specctl_captured_depth"].samples}
+    assert captured == {"0", "1", "3"}

@@ -3,13 +3,13 @@
 Everything is a plain function over a dict of weight tensors, so a whole forward can be
 captured in one CUDA graph. The pieces that decide the step time are the ones a serving engine
 runs: fused QKV and gate-up projections, RoPE, attention over a KV cache of `context` tokens
-(split along the context so that a batch of one still spreads over the whole GPU, as
-flash-decoding kernels do), a routed-expert FFN run as one grouped matmul over the experts the
-batch touches, the LM head over every scored token, and greedy sampling.
+(one flash-attention call, which splits a long context over the GPU itself; a fallback
+splits the context explicitly and merges the parts by their log-sum-exp), a routed-expert
+FFN run as one grouped matmul over the experts the batch touches, the LM head over every
+scored token, and greedy sampling.
 
-KV layout: the context's keys and values sit in a contiguous cache [B, kv_heads, context, D];
-the n tokens of the current forward are written into a small per-layer buffer [B, n, kv, D]
-that attention reads alongside (the write costs what a real cache write costs).
+KV layout: see `KVCache`. By default the n tokens of a forward are written into the cache
+after the context and one flash-attention call reads it all, as a serving engine does.
 """
 
 from __future__ import annotations
@@ -116,6 +116,32 @@ def attend(
     return out.to(q.dtype)
 
 
+def attend_cache(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, length: int
+) -> torch.Tensor:
+    """Attention of n new tokens over a cache that already holds them at its end.
+
+    q [B, n, Hq, D]; k_cache/v_cache [B, Hkv, L_alloc, D] with keys 0..length-1 valid (the
+    last n being the new tokens). Causal with the diagonal at the bottom right, query heads
+    grouped over KV heads natively. On a GPU this is one flash-attention call (which splits
+    long contexts itself); elsewhere plain float32 math.
+    """
+    n, hq = q.shape[1], q.shape[2]
+    hkv = k_cache.shape[1]
+    k, v = k_cache[:, :, :length], v_cache[:, :, :length]
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if q.is_cuda:
+        res = torch.ops.aten._scaled_dot_product_flash_attention(
+            q.transpose(1, 2), k, v, 0.0, n > 1, False, scale=scale
+        )
+        return res[0].transpose(1, 2)
+    kf = k.float().repeat_interleave(hq // hkv, dim=1)
+    vf = v.float().repeat_interleave(hq // hkv, dim=1)
+    allowed = torch.arange(length)[None, :] <= (length - n + torch.arange(n)[:, None])
+    out = F.scaled_dot_product_attention(q.transpose(1, 2).float(), kf, vf, attn_mask=allowed)
+    return out.transpose(1, 2).to(q.dtype)
+
+
 def reference_attention(
     q: torch.Tensor,
     k_new: torch.Tensor,
@@ -145,20 +171,16 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, (x.shape[-1],), w, 1e-6)
 
 
-def rope_tables(
-    positions: torch.Tensor, head_dim: int, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_table(positions: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Complex rotations [n, D/2] for RoPE (theta 500000, adjacent-pair convention)."""
     inv = 1.0 / (500000.0 ** (torch.arange(0, head_dim, 2, device=positions.device) / head_dim))
-    ang = positions.float()[:, None] * inv[None, :]
-    ang = torch.cat([ang, ang], dim=-1)
-    return ang.cos().to(dtype), ang.sin().to(dtype)
+    return torch.polar(torch.ones(1, device=positions.device), positions.float()[:, None] * inv)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, n, H, D]; cos/sin [n, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[None, :, None, :] + rotated * sin[None, :, None, :]
+def apply_rope(x: torch.Tensor, rot: torch.Tensor) -> torch.Tensor:
+    """x [B, n, H, D] (queries and keys stacked along H); rot [n, D/2] complex."""
+    xc = torch.view_as_complex(x.float().unflatten(-1, (-1, 2)))
+    return torch.view_as_real(xc * rot[None, :, None, :]).flatten(-2).to(x.dtype)
 
 
 def grouped_mm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
@@ -178,48 +200,46 @@ def grouped_mm(x: torch.Tensor, w: torch.Tensor, ends: torch.Tensor) -> torch.Te
     return out
 
 
-MOE_ROW_ALIGN = 16  # each expert's row group is padded to this many rows
+MOE_ROW_ALIGN = 16  # each expert's row group starts on a multiple of this many rows
 
 
 def moe_ffn(h: torch.Tensor, w: Weights, top_k: int) -> torch.Tensor:
-    """Top-k routed FFN (softmax router, renormalised top-k weights), static shapes only."""
+    """Top-k routed FFN (softmax over the top-k router logits), static shapes only.
+
+    Slots (token, choice) are sorted by expert; each expert's rows start on an aligned row of
+    a buffer, one grouped GEMM runs gate-up and one runs down, and a batched matmul sums each
+    token's top-k outputs with their router weights.
+    """
     t, hidden = h.shape
     experts = w["router"].shape[0]
     ffn = w["w_down"].shape[2]
-    probs = F.linear(h, w["router"]).float().softmax(dim=-1)
-    topw, ids = probs.topk(top_k, dim=-1)
-    topw = topw / topw.sum(dim=-1, keepdim=True)
-
-    flat = ids.flatten()
-    slots = flat.numel()
-    order = torch.argsort(flat, stable=True)
-    counts = torch.zeros(experts, dtype=torch.int64, device=h.device)
-    counts.scatter_add_(0, flat, torch.ones_like(flat))
-    padded = (counts + MOE_ROW_ALIGN - 1) // MOE_ROW_ALIGN * MOE_ROW_ALIGN
-    pad_end = torch.cumsum(padded, 0)
-    pad_start = pad_end - padded
-    start = torch.cumsum(counts, 0) - counts
-    sorted_e = flat[order]
-    dest = pad_start[sorted_e] + torch.arange(slots, device=h.device) - start[sorted_e]
-    capacity = slots + experts * (MOE_ROW_ALIGN - 1)
-    xbuf = h.new_zeros(capacity, hidden)
+    top_logits, ids = F.linear(h, w["router"]).topk(top_k, dim=-1)
+    topw = top_logits.float().softmax(dim=-1)
+    slots = t * top_k
+    sorted_e, order = ids.flatten().sort(stable=True)
+    expert_ids = torch.arange(experts, device=h.device)
+    ends = torch.searchsorted(sorted_e, expert_ids, right=True)
+    counts = torch.diff(ends, prepend=ends.new_zeros(1))
+    padded = (counts + (MOE_ROW_ALIGN - 1)) & -MOE_ROW_ALIGN
+    pad_ends = torch.cumsum(padded, 0)
+    shift = pad_ends - padded - (ends - counts)  # aligned start minus unaligned start
+    dest = torch.arange(slots, device=h.device) + shift[sorted_e]
+    xbuf = h.new_zeros(slots + experts * (MOE_ROW_ALIGN - 1), hidden)
     xbuf[dest] = h[order // top_k]
-    ends = pad_end.to(torch.int32)
-    gate_up = grouped_mm(xbuf, w["w_gate_up"], ends)
-    act = F.silu(gate_up[:, :ffn]) * gate_up[:, ffn:]
-    down = grouped_mm(act, w["w_down"], ends)
+    group_ends = pad_ends.to(torch.int32)
+    gate_up = grouped_mm(xbuf, w["w_gate_up"], group_ends)
+    down = grouped_mm(F.silu(gate_up[:, :ffn]) * gate_up[:, ffn:], w["w_down"], group_ends)
     slot_row = torch.empty_like(dest)
     slot_row[order] = dest
-    out = (down[slot_row].view(t, top_k, hidden).float() * topw.unsqueeze(-1)).sum(dim=1)
-    return out.to(h.dtype)
+    picked = down[slot_row].view(t, top_k, hidden)
+    return torch.bmm(topw.to(h.dtype).unsqueeze(1), picked).squeeze(1)
 
 
 def reference_moe_ffn(h: torch.Tensor, w: Weights, top_k: int) -> torch.Tensor:
     """`moe_ffn` one token at a time in float32 (for checks only)."""
     ffn = w["w_down"].shape[2]
-    probs = F.linear(h.float(), w["router"].float()).softmax(dim=-1)
-    topw, ids = probs.topk(top_k, dim=-1)
-    topw = topw / topw.sum(dim=-1, keepdim=True)
+    top_logits, ids = F.linear(h.float(), w["router"].float()).topk(top_k, dim=-1)
+    topw = top_logits.softmax(dim=-1)
     out = torch.zeros_like(h, dtype=torch.float32)
     for i in range(h.shape[0]):
         for j in range(top_k):
@@ -264,9 +284,8 @@ def build_target(shape: TargetShape, device: torch.device) -> Weights:
         )
         lw["ln1"] = _ones(shape.hidden, device)
         lw["ln2"] = _ones(shape.hidden, device)
-        if shape.qk_norm:
-            lw["q_norm"] = _ones(shape.head_dim, device)
-            lw["k_norm"] = _ones(shape.head_dim, device)
+        if shape.qk_norm:  # q_norm and k_norm, laid out per stacked head
+            lw["qk_norm"] = _ones(shape.head_dim, device).repeat(shape.heads + shape.kv_heads, 1)
         if shape.is_moe:
             e, f, h = shape.experts, shape.expert_ffn, shape.hidden
             lw["router"] = _param((e, h), device, h)
@@ -302,33 +321,49 @@ def build_draft(shape: DraftShape, target_hidden: int, device: torch.device) -> 
     return w
 
 
+ATTENTION_MODES = ("cache", "split")
+
+
 @dataclass
 class KVCache:
-    """Per-layer context K/V [B, Hkv, C, D] and new-token buffers [B, n_max, Hkv, D]."""
+    """Per-layer K/V for B requests of `context` tokens, in one of two layouts.
 
-    k_ctx: list[torch.Tensor]
-    v_ctx: list[torch.Tensor]
+    mode "cache": k/v [B, Hkv, context + n_max, D]; a forward writes its n tokens after the
+    context and `attend_cache` reads all of it (what serving engines do).
+    mode "split": k/v [B, Hkv, context, D] plus new-token buffers [B, n_max, Hkv, D] that
+    `attend` merges in (the fallback where the flash kernel cannot take the first layout).
+    """
+
+    mode: str
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
     k_new: list[torch.Tensor]
     v_new: list[torch.Tensor]
 
     @staticmethod
     def random(
         layers: int, batch: int, kv_heads: int, context: int, head_dim: int, n_max: int,
-        device: torch.device,
+        device: torch.device, mode: str = "cache",
     ) -> KVCache:
-        def ctx() -> torch.Tensor:
-            shape = (batch, kv_heads, context, head_dim)
+        if mode not in ATTENTION_MODES:
+            raise ValueError(f"attention mode {mode!r} is not one of {ATTENTION_MODES}")
+        length = context + n_max if mode == "cache" else context
+
+        def kv() -> torch.Tensor:
+            shape = (batch, kv_heads, length, head_dim)
             return torch.empty(shape, dtype=torch.bfloat16, device=device).normal_()
 
         def new() -> torch.Tensor:
             shape = (batch, n_max, kv_heads, head_dim)
             return torch.zeros(shape, dtype=torch.bfloat16, device=device)
 
+        n_new = layers if mode == "split" else 0
         return KVCache(
-            [ctx() for _ in range(layers)],
-            [ctx() for _ in range(layers)],
-            [new() for _ in range(layers)],
-            [new() for _ in range(layers)],
+            mode,
+            [kv() for _ in range(layers)],
+            [kv() for _ in range(layers)],
+            [new() for _ in range(n_new)],
+            [new() for _ in range(n_new)],
         )
 
 
@@ -340,8 +375,7 @@ class StepInputs:
     tokens: int
     context: int
     splits: int
-    cos: torch.Tensor
-    sin: torch.Tensor
+    rot: torch.Tensor
 
     @staticmethod
     def make(
@@ -349,35 +383,33 @@ class StepInputs:
         device: torch.device,
     ) -> StepInputs:
         pos = torch.arange(context, context + tokens, device=device)
-        cos, sin = rope_tables(pos, head_dim, torch.bfloat16)
         splits = context_splits(batch, kv_heads, context, sms)
-        return StepInputs(batch, tokens, context, splits, cos, sin)
+        return StepInputs(batch, tokens, context, splits, rope_table(pos, head_dim))
 
 
 def _attention_block(
     x_in: torch.Tensor, w: Weights, cache: KVCache, layer: int, step: StepInputs,
     heads: int, kv_heads: int, head_dim: int,
 ) -> torch.Tensor:
-    b, n = step.batch, step.tokens
-    qkv = F.linear(x_in, w["w_qkv"])
-    q_w, kv_w = heads * head_dim, kv_heads * head_dim
-    q = qkv[:, :q_w].view(b, n, heads, head_dim)
-    k = qkv[:, q_w : q_w + kv_w].view(b, n, kv_heads, head_dim)
-    v = qkv[:, q_w + kv_w :].view(b, n, kv_heads, head_dim)
-    if "q_norm" in w:
-        q = rms_norm(q, w["q_norm"])
-        k = rms_norm(k, w["k_norm"])
-    q = apply_rope(q, step.cos, step.sin)
-    k = apply_rope(k, step.cos, step.sin)
-    k_buf = cache.k_new[layer][:b, :n]
-    v_buf = cache.v_new[layer][:b, :n]
-    k_buf.copy_(k)
-    v_buf.copy_(v)
-    ctx = step.context
-    out = attend(
-        q, k_buf, v_buf, cache.k_ctx[layer][:b, :, :ctx], cache.v_ctx[layer][:b, :, :ctx],
-        step.splits,
-    )
+    b, n, ctx = step.batch, step.tokens, step.context
+    qkv = F.linear(x_in, w["w_qkv"]).view(b, n, heads + 2 * kv_heads, head_dim)
+    qk = qkv[:, :, : heads + kv_heads]
+    if "qk_norm" in w:  # Qwen3: RMSNorm per head on queries and keys
+        qk = F.rms_norm(qk, (head_dim,), None, 1e-6) * w["qk_norm"]
+    qk = apply_rope(qk, step.rot)
+    q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, heads + kv_heads :]
+    if cache.mode == "cache":
+        cache.k[layer][:b, :, ctx : ctx + n].copy_(k.transpose(1, 2))
+        cache.v[layer][:b, :, ctx : ctx + n].copy_(v.transpose(1, 2))
+        out = attend_cache(q, cache.k[layer][:b], cache.v[layer][:b], ctx + n)
+    else:
+        k_buf = cache.k_new[layer][:b, :n]
+        v_buf = cache.v_new[layer][:b, :n]
+        k_buf.copy_(k)
+        v_buf.copy_(v)
+        out = attend(
+            q, k_buf, v_buf, cache.k[layer][:b], cache.v[layer][:b], step.splits
+        )
     return F.linear(out.reshape(b * n, heads * head_dim), w["w_o"])
 
 

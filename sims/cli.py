@@ -63,8 +63,14 @@ def sweep(
     ] = None,
     duration: Annotated[float, typer.Option(help="Simulated seconds per point")] = 300.0,
     warmup: Annotated[float, typer.Option(help="Simulated seconds not scored per point")] = 30.0,
-    prompt_tokens: Annotated[int, typer.Option(help="Prompt length of every request")] = 1024,
-    output_tokens: Annotated[int, typer.Option(help="Output length of every request")] = 256,
+    prompt_tokens: Annotated[
+        int | None,
+        typer.Option(help="Prompt length of every request (default: the profile's reference)"),
+    ] = None,
+    output_tokens: Annotated[
+        int | None,
+        typer.Option(help="Output length of every request (default: the profile's reference)"),
+    ] = None,
     phase: Annotated[
         str | None, typer.Option(help="Acceptance phase (default: the profile's default)")
     ] = None,
@@ -97,8 +103,8 @@ def sweep(
         depths=depth_list,
         duration_s=duration,
         warmup_s=warmup,
-        prompt_tokens=prompt_tokens,
-        output_tokens=output_tokens,
+        prompt_tokens=prompt_tokens or prof.reference_workload.prompt_tokens,
+        output_tokens=output_tokens or prof.reference_workload.output_tokens,
         phase=phase,
         seed=seed,
     )

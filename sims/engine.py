@@ -111,14 +111,12 @@ class Gauges:
     spec_num_steps: float = 0.0
 
 
-@dataclass
-class _Waiting:
-    rid: int
-    prompt: int
-    output: int
-    phase: int
-    arrival: float
-    closed_loop: bool
+# A waiting request: (rid, prompt tokens, output tokens, phase index, arrival time, closed loop)
+_Waiting = tuple[int, int, int, int, float, bool]
+
+# Columns of the running-request matrix (one row per running request).
+_RID, _REM, _PROMPT, _OUT, _PHASE, _CLOSED = range(6)
+_NO_FLOOR = 1 << 62
 
 
 class Engine:
@@ -159,7 +157,7 @@ class Engine:
 
         self.now = 0.0
         self.forward_ct = 0
-        self.stats = SimStats()
+        self._st = SimStats()  # everything but the decode totals, which live in `counters`
         self.gauges = Gauges()
         # (depth, bs_bucket) -> [iterations, request_steps, tokens, gpu_seconds, explore]
         self.counters: dict[tuple[int, int], list[float]] = {}
@@ -180,20 +178,19 @@ class Engine:
         self._rate_trace = workload.rate_trace() if workload.mode == "open" else None
         self._next_open = self._draw_open_arrival(0.0)
         self._next_check = 0.0
+        self._next_event = 0.0
         self._next_rid = 1
         self._length_pos = 0
         self._prompt_buf: list[int] = []
         self._output_buf: list[int] = []
+        self._fixed_phase = self._constant_phase()
         self._listeners: dict[int, RequestListener] = {}
         self._arrival_time: dict[int, float] = {}
         self._overhead_s = profile.scheduler.request_overhead_ms / 1000.0
-
-        # Gauge interval accumulators.
-        self._gi_tokens = 0
+        self._think_s = workload.think_time_s
+        self._gi_start = self._decode_totals()
         self._gi_t0 = 0.0
-        self._gi_steps = 0
-        self._gi_dec_tokens = 0
-        self._gi_drafts = 0
+        self._gi_first_tokens = 0
         self._gi_iters = 0
 
     # ------------------------------------------------------------------ setup
@@ -213,8 +210,13 @@ class Engine:
             p = np.pad(p, (0, width - len(p)))
             surv[i] = np.cumprod(p)
         self._surv = surv  # surv[phase, k]: P(at least k+1 drafts accepted)
-        self._neg_surv = [-row for row in surv]  # increasing: for searchsorted
-        self._default_phase = self._phase_names.index(self.profile.acceptance.default_phase)
+        # -surv is increasing: searchsorted(-surv[:d], -u) counts the k with u < surv[k].
+        self._neg_surv = [np.ascontiguousarray(-row) for row in surv]
+        self._neg_surv_by_depth = [
+            [np.ascontiguousarray(-row[:d]) for d in range(width + 1)] for row in surv
+        ]
+        self._neg_u: np.ndarray = np.empty(0)
+        self._u_pos = 0
 
     def _init_costs(self) -> None:
         cap = self.max_running
@@ -246,27 +248,44 @@ class Engine:
         self._buckets = [bs_bucket(max(b, 1)) for b in range(cap + 1)]
 
     def _init_arrays(self) -> None:
-        cap = self.max_running
         self.n = 0
-        self._rid = np.zeros(cap, np.int64)
-        self._remaining = np.zeros(cap, np.int64)
-        self._ctx = np.zeros(cap, np.int64)
-        self._reserved = np.zeros(cap, np.int64)
-        self._phase = np.zeros(cap, np.int64)
-        self._outlen = np.zeros(cap, np.int64)
+        self._req = np.zeros((self.max_running, 6), np.int64)
+        self._rem = self._req[:, _REM]  # a view: remaining output tokens per running request
+        self._rem_floor = _NO_FLOOR  # a lower bound of remaining over the running batch
         self._phase_count = [0] * len(self._phase_names)
-        self._closed = np.zeros(cap, bool)
-        self._arrays = (
-            self._rid,
-            self._remaining,
-            self._ctx,
-            self._reserved,
-            self._phase,
-            self._outlen,
-            self._closed,
-        )
-        self._ctx_total = 0
-        self._reserved_total = 0
+        self._ctx_total = 0  # prompt + generated tokens over the running batch
+        self._reserved_total = 0  # prompt + output tokens reserved in the KV pool
+
+    # ------------------------------------------------------------------ readback
+
+    def _decode_totals(self) -> tuple[float, float, float, float]:
+        """(iterations, request_steps, tokens, drafts) summed over the counters."""
+        it = steps = toks = 0.0
+        for c in self.counters.values():
+            it += c[0]
+            steps += c[1]
+            toks += c[2]
+        return it, steps, toks, toks - steps
+
+    @property
+    def stats(self) -> SimStats:
+        """Cumulative statistics (a fresh snapshot; the decode totals come from `counters`)."""
+        out = self._st.copy()
+        out.now = self.now
+        per_depth_it: dict[int, int] = {}
+        per_depth_tok: dict[int, int] = {}
+        for (depth, _), c in self.counters.items():
+            per_depth_it[depth] = per_depth_it.get(depth, 0) + int(c[0])
+            per_depth_tok[depth] = per_depth_tok.get(depth, 0) + int(c[2])
+            out.decode_iterations += int(c[0])
+            out.request_steps += int(c[1])
+            out.decode_tokens += int(c[2])
+            out.decode_gpu_seconds += c[3]
+            out.explore_iterations += int(c[4])
+        out.iterations_per_depth = per_depth_it
+        out.tokens_per_depth = per_depth_tok
+        out.tokens_generated += out.decode_tokens
+        return out
 
     def iteration_ms(self, depth: int, n: int) -> float:
         """Mean iteration time (ms) at `depth` for `n` running requests at their mean context."""
@@ -285,6 +304,10 @@ class Engine:
         """Running requests per acceptance phase (index: profile.acceptance.phases order)."""
         return list(self._phase_count)
 
+    @property
+    def queue_length(self) -> int:
+        return len(self._queue)
+
     # ------------------------------------------------------------------ controls
 
     def set_policy(
@@ -298,6 +321,7 @@ class Engine:
         """Drive the closed-loop client count from outside (None: back to the workload)."""
         self._conc_override = concurrency
         self._next_check = self.now
+        self._next_event = self.now
 
     def target_concurrency(self) -> int:
         c = self._conc_override
@@ -309,14 +333,9 @@ class Engine:
         self, prompt_tokens: int, max_new_tokens: int, listener: RequestListener | None = None
     ) -> int:
         """Queue one request from outside the workload (an HTTP request). Returns its id."""
-        rid = self._enqueue(max(prompt_tokens, 1), max(max_new_tokens, 1), False)
         if listener is not None:
-            self._listeners[rid] = listener
-        return rid
-
-    @property
-    def queue_length(self) -> int:
-        return len(self._queue)
+            self._listeners[self._next_rid] = listener
+        return self._enqueue(max(prompt_tokens, 1), max(max_new_tokens, 1), False)
 
     # ------------------------------------------------------------------ arrivals
 
@@ -329,24 +348,33 @@ class Engine:
         self._length_pos += 1
         return self._prompt_buf[i], self._output_buf[i]
 
+    def _constant_phase(self) -> int | None:
+        steps = self.workload.phases
+        if not steps:
+            return self._phase_names.index(self.profile.acceptance.default_phase)
+        if len(steps) == 1 and len(steps[0].weights()) == 1:
+            return self._phase_names.index(next(iter(steps[0].weights())))
+        return None
+
     def _draw_phase(self) -> int:
+        if self._fixed_phase is not None:
+            return self._fixed_phase
         mix = self.workload.phase_mix(self.now, self.profile.acceptance.default_phase)
-        if len(mix) == 1:
-            return self._phase_names.index(next(iter(mix)))
-        u = float(self._rng_arrivals.random())
-        acc = 0.0
         names = sorted(mix)
-        for name in names:
-            acc += mix[name]
-            if u < acc:
-                return self._phase_names.index(name)
+        if len(names) > 1:
+            u = float(self._rng_arrivals.random())
+            acc = 0.0
+            for name in names:
+                acc += mix[name]
+                if u < acc:
+                    return self._phase_names.index(name)
         return self._phase_names.index(names[-1])
 
     def _enqueue(self, prompt: int, output: int, closed_loop: bool) -> int:
         rid = self._next_rid
         self._next_rid += 1
-        self._queue.append(_Waiting(rid, prompt, output, self._draw_phase(), self.now, closed_loop))
-        self.stats.submitted_requests += 1
+        self._queue.append((rid, prompt, output, self._draw_phase(), self.now, closed_loop))
+        self._st.submitted_requests += 1
         return rid
 
     def _new_workload_request(self, closed_loop: bool) -> None:
@@ -368,11 +396,11 @@ class Engine:
             if t > 1e9:
                 return math.inf
 
-    def _next_event(self) -> float:
+    def _update_next_event(self) -> None:
         t = min(self._next_check, self._next_open)
         if self._arrivals:
             t = min(t, self._arrivals[0][0])
-        return t
+        self._next_event = t
 
     def _process_events(self) -> None:
         now = self.now
@@ -391,27 +419,23 @@ class Engine:
         while self._next_open <= now:
             self._new_workload_request(False)
             self._next_open = self._draw_open_arrival(self._next_open)
+        self._update_next_event()
 
     # ------------------------------------------------------------------ main loop
 
     def run_until(self, t_end: float) -> None:
         """Run iterations until the clock reaches t_end (the last one may end just past it)."""
-        next_event = self._next_event()
         while self.now < t_end:
-            if self.now >= next_event:
+            if self.now >= self._next_event:
                 self._process_events()
-                next_event = self._next_event()
             if self._queue and self.n < self.max_running and self._prefill():
-                next_event = min(next_event, self._next_event())
                 continue
             if self.n > 0:
                 self._decode()
                 continue
-            # Idle: jump to the next arrival.
-            self.now = min(next_event, t_end)
+            self.now = min(self._next_event, t_end)  # idle: jump to the next arrival
         if self._pending_policy is not None and self.n == 0:
             self._apply_pending_policy()
-        self.stats.now = self.now
 
     def _noise_factor(self) -> float:
         if self._noise_pos >= len(self._noise):
@@ -422,6 +446,15 @@ class Engine:
         self._noise_pos += 1
         return x
 
+    def _neg_uniforms(self, n: int) -> np.ndarray:
+        """n uniforms in (0, 1], negated, from a pre-drawn block (one draw per 64k)."""
+        pos = self._u_pos
+        if pos + n > len(self._neg_u):
+            self._neg_u = -self._rng_accept.random(1 << 16)
+            pos = 0
+        self._u_pos = pos + n
+        return self._neg_u[pos : pos + n]
+
     def _prefill(self) -> bool:
         """Admit what fits and run one prefill iteration. False if nothing could be admitted."""
         sched = self.profile.scheduler
@@ -429,20 +462,19 @@ class Engine:
         kv_free = sched.max_total_tokens - self._reserved_total
         admitted: list[_Waiting] = []
         tokens = 0
-        while self._queue and self.n + len(admitted) < self.max_running:
-            w = self._queue[0]
-            need = w.prompt + w.output
+        queue = self._queue
+        while queue and self.n + len(admitted) < self.max_running:
+            w = queue[0]
+            need = w[1] + w[2]
             if need > sched.max_total_tokens:
-                self._queue.popleft()
+                queue.popleft()
                 self._reject(w)
                 continue
-            if admitted and tokens + w.prompt > budget:
+            if (admitted and tokens + w[1] > budget) or need > kv_free:
                 break
-            if need > kv_free:
-                break
-            self._queue.popleft()
+            queue.popleft()
             admitted.append(w)
-            tokens += w.prompt
+            tokens += w[1]
             kv_free -= need
         if not admitted:
             return False
@@ -450,7 +482,7 @@ class Engine:
         dt *= self._noise_factor()
         self.now += dt
         self.forward_ct += 1
-        st = self.stats
+        st = self._st
         st.prefill_iterations += 1
         st.prefill_seconds += dt
         for w in admitted:
@@ -458,40 +490,35 @@ class Engine:
         return True
 
     def _reject(self, w: _Waiting) -> None:
-        self.stats.rejected_requests += 1
-        listener = self._listeners.pop(w.rid, None)
+        self._st.rejected_requests += 1
+        listener = self._listeners.pop(w[0], None)
         if listener is not None:
             listener.on_done(self.now, "abort")
-        if w.closed_loop:
+        if w[5]:
             self._schedule_client(self.now)
 
     def _start(self, w: _Waiting) -> None:
         """A prefilled request: emit its first token, then join the decode batch."""
-        st = self.stats
-        st.tokens_generated += 1
-        self._gi_tokens += 1
-        self._arrival_time[w.rid] = w.arrival
-        listener = self._listeners.get(w.rid)
+        rid, prompt, output, phase, arrival, closed = w
+        self._st.tokens_generated += 1
+        self._gi_first_tokens += 1
+        self._arrival_time[rid] = arrival
+        listener = self._listeners.get(rid)
         if listener is not None:
             listener.on_tokens(1, self.now)
-        if w.output <= 1:
-            self._finish(w.rid, w.closed_loop, w.output)
+        if output <= 1:
+            self._finish(rid, closed, output)
             return
         i = self.n
-        self._rid[i] = w.rid
-        self._remaining[i] = w.output - 1
-        self._ctx[i] = w.prompt + 1
-        self._reserved[i] = w.prompt + w.output
-        self._phase[i] = w.phase
-        self._outlen[i] = w.output
-        self._closed[i] = w.closed_loop
-        self._phase_count[w.phase] += 1
-        self._ctx_total += w.prompt + 1
-        self._reserved_total += w.prompt + w.output
+        self._req[i] = (rid, output - 1, prompt, output, phase, closed)
+        self._rem_floor = min(self._rem_floor, output - 1)
+        self._phase_count[phase] += 1
+        self._ctx_total += prompt + 1
+        self._reserved_total += prompt + output
         self.n = i + 1
 
     def _finish(self, rid: int, closed_loop: bool, output: int) -> None:
-        st = self.stats
+        st = self._st
         st.completed_requests += 1
         st.completed_output_tokens += output
         st.latency_sum_s += self.now - self._arrival_time.pop(rid, self.now)
@@ -502,8 +529,11 @@ class Engine:
             self._schedule_client(self.now + self._overhead_s)
 
     def _schedule_client(self, t: float) -> None:
+        t += self._think_s
         self._heap_seq += 1
-        heapq.heappush(self._arrivals, (t + self.workload.think_time_s, self._heap_seq))
+        heapq.heappush(self._arrivals, (t, self._heap_seq))
+        if t < self._next_event:
+            self._next_event = t
 
     def _apply_pending_policy(self) -> None:
         policy = self._pending_policy
@@ -520,23 +550,33 @@ class Engine:
             self._apply_pending_policy()
         n = self.n
         depth, explore = self.policy.select(n) if self.speculative else (0, False)
-        remaining = self._remaining[:n]
+        rem = self._rem[:n]
+        exact = self._listeners or self._rem_floor <= depth + 1  # someone may finish
+        emitted: np.ndarray | None = None
         if depth > 0:
-            u = self._rng_accept.random(n)
+            neg_u = self._neg_uniforms(n)
             counts = self._phase_count
             if max(counts) == n:
-                accepted = np.searchsorted(self._neg_surv[counts.index(n)][:depth], -u)
+                accepted = self._neg_surv_by_depth[counts.index(n)][depth].searchsorted(neg_u)
             else:
-                rows = self._surv[self._phase[:n], :depth]
-                accepted = np.count_nonzero(u[:, None] < rows, axis=1)
-            emitted = np.minimum(accepted + 1, remaining)
+                rows = self._surv[self._req[:n, _PHASE], :depth]
+                accepted = np.count_nonzero(rows > -neg_u[:, None], axis=1)
             drafts = int(accepted.sum())
+            if exact:
+                emitted = np.minimum(accepted + 1, rem)
+                tokens = int(emitted.sum())
+                rem -= emitted
+            else:
+                rem -= accepted
+                rem -= 1
+                tokens = drafts + n
         else:
-            emitted = np.minimum(1, remaining)
             drafts = 0
-        remaining -= emitted
-        self._ctx[:n] += emitted
-        tokens = int(emitted.sum())
+            tokens = n
+            if exact:
+                emitted = np.minimum(rem, 1)
+                tokens = int(emitted.sum())
+            rem -= 1
         self._ctx_total += tokens
 
         dt = self.iteration_ms(depth, n) * self._noise_factor() / 1000.0
@@ -554,65 +594,61 @@ class Engine:
         c[3] += dt
         if explore:
             c[4] += 1
-        st = self.stats
-        st.decode_iterations += 1
-        st.request_steps += n
-        st.decode_tokens += tokens
-        st.tokens_generated += tokens
-        st.decode_gpu_seconds += dt
-        st.iterations_per_depth[depth] = st.iterations_per_depth.get(depth, 0) + 1
-        st.tokens_per_depth[depth] = st.tokens_per_depth.get(depth, 0) + tokens
-        if explore:
-            st.explore_iterations += 1
         if self.policy.wants_feedback:
             self.policy.observe(n, depth, drafts)
-
-        if self._listeners:
+        if self._listeners and emitted is not None:
             self._notify(emitted)
 
-        self._gi_tokens += tokens
-        self._gi_steps += n
-        self._gi_dec_tokens += tokens
-        self._gi_drafts += drafts
         self._gi_iters += 1
         if self._gi_iters >= DECODE_LOG_INTERVAL:
             self._refresh_gauges()
 
-        if remaining.min() <= 0:
-            self._complete()
+        if exact:
+            floor = int(rem.min())
+            if floor <= 0:
+                self._complete()
+            else:
+                self._rem_floor = floor
+        else:
+            self._rem_floor -= depth + 1
 
     def _notify(self, emitted: np.ndarray) -> None:
-        rids = self._rid[: self.n]
+        rids = self._req[: self.n, _RID]
         for pos in np.flatnonzero(np.isin(rids, list(self._listeners))):
             listener = self._listeners[int(rids[pos])]
             listener.on_tokens(int(emitted[pos]), self.now)
 
     def _complete(self) -> None:
         n = self.n
-        done = self._remaining[:n] <= 0
-        for pos in np.flatnonzero(done):
-            self._phase_count[int(self._phase[pos])] -= 1
-            self._ctx_total -= int(self._ctx[pos])
-            self._reserved_total -= int(self._reserved[pos])
-            self._finish(int(self._rid[pos]), bool(self._closed[pos]), int(self._outlen[pos]))
+        req = self._req
+        done = req[:n, _REM] <= 0
+        for row in req[:n][done].tolist():
+            rid, rem, prompt, out, phase, closed = row
+            self._phase_count[phase] -= 1
+            self._ctx_total -= prompt + out - rem
+            self._reserved_total -= prompt + out
+            self._finish(rid, bool(closed), out)
         keep = ~done
-        k = int(keep.sum())
-        for arr in self._arrays:
-            arr[:k] = arr[:n][keep]
+        k = int(np.count_nonzero(keep))
+        req[:k] = req[:n][keep]
         self.n = k
+        self._rem_floor = int(req[:k, _REM].min()) if k else _NO_FLOOR
 
     def _refresh_gauges(self) -> None:
         g = self.gauges
+        totals = self._decode_totals()
+        _, steps, toks, drafts = (a - b for a, b in zip(totals, self._gi_start, strict=True))
         elapsed = self.now - self._gi_t0
         g.num_running_reqs = float(self.n)
         g.num_queue_reqs = float(len(self._queue))
-        g.gen_throughput = self._gi_tokens / elapsed if elapsed > 0 else 0.0
+        g.gen_throughput = (toks + self._gi_first_tokens) / elapsed if elapsed > 0 else 0.0
         g.token_usage = self._ctx_total / self.profile.scheduler.max_total_tokens
-        if self.speculative and self._gi_steps:
+        if self.speculative and steps:
             # SGLang divides correct drafts by the static draft count per round (full depth).
-            g.spec_accept_length = self._gi_dec_tokens / self._gi_steps
-            g.spec_accept_rate = self._gi_drafts / (self._gi_steps * self.profile.full_depth)
+            g.spec_accept_length = toks / steps
+            g.spec_accept_rate = drafts / (steps * self.profile.full_depth)
             g.spec_num_steps = float(self.last_depth)
-        self._gi_tokens = self._gi_steps = self._gi_dec_tokens = self._gi_drafts = 0
+        self._gi_start = totals
+        self._gi_first_tokens = 0
         self._gi_iters = 0
         self._gi_t0 = self.now

@@ -117,6 +117,13 @@ class AcceptanceModel(_Strict):
         return float(1.0 + np.cumprod(p).sum()) if depth > 0 else 1.0
 
 
+class ReferenceWorkload(_Strict):
+    """The request shape a profile's measured figures refer to (and sweeps default to)."""
+
+    prompt_tokens: Annotated[int, Field(ge=1)] = 1024
+    output_tokens: Annotated[int, Field(ge=1)] = 256
+
+
 class Profile(_Strict):
     name: str
     description: str = ""
@@ -134,6 +141,10 @@ class Profile(_Strict):
     )
     step_time_cv: Annotated[float, Field(ge=0.0, le=0.5)] = Field(
         0.02, description="Coefficient of variation of iteration time (lognormal noise)"
+    )
+    reference_workload: ReferenceWorkload = Field(
+        default_factory=ReferenceWorkload,
+        description="Prompt/output lengths of the closed-loop benchmark the profile matches",
     )
 
     @model_validator(mode="after")

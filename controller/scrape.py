@@ -13,8 +13,10 @@ alone; the interval it spans is then under-counted, never over-counted.
 
 Garbage. A page that does not parse is rejected whole (the snapshot is not advanced, nothing is
 stored). Single series that are NaN, infinite, negative or carry unreadable labels are dropped
-and counted. A (depth, bucket) whose deltas are mutually impossible (mean batch outside its
-bucket, fewer tokens than request steps, ...) is dropped and counted, not stored.
+and counted, and so is the rest of their (depth, bucket, DP rank) cell: a cell advances only
+when all its counters are readable, so the next good scrape yields one consistent delta. A
+(depth, bucket) whose deltas are mutually impossible (mean batch outside its bucket, fewer
+tokens than request steps, ...) is dropped and counted, not stored.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class CounterSnapshot:
     """Counter values of one scrape, keyed by `series_key`."""
 
     values: dict[str, float] = field(default_factory=dict)
-    dropped_series: int = 0  # NaN / negative / unreadable labels
+    dropped_series: int = 0  # NaN / negative / unreadable labels / incomplete cells
 
 
 def _family_of(sample_name: str) -> str | None:
@@ -118,7 +120,31 @@ def parse_counters(text: str) -> CounterSnapshot:
             assert bucket is not None
             key = series_key(family, depth, bucket, labels.get("dp_rank", ""))
             snap.values[key] = snap.values.get(key, 0.0) + float(value)
+    _keep_complete_cells(snap)
     return snap
+
+
+_REQUIRED = (METRIC_ITERATIONS, METRIC_REQUEST_STEPS, METRIC_TOKENS, METRIC_GPU_SECONDS)
+
+
+def _keep_complete_cells(snap: CounterSnapshot) -> None:
+    """Drop every (depth, bucket, DP rank) cell that lacks one of the required counters.
+
+    A cell whose tokens series is NaN (or missing) this scrape must not advance its other
+    counters either: the next good scrape then yields one consistent delta for the cell.
+    """
+    present: dict[tuple[int, int, str], set[str]] = defaultdict(set)
+    for key in snap.values:
+        family, depth, bucket, dp = split_key(key)
+        present[(depth, bucket, dp)].add(family)
+    incomplete = {cell for cell, fams in present.items() if not all(f in fams for f in _REQUIRED)}
+    if not incomplete:
+        return
+    for key in list(snap.values):
+        _family, depth, bucket, dp = split_key(key)
+        if (depth, bucket, dp) in incomplete:
+            del snap.values[key]
+    snap.dropped_series += len(incomplete)
 
 
 @dataclass

@@ -40,6 +40,12 @@ class MetricsPageSource:
         except TransportError as err:
             raise ScrapeError(err.kind, str(err)) from err
         snap = parse_counters(text)
+        if not snap.values and snap.dropped_series:
+            raise ScrapeError(
+                "garbage",
+                f"every specctl series is unreadable ({snap.dropped_series} dropped: NaN, "
+                "negative, bad labels or incomplete cells)",
+            )
         if not snap.values:
             raise ScrapeError(
                 "no_series",

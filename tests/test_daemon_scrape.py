@@ -122,17 +122,36 @@ def test_garbage_page_is_rejected_whole(text):
 
 
 def test_nan_negative_and_unknown_labels_are_dropped_and_counted():
+    good = "".join(
+        f'{f}_total{{depth="2",bs_bucket="8"}} {v}\n'
+        for f, v in (
+            (METRIC_ITERATIONS, 7),
+            (METRIC_REQUEST_STEPS, 60),
+            (METRIC_TOKENS, 130),
+            (METRIC_GPU_SECONDS, 0.5),
+        )
+    )
     text = (
-        "# TYPE specctl_decode_iterations counter\n"
         'specctl_decode_iterations_total{depth="3",bs_bucket="8"} NaN\n'
         'specctl_decode_iterations_total{depth="3",bs_bucket="9"} 5\n'  # 9 is not a bucket edge
         'specctl_decode_iterations_total{depth="99",bs_bucket="8"} 5\n'
-        'specctl_decode_iterations_total{depth="1",bs_bucket="8"} -4\n'
-        'specctl_decode_iterations_total{depth="2",bs_bucket="8"} 7\n'
+        'specctl_decode_iterations_total{depth="1",bs_bucket="8"} -4\n' + good
     )
     snap = parse_counters(text)
-    assert snap.values == {series_key(METRIC_ITERATIONS, 2, 8, ""): 7.0}
+    assert snap.values[series_key(METRIC_ITERATIONS, 2, 8, "")] == 7.0
+    assert len(snap.values) == 4
     assert snap.dropped_series == 4
+
+
+def test_a_cell_with_one_unreadable_counter_does_not_advance():
+    srv = FakeServerCounters()
+    srv.run(3, 8, 9.0, 100, 2.5, 0.02)
+    lines = [
+        ln if not ln.startswith("specctl_decode_tokens_total") else ln.rsplit(" ", 1)[0] + " NaN"
+        for ln in srv.text().splitlines()
+    ]
+    snap = parse_counters("\n".join(lines) + "\n")
+    assert snap.values == {} and snap.dropped_series == 2  # NaN series + its cell
 
 
 def test_impossible_deltas_are_not_stored():

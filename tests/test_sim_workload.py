@@ -1,0 +1,113 @@
+"""Workloads and scenarios: traces, length distributions, phase drift, validation errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sims.engine import Engine
+from sims.policies import FixedDepthPolicy
+from sims.profile import load_profile
+from sims.workload import (
+    ScenarioError,
+    Trace,
+    Workload,
+    builtin_scenarios,
+    load_scenario,
+    load_workload,
+)
+
+
+def test_builtin_scenarios_load_and_last_tens_of_minutes():
+    names = builtin_scenarios()
+    assert {"ramp", "diurnal", "bursty", "drift"} <= set(names)
+    for name in names:
+        sc = load_scenario(name)
+        assert 10 * 60 <= sc.duration_s <= 60 * 60
+
+
+def test_trace_linear_and_step():
+    lin = Trace(points=[(0, 1), (100, 201)])
+    assert lin.value(-5) == 1 and lin.value(50) == 101 and lin.value(500) == 201
+    step = Trace(points=[(0, 4), (10, 160)], interpolation="step")
+    assert step.value(9.9) == 4 and step.value(10) == 160
+
+
+def test_lognormal_lengths_have_the_requested_mean():
+    wl = load_workload(
+        {"concurrency": 1, "prompt_tokens": {"dist": "lognormal", "mean": 800, "cv": 0.5}}
+    )
+    x = wl.prompt_tokens.sample(np.random.default_rng(0), 20000)
+    assert x.mean() == pytest.approx(800, rel=0.03)
+    assert x.std() / x.mean() == pytest.approx(0.5, rel=0.1)
+
+
+@pytest.mark.parametrize(
+    "data, field",
+    [
+        (
+            {"concurrency": 1, "prompt_tokens": {"dist": "lognormal", "mean": -3, "cv": 0.5}},
+            "prompt_tokens.mean",
+        ),
+        ({"mode": "open"}, "rate_per_s"),
+        ({"concurrency": {"points": [[10, 1], [5, 2]]}}, "concurrency"),
+        ({"concurrency": 1, "phases": [{"at": 0}]}, "phases.0"),
+        ({"concurrency": 1, "think_time": 3}, "think_time"),
+    ],
+)
+def test_invalid_workloads_name_the_field(data, field):
+    with pytest.raises(ScenarioError, match=field.replace(".", r"\.")):
+        load_workload(data)
+
+
+def test_unknown_phase_is_named_against_the_profile():
+    profile = load_profile("kimi-k25-8x-rtxpro6000-pcie")
+    wl = load_workload({"concurrency": 1, "phases": [{"at": 0, "phase": "poetry"}]})
+    with pytest.raises(ValueError, match=r"phases\[0\].*poetry"):
+        Engine(profile, wl)
+
+
+def test_unknown_scenario_lists_the_builtins(tmp_path):
+    with pytest.raises(ScenarioError, match="ramp"):
+        load_scenario("nope")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nduration_s: -1\nworkload: {concurrency: 1}\n")
+    with pytest.raises(ScenarioError, match="duration_s"):
+        load_scenario(bad)
+
+
+def test_drift_lowers_acceptance_after_the_switch():
+    profile = load_profile("kimi-k25-8x-rtxpro6000-pcie")
+    engine = Engine(profile, load_scenario("drift").workload, seed=1, policy=FixedDepthPolicy(3))
+    engine.run_until(500)
+    code = engine.stats
+    engine.run_until(850)  # the blend ends at 720 s; let code requests in flight finish
+    start = engine.stats
+    engine.run_until(1070)
+    chat = engine.stats
+    code_accept = code.accept_length
+    chat_accept = (chat.decode_tokens - start.decode_tokens) / (
+        chat.request_steps - start.request_steps
+    )
+    assert code_accept == pytest.approx(profile.acceptance.expected_length("code", 3), rel=0.03)
+    assert chat_accept == pytest.approx(profile.acceptance.expected_length("chat", 3), rel=0.03)
+
+
+def test_open_loop_rate_is_met():
+    profile = load_profile("h100-llama8b-eagle3")
+    wl = Workload.model_validate({"mode": "open", "rate_per_s": 2.0})
+    engine = Engine(profile, wl, seed=0)
+    engine.run_until(600)
+    assert engine.stats.submitted_requests == pytest.approx(1200, rel=0.1)
+
+
+def test_closed_loop_concurrency_follows_the_trace():
+    profile = load_profile("h100-llama8b-eagle3")
+    wl = Workload.model_validate(
+        {"concurrency": {"points": [[0, 2], [60, 40]], "interpolation": "step"}}
+    )
+    engine = Engine(profile, wl, seed=0)
+    engine.run_until(30)
+    assert engine.n + engine.queue_length <= 2
+    engine.run_until(90)
+    assert engine.n + engine.queue_length >= 30

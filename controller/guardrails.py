@@ -27,7 +27,7 @@ def _nearest_captured(depth: int, captured: Sequence[int]) -> int:
 
 
 def restrict_to_captured(table: PolicyTable, captured: Iterable[int]) -> PolicyTable:
-    """Map each depth to the deepest captured depth not above it; merge equal neighbours."""
+    """Map each depth to the deepest captured depth not above it; merge identical neighbours."""
     caps = sorted(set(captured))
     if not caps:
         raise ValueError("the server reports no captured depths")
@@ -40,8 +40,12 @@ def restrict_to_captured(table: PolicyTable, captured: Iterable[int]) -> PolicyT
             if d != depth
         )
         share = t.explore_share if explore else 0.0
-        if tiers and tiers[-1].depth == depth:
-            continue  # same depth as the tier below: one tier
+        if tiers and (tiers[-1].depth, tiers[-1].explore_share, tiers[-1].explore_depths) == (
+            depth,
+            share,
+            explore,
+        ):
+            continue  # runs exactly like the tier below: one tier
         hysteresis = t.hysteresis if tiers else 0
         if tiers:
             hysteresis = min(hysteresis, t.min_batch - tiers[-1].min_batch - 1)
@@ -49,23 +53,55 @@ def restrict_to_captured(table: PolicyTable, captured: Iterable[int]) -> PolicyT
     return PolicyTable.build(tiers, version=table.version, captured_depths=caps)
 
 
+def decision_runs(table: PolicyTable) -> list[tuple[int, int]]:
+    """(first batch size, depth) of each run of equal depth: the table's decisions, ignoring
+    tiers that only split a run to explore differently."""
+    runs: list[tuple[int, int]] = []
+    for t in table.tiers:
+        if not runs or runs[-1][1] != t.depth:
+            runs.append((t.min_batch, t.depth))
+    return runs
+
+
 def bound_change(
     live: PolicyTable | None, proposed: PolicyTable, max_move: float
 ) -> tuple[PolicyTable, bool]:
-    """(table to push, whether any boundary was clamped)."""
-    if live is None or [t.depth for t in live.tiers] != [t.depth for t in proposed.tiers]:
+    """(table to push, whether any boundary was clamped).
+
+    When the proposal keeps the live sequence of decisions (same depths in the same order),
+    each boundary between two depths moves at most `max_move` of its live value (at least one
+    batch size); tiers inside a run (exploration splits) keep their place when it still lies
+    inside the clamped run. Otherwise (a depth added or removed) the proposal is returned as is.
+    """
+    if live is None:
         return proposed, False
+    old_runs, new_runs = decision_runs(live), decision_runs(proposed)
+    if [d for _, d in old_runs] != [d for _, d in new_runs]:
+        return proposed, False
+    starts = [1]
     clamped = False
-    tiers: list[Tier] = [proposed.tiers[0]]
-    for old, new in zip(live.tiers[1:], proposed.tiers[1:], strict=True):
-        lo = min(math.floor(old.min_batch * (1 - max_move)), old.min_batch - 1)
-        hi = max(math.ceil(old.min_batch * (1 + max_move)), old.min_batch + 1)
-        m = min(max(new.min_batch, lo, 1), hi)
-        m = max(m, tiers[-1].min_batch + 1)
-        clamped |= m != new.min_batch
-        hysteresis = min(new.hysteresis, m - tiers[-1].min_batch - 1)
-        tiers.append(Tier(m, new.depth, hysteresis, new.explore_share, new.explore_depths))
-    return PolicyTable.build(tiers, version=proposed.version), clamped
+    for (old, _), (new, _) in zip(old_runs[1:], new_runs[1:], strict=True):
+        lo = min(math.floor(old * (1 - max_move)), old - 1)
+        hi = max(math.ceil(old * (1 + max_move)), old + 1)
+        m = max(min(max(new, lo, 1), hi), starts[-1] + 1)
+        clamped |= m != new
+        starts.append(m)
+    if not clamped:
+        return proposed, False
+    tiers: list[Tier] = []
+    run = -1
+    for t in proposed.tiers:
+        if run + 1 < len(new_runs) and t.min_batch == new_runs[run + 1][0]:
+            run += 1
+            start = starts[run]
+        else:
+            start = t.min_batch
+            next_start = starts[run + 1] if run + 1 < len(starts) else None
+            if start <= starts[run] or (next_start is not None and start >= next_start):
+                continue  # an exploration split that fell outside its clamped run
+        hysteresis = 0 if not tiers else min(t.hysteresis, start - tiers[-1].min_batch - 1)
+        tiers.append(Tier(start, t.depth, hysteresis, t.explore_share, t.explore_depths))
+    return PolicyTable.build(tiers, version=proposed.version), True
 
 
 # ----------------------------------------------------------------------------- rollback check

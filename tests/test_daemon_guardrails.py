@@ -20,6 +20,7 @@ from controller.own_metrics import DaemonMetrics
 from controller.runner import run_simulated
 from controller.store import Store
 from controller.transport import InProcessTransport
+from models.learner import Proposal
 from models.samples import Sample
 from sglang_hooks.contract import PolicyTable, Tier
 from sims.profile import load_profile
@@ -109,15 +110,7 @@ class ScriptedLearner:
     def propose(self, now: float, live: Any, batch_histogram: Any = None) -> Any:
         t = self.tables[min(self.calls, len(self.tables) - 1)]
         self.calls += 1
-
-        class P:
-            table = t
-            predicted_tok_per_s = {16: 1000.0}
-            crossovers: list[Any] = []
-            exploration_share = 0.0
-            reason = f"scripted {t.describe()}"
-
-        return P()
+        return Proposal(t, {16: 1000.0}, [], 0.0, f"scripted {t.describe()}")
 
     def best_depth(self, batch: int) -> int:
         return 1

@@ -28,6 +28,7 @@ Metrics
 from __future__ import annotations
 
 import bisect
+import json
 import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
@@ -414,6 +415,42 @@ def _wire_field(logical: str) -> str:
         name = "explore_mask" if name == "explore_depths" else name
         return _tier_key(int(index), name)
     return {"version": RPC_VERSION_KEY, "tiers": RPC_TIER_COUNT_KEY}.get(logical, logical)
+
+
+def rejection_body(err: PolicyError) -> dict[str, Any]:
+    """The 400 body for a refused table, as SGLang's HTTPException handler shapes it.
+
+    SGLang wraps `HTTPException.detail` into `ErrorResponse.message` (a string), so the
+    machine-readable rejection travels as JSON inside `message`. The simulator answers the same.
+    """
+    return {
+        "object": "error",
+        "message": json.dumps(err.to_json()),
+        "type": "400",
+        "param": None,
+        "code": 400,
+    }
+
+
+def parse_rejection(body: Any) -> PolicyError | None:
+    """The PolicyError inside a 400 body from the plugin or the simulator, else None.
+
+    Accepts SGLang's `ErrorResponse` with a JSON `message` (see `rejection_body`) and the bare
+    `PolicyError.to_json()` form.
+    """
+    candidate: Any = body
+    if isinstance(body, Mapping) and isinstance(body.get("message"), str):
+        try:
+            candidate = json.loads(body["message"])
+        except ValueError:
+            return None
+    if (
+        isinstance(candidate, Mapping)
+        and candidate.get("error") == "invalid_policy"
+        and isinstance(candidate.get("field"), str)
+    ):
+        return PolicyError(candidate["field"], str(candidate.get("message", "")))
+    return None
 
 
 def server_state(

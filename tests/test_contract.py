@@ -17,9 +17,11 @@ from sglang_hooks.contract import (
     decode_table,
     encode_table,
     lookup,
+    parse_rejection,
     parse_table,
     push_body,
     read_server_state,
+    rejection_body,
     server_state,
     single_depth_table,
     split_policy_keys,
@@ -168,3 +170,15 @@ def test_buckets_cover_every_batch_size() -> None:
         assert lo <= b <= bucket_upper(lo)
     assert [bs_bucket(b) for b in (1, 8, 9, 10, 33, 250)] == [1, 8, 8, 10, 32, 224]
     assert list(BS_BUCKET_EDGES) == sorted(set(BS_BUCKET_EDGES))
+
+
+def test_rejection_body_round_trips_in_both_shapes() -> None:
+    err = PolicyError("specctl_t1_depth", "depth 5 was not captured")
+    body = rejection_body(err)
+    assert body["code"] == 400 and isinstance(body["message"], str)
+    for shape in (body, err.to_json()):
+        back = parse_rejection(shape)
+        assert back is not None
+        assert (back.field, back.message) == (err.field, err.message)
+    assert parse_rejection({"object": "error", "message": "Bad Request", "code": 400}) is None
+    assert parse_rejection([False]) is None

@@ -439,7 +439,8 @@ def parse_rejection(body: Any) -> PolicyError | None:
     `PolicyError.to_json()` form.
     """
     candidate: Any = body
-    if isinstance(body, Mapping) and isinstance(body.get("message"), str):
+    is_bare = isinstance(body, Mapping) and body.get("error") == "invalid_policy"
+    if not is_bare and isinstance(body, Mapping) and isinstance(body.get("message"), str):
         try:
             candidate = json.loads(body["message"])
         except ValueError:

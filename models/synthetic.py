@@ -1,12 +1,12 @@
 """Counter samples straight from a profile's cost model: a fast test bed for the learners.
 
-`SyntheticServer` runs decode iterations against `sims.profile.Profile.iteration_ms` with the
-profile's lognormal step noise and chain acceptance sampled per request, picks each iteration's
-depth with the contract's `TierSelector` (so tables, hysteresis and exploration behave exactly
-as on a server), and returns `Sample`s per (depth, bucket) per scrape interval. The batch size
-is imposed from outside (no queueing, no prefill): that is the simulator engine's job; here the
-point is to test what the models learn from a known ground truth, quickly.
-"""
+`SyntheticServer` runs decode iterations against `sims.profile.Profile.iteration_ms`, padded to
+the CUDA-graph batch size as the engine charges it, with the profile's lognormal step noise and
+chain acceptance sampled per request. It picks each iteration's depth with the contract's
+`TierSelector` (so tables, hysteresis and exploration behave exactly as on a server) and returns
+`Sample`s per (depth, bucket) per scrape interval. The batch size is imposed from outside (no
+queueing, no prefill): that is the simulator engine's job; here the point is to test what the
+models learn from a known ground truth, quickly."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import numpy as np
 
 from models.samples import Sample
 from sglang_hooks.contract import PolicyTable, TierSelector, bs_bucket, single_depth_table
+from sims.policies import graph_batch_sizes, pad_batches
 from sims.profile import Profile
 
 _MAX_BATCH = 1024
@@ -42,8 +43,15 @@ class SyntheticServer:
         self._selector = TierSelector(self.table, random.Random(self.seed))
         batch = np.arange(_MAX_BATCH + 1, dtype=float)
         batch[0] = 1.0
+        padded = batch
+        if self.profile.scheduler.cuda_graph_padding:
+            # As the engine charges it: at the next CUDA-graph batch size, padding rows no KV.
+            graphs = graph_batch_sizes(True, self.profile.max_running(True))
+            padded = pad_batches(batch, graphs)
+        ctx = self.profile.context_tokens * batch / padded
         self._cost = {
-            d: np.asarray(self.profile.iteration_ms(d, batch)) for d in self.profile.captured_depths
+            d: np.asarray(self.profile.iteration_ms(d, padded, ctx))
+            for d in self.profile.captured_depths
         }
         self.phase = self.phase or self.profile.acceptance.default_phase
 

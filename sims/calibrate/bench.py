@@ -195,7 +195,7 @@ def self_check(device: torch.device, seed: int = 0) -> dict[str, float]:
         k_cache = torch.cat([kc, kn.transpose(1, 2), pad], dim=2)
         v_cache = torch.cat([vc, vn.transpose(1, 2), pad], dim=2)
         try:
-            got = m.attend_cache(q, k_cache, v_cache, ctx + n)
+            got = m.attend_cache(q, k_cache, v_cache, ctx)
             errors[f"cache_b{b}_n{n}"] = _rel_error(got, want)
         except RuntimeError as err:
             log(f"cache attention cannot run here: {err}")
@@ -234,7 +234,7 @@ def attention_microbench(device: torch.device) -> list[dict[str, Any]]:
         splits = m.context_splits(b, hkv, ctx, sms)
         kv_bytes = 2 * b * hkv * (ctx + n) * d * 2
         for mode, fn in (
-            ("cache", lambda q=q, c=cache, L=ctx + n: m.attend_cache(q, c, c, L)),
+            ("cache", lambda q=q, c=cache, ctx=ctx: m.attend_cache(q, c, c, ctx)),
             ("split", lambda q=q, kn=kn, kc=kc, s=splits: m.attend(q, kn, kn, kc, kc, s)),
         ):
             try:

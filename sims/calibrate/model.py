@@ -9,7 +9,7 @@ FFN run as one grouped matmul over the experts the batch touches, the LM head ov
 scored token, and greedy sampling.
 
 KV layout: see `KVCache`. By default the n tokens of a forward are written into the cache
-after the context and one flash-attention call reads it all, as a serving engine does.
+right after the context and attention reads the cache in place, as a serving engine does.
 """
 
 from __future__ import annotations
@@ -117,29 +117,20 @@ def attend(
 
 
 def attend_cache(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, length: int
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context: int
 ) -> torch.Tensor:
-    """Attention of n new tokens over a cache that already holds them at its end.
+    """Attention of n new tokens over a cache that holds them right after `context` tokens.
 
-    q [B, n, Hq, D]; k_cache/v_cache [B, Hkv, L_alloc, D] with keys 0..length-1 valid (the
-    last n being the new tokens). Causal with the diagonal at the bottom right, query heads
-    grouped over KV heads natively. On a GPU this is one flash-attention call (which splits
-    long contexts itself); elsewhere plain float32 math.
+    q [B, n, Hq, D]; k_cache/v_cache [B, Hkv, L_alloc, D]. Same computation as `attend`,
+    reading the cache in place: one flash-attention call over the context (the kernel splits
+    a long context across the GPU itself) plus the causal part among the n new tokens.
+    A single flash call with a causal mask would read the cache once per query head, not once
+    per KV head, when n > 1: several times the bytes a serving engine's verify kernel reads.
     """
-    n, hq = q.shape[1], q.shape[2]
-    hkv = k_cache.shape[1]
-    k, v = k_cache[:, :, :length], v_cache[:, :, :length]
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    if q.is_cuda:
-        res = torch.ops.aten._scaled_dot_product_flash_attention(
-            q.transpose(1, 2), k, v, 0.0, n > 1, False, scale=scale
-        )
-        return res[0].transpose(1, 2)
-    kf = k.float().repeat_interleave(hq // hkv, dim=1)
-    vf = v.float().repeat_interleave(hq // hkv, dim=1)
-    allowed = torch.arange(length)[None, :] <= (length - n + torch.arange(n)[:, None])
-    out = F.scaled_dot_product_attention(q.transpose(1, 2).float(), kf, vf, attn_mask=allowed)
-    return out.transpose(1, 2).to(q.dtype)
+    n = q.shape[1]
+    k_new = k_cache[:, :, context : context + n].transpose(1, 2)
+    v_new = v_cache[:, :, context : context + n].transpose(1, 2)
+    return attend(q, k_new, v_new, k_cache[:, :, :context], v_cache[:, :, :context], 1)
 
 
 def reference_attention(
@@ -329,7 +320,7 @@ class KVCache:
     """Per-layer K/V for B requests of `context` tokens, in one of two layouts.
 
     mode "cache": k/v [B, Hkv, context + n_max, D]; a forward writes its n tokens after the
-    context and `attend_cache` reads all of it (what serving engines do).
+    context and `attend_cache` reads it in place (what serving engines do).
     mode "split": k/v [B, Hkv, context, D] plus new-token buffers [B, n_max, Hkv, D] that
     `attend` merges in (the fallback where the flash kernel cannot take the first layout).
     """
@@ -401,7 +392,7 @@ def _attention_block(
     if cache.mode == "cache":
         cache.k[layer][:b, :, ctx : ctx + n].copy_(k.transpose(1, 2))
         cache.v[layer][:b, :, ctx : ctx + n].copy_(v.transpose(1, 2))
-        out = attend_cache(q, cache.k[layer][:b], cache.v[layer][:b], ctx + n)
+        out = attend_cache(q, cache.k[layer][:b], cache.v[layer][:b], ctx)
     else:
         k_buf = cache.k_new[layer][:b, :n]
         v_buf = cache.v_new[layer][:b, :n]

@@ -248,11 +248,11 @@ def curves_table(model: GroupModel, proposal: Proposal) -> Table:
     measured = {(m.depth, m.bs_bucket): m for m in measured_points(model.samples)}
     depths = sorted(curves)
     t = Table(
-        title="decode tok/s by batch size: predicted [90% band] / measured (iterations behind it)",
+        title="decode tok/s by batch size: predicted ±half its 90% band / measured (iterations)",
         box=None,
         title_justify="left",
     )
-    t.add_column("batch", justify="right")
+    t.add_column("batch", justify="right", no_wrap=True)
     for d in depths:
         t.add_column("off" if d == 0 else f"d{d}", justify="right", no_wrap=True)
     t.add_column("best", justify="center")
@@ -275,10 +275,10 @@ def _cell(p: CurvePoint, m: MeasuredPoint | None, best: bool) -> str:
     if not math.isfinite(p.tok_per_s):
         pred = "no model"
     else:
-        pred = f"{p.tok_per_s:,.0f} [{p.lo:,.0f}-{p.hi:,.0f}]"
+        pred = f"{p.tok_per_s:,.0f} ±{(p.hi - p.lo) / 2:,.0f}"
         pred = f"[bold]{pred}[/bold]" if best else pred
     meas = (
-        "[dim]not measured[/dim]"
+        "[dim]-[/dim]"
         if m is None
         else f"[cyan]{m.tok_per_s:,.0f}[/cyan] ({_fmt_n(m.iterations)} it)"
     )

@@ -147,7 +147,7 @@ def check_depths(depths: Sequence[int], state: ServerState) -> None:
             raise ServerError(f"--depths {depth}: {err.field}: {err.message}") from None
 
 
-def wait_idle(server: ServerClient, timeout_s: float = 30.0, quiet_s: float = 0.3) -> None:
+async def wait_idle(server: ServerClient, timeout_s: float = 30.0, quiet_s: float = 0.3) -> None:
     """Wait until the server stops decoding: a stream cut at a level's deadline may still run
     on a server that does not abort on disconnect, and would inflate the next level. Decoding
     is seen in the contract's iteration counters (SGLang's running-requests gauge is refreshed
@@ -155,7 +155,7 @@ def wait_idle(server: ServerClient, timeout_s: float = 30.0, quiet_s: float = 0.
     deadline = time.monotonic() + timeout_s
     last = _iterations(server)
     while last is not None and time.monotonic() < deadline:
-        time.sleep(quiet_s)
+        await asyncio.sleep(quiet_s)  # an await, so Ctrl-C / SIGTERM cancel here at once
         now = _iterations(server)
         if now is None or now == last:
             return
@@ -193,7 +193,7 @@ async def _run_levels(
         async with make_client(plan.url, max(plan.concurrencies)) as http:
             for c in plan.concurrencies:
                 live = LiveCounters()
-                wait_idle(server)
+                await wait_idle(server)
                 observer.level_started(series_name(depth), c, live)
                 scrape0 = _scrape_or_none(server)
                 load = await run_level(
@@ -225,7 +225,7 @@ async def _run_no_spec(outcome: SweepOutcome, observer: LevelObserver, offset: i
         async with make_client(plan.no_spec_url, max(plan.concurrencies)) as http:
             for c in plan.concurrencies:
                 live = LiveCounters()
-                wait_idle(other)
+                await wait_idle(other)
                 observer.level_started(NO_SPEC, c, live)
                 scrape0 = _scrape_or_none(other)
                 load = await run_level(

@@ -265,7 +265,8 @@ def _restore(
     try:
         now = server.state()
         if now.version == before.version and now.table == before.table:
-            outcome.restored = before.describe()  # nothing was pushed (e.g. a refused key)
+            outcome.pushed = False  # the push was refused (e.g. a bad key): nothing to undo
+            outcome.restored = before.describe()
             return
         server.push(before.table)
     except ServerError as err:

@@ -44,6 +44,7 @@ from sims.workload import Scenario, load_scenario
 
 GOOD_FRACTION = 0.95
 THRESHOLD_CHECK_S = 600.0
+MATERIAL_LOSS = 0.01
 TWO_TIER_GRID = (2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 256)
 
 
@@ -128,20 +129,34 @@ def table_score(
 
 
 def threshold_errors(
-    table: PolicyTable | None, crossovers: list[tuple[int, int, int]]
+    table: PolicyTable | None,
+    crossovers: list[tuple[int, int, int]],
+    oracle: OracleCurves,
+    mix: dict[str, float],
 ) -> list[dict[str, Any]]:
-    """For each oracle crossover, the nearest table boundary where the depth changes, and the
-    relative distance between them."""
+    """For each oracle crossover: the nearest table boundary where the depth changes, the
+    relative distance, and whether the crossover is material (the wrong side of it costs
+    >= 1% tok/s 15% away from it; where depths tie that closely, no threshold is "right")."""
     out: list[dict[str, Any]] = []
     bounds = [] if table is None else decision_boundaries(table)
     for a, b, x in crossovers:
-        if not bounds:
-            out.append({"from": a, "to": b, "oracle": x, "table": None, "rel_error": None})
-            continue
-        nearest = min(bounds, key=lambda m: abs(m - x))
-        out.append(
-            {"from": a, "to": b, "oracle": x, "table": nearest, "rel_error": abs(nearest - x) / x}
-        )
+        below, above = max(1, math.floor(x / 1.15)), min(oracle.cap, math.ceil(x * 1.15))
+        lo, hi = oracle.tok(mix, below), oracle.tok(mix, above)
+        cost = max(1 - lo[b] / lo[a], 1 - hi[a] / hi[b])
+        row: dict[str, Any] = {
+            "from": a,
+            "to": b,
+            "oracle": x,
+            "material": bool(cost >= MATERIAL_LOSS),
+            "wrong_side_cost": round(float(cost), 4),
+            "table": None,
+            "rel_error": None,
+        }
+        if bounds:
+            nearest = min(bounds, key=lambda m: abs(m - x))
+            row["table"] = nearest
+            row["rel_error"] = round(abs(nearest - x) / x, 4)
+        out.append(row)
     return out
 
 
@@ -474,7 +489,9 @@ def evaluate(
         "final_table_text": _table_text(run.final_table),
         "oracle_crossovers_at_10min": [list(c) for c in cross_10],
         "oracle_crossovers_final": [list(c) for c in curves.crossovers(final_mix)],
-        "thresholds_vs_oracle_at_10min": threshold_errors(run.table_at_10min, cross_10),
+        "thresholds_vs_oracle_at_10min": threshold_errors(
+            run.table_at_10min, cross_10, curves, mix_10
+        ),
         "score_trace": [[t, None if v is None else round(v, 4)] for t, v in run.score_trace],
         "tok_trace": [[t, round(v, 2)] for t, v in run.tok_trace],
         "push_log": run.push_log,

@@ -27,6 +27,14 @@ def evaluate_command(
     traces: Annotated[
         bool, typer.Option(help="With --json: include per-tick traces and the push log")
     ] = False,
+    http_speedup: Annotated[
+        float | None,
+        typer.Option(
+            "--http",
+            help="Run the daemon over loopback HTTP against a served simulator (what `specctl "
+            "sim serve` runs) whose clock goes this many times wall time; default in-process",
+        ),
+    ] = None,
 ) -> None:
     """Run the daemon on an accelerated simulated clock; compare with the oracle and statics."""
     from controller.evaluate import evaluate
@@ -35,7 +43,11 @@ def evaluate_command(
     try:
         with console.status("evaluating", spinner="dots") as status:
             report = evaluate(
-                profile, scenario, seed, on_progress=lambda m: status.update(f"running {m}")
+                profile,
+                scenario,
+                seed,
+                http_speedup=http_speedup,
+                on_progress=lambda m: status.update(f"running {m}"),
             )
     except (ProfileError, ScenarioError) as err:
         typer.secho(f"error: {err}", err=True, fg=typer.colors.RED)

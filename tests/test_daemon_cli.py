@@ -1,0 +1,55 @@
+"""`specctl daemon`: config errors name the field; a simulated run prints its pushes."""
+
+from __future__ import annotations
+
+import importlib
+
+from typer.testing import CliRunner
+
+from controller.cli import COMMAND_MODULES
+from controller.cli_app import app
+
+for _module in COMMAND_MODULES:  # register every command, as the console script does
+    importlib.import_module(_module)
+
+
+def test_config_typo_exits_2_naming_the_field(tmp_path):
+    bad = tmp_path / "controller.yaml"
+    bad.write_text("targets:\n  - name: a\n    urll: http://127.0.0.1:30000\n")
+    result = CliRunner().invoke(app, ["daemon", "--config", str(bad)])
+    assert result.exit_code == 2
+    assert "targets[0].urll: unknown field" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bad_learner_override_names_the_field(tmp_path):
+    cfg = tmp_path / "controller.yaml"
+    cfg.write_text(
+        "targets: [{name: s, simulated: {}}]\nschedule: {clock: simulated}\n"
+        f"store: {{path: '{tmp_path / 's.sqlite'}'}}\nmetrics: {{enabled: false}}\n"
+        "learner: {exploration_cap: 2.0}\n"
+    )
+    result = CliRunner().invoke(app, ["daemon", "--config", str(cfg)])
+    assert result.exit_code == 2
+    assert "learner.exploration_cap" in result.output
+
+
+def test_simulated_daemon_run_logs_pushes_and_stores_samples(tmp_path):
+    cfg = tmp_path / "controller.yaml"
+    db = tmp_path / "s.sqlite"
+    cfg.write_text(
+        "targets: [{name: sim, simulated: {profile: kimi-k25-8x-rtxpro6000-pcie}}]\n"
+        "schedule: {clock: simulated, speedup: 1000000, duration_s: 720}\n"
+        f"store: {{path: '{db}'}}\nmetrics: {{enabled: false}}\n"
+    )
+    result = CliRunner().invoke(app, ["daemon", "--config", str(cfg)])
+    assert result.exit_code == 0, result.output
+    pushes = [ln for ln in result.output.splitlines() if "] push sim [learned]" in ln]
+    assert pushes, result.output
+    assert "progress:" in result.output
+    assert "stopped:" in result.output
+    from controller.store import Store
+
+    store = Store(db)
+    assert store.count_samples("sim") > 50
+    assert len(store.pushes("sim")) == len(pushes)

@@ -29,7 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from sims.server import SimulatedServer
+from sims.server import SimulatedServer, validation_error_body
 
 _WORDS = (
     " the", " model", " speculates", " and", " verifies", " tokens", " in", " one", " pass",
@@ -198,10 +198,10 @@ def create_app(server: SimulatedServer) -> FastAPI:
             detail = [
                 {"type": "json_invalid", "loc": ["body", err.pos], "msg": "JSON decode error"}
             ]
-            return JSONResponse(status_code=422, content={"detail": detail})
+            return JSONResponse(status_code=400, content=validation_error_body(detail))
         if body is None:
             detail = [{"type": "missing", "loc": ["body"], "msg": "Field required"}]
-            return JSONResponse(status_code=422, content={"detail": detail})
+            return JSONResponse(status_code=400, content=validation_error_body(detail))
         status, content = server.set_internal_state(body, authorization)
         return JSONResponse(status_code=status, content=content)
 

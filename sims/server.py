@@ -175,7 +175,7 @@ class SimulatedServer:
         try:
             req = _BODY.validate_python(body)
         except ValidationError as err:
-            return 422, {"detail": _fastapi_errors(err)}
+            return 400, validation_error_body(_fastapi_errors(err))
         with self._lock:
             ours, rest = contract.split_policy_keys(req.server_args)
             table: PolicyTable | None = None
@@ -185,7 +185,7 @@ class SimulatedServer:
                 except PolicyError as err:
                     self._last_rejection = f"{err.field}: {err.message}"
                     log.warning("specctl: policy push rejected: %s", self._last_rejection)
-                    return 400, err.to_json()
+                    return 400, contract.rejection_body(err)
             for key, value in rest.items():
                 reason = self._sglang_key_rejection(key, value)
                 if reason is not None:
@@ -295,6 +295,22 @@ class SimulatedServer:
 
     def base_label_values(self) -> list[str]:
         return [self.model_name, "unified", "0", "0", "0"]
+
+
+def validation_error_body(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """SGLang's answer to a body that fails request validation: 400, not FastAPI's 422.
+
+    SGLang 0.5.23 overrides FastAPI's RequestValidationError handler with its ErrorResponse
+    shape; the message carries each error's location, so it names the offending field.
+    """
+    where = "; ".join(".".join(str(x) for x in e["loc"]) + f": {e['msg']}" for e in errors)
+    return {
+        "object": "error",
+        "message": f"{len(errors)} validation error(s): {where}",
+        "type": "Bad Request",
+        "param": None,
+        "code": 400,
+    }
 
 
 def _fastapi_errors(err: ValidationError) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from controller.bench.metrics import MetricsFormatError, Scrape, parse_scrape
 from sglang_hooks.contract import (
     PolicyError,
     PolicyTable,
+    parse_rejection,
     parse_table,
     push_body,
     read_server_state,
@@ -186,14 +187,15 @@ class ServerClient:
             body = resp.json()
         except ValueError:
             body = resp.text[:200]
-        if resp.status_code == 400 and isinstance(body, dict) and "field" in body:
+        rejection = parse_rejection(body) if resp.status_code == 400 else None
+        if rejection is not None:
+            raise ServerError(f"{self.url} refused to {what}: {rejection}")
+        if resp.status_code in (400, 422):
+            # SGLang answers request-validation errors with 400 (older FastAPI setups: 422).
+            message = body.get("message", body) if isinstance(body, dict) else body
             raise ServerError(
-                f"{self.url} refused to {what}: {body.get('field')}: {body.get('message')}"
-            )
-        if resp.status_code == 422:
-            raise ServerError(
-                f"{self.url} refused to {what}: 422 (the server does not accept specctl's "
-                f"numeric settings): {body}"
+                f"{self.url} refused to {what}: {resp.status_code} (the server does not accept "
+                f"specctl's numeric settings): {message}"
             )
         if resp.status_code != 200:
             raise ServerError(f"{self.url} refused to {what}: {resp.status_code} {body}")

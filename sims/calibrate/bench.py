@@ -194,12 +194,15 @@ def self_check(device: torch.device, seed: int = 0) -> dict[str, float]:
         pad = rnd(b, hkv, 3, d)  # slots after the valid keys must be ignored
         k_cache = torch.cat([kc, kn.transpose(1, 2), pad], dim=2)
         v_cache = torch.cat([vc, vn.transpose(1, 2), pad], dim=2)
-        try:
-            got = m.attend_cache(q, k_cache, v_cache, ctx)
-            errors[f"cache_b{b}_n{n}"] = _rel_error(got, want)
-        except RuntimeError as err:
-            log(f"cache attention cannot run here: {err}")
-            errors[f"cache_b{b}_n{n}"] = float("inf")
+        want_nc = m.reference_attention(q, kn, vn, kc, vc, causal=False)
+        for mode, fn, ref in (
+            ("cache", m.attend_cache, want), ("fused", m.attend_fused, want_nc)
+        ):
+            try:
+                errors[f"{mode}_b{b}_n{n}"] = _rel_error(fn(q, k_cache, v_cache, ctx), ref)
+            except RuntimeError as err:
+                log(f"{mode} attention cannot run here: {err}")
+                errors[f"{mode}_b{b}_n{n}"] = float("inf")
     from sims.calibrate.shapes import TINY_MOE
 
     w = m.build_target(TINY_MOE, device)["layers"][0]
@@ -234,6 +237,7 @@ def attention_microbench(device: torch.device) -> list[dict[str, Any]]:
         splits = m.context_splits(b, hkv, ctx, sms)
         kv_bytes = 2 * b * hkv * (ctx + n) * d * 2
         for mode, fn in (
+            ("fused", lambda q=q, c=cache, ctx=ctx: m.attend_fused(q, c, c, ctx)),
             ("cache", lambda q=q, c=cache, ctx=ctx: m.attend_cache(q, c, c, ctx)),
             ("split", lambda q=q, kn=kn, kc=kc, s=splits: m.attend(q, kn, kn, kc, kc, s)),
         ):
@@ -286,7 +290,7 @@ class Sweep:
     tokens: tuple[int, ...]
     iterations: bool
     budget_s: float
-    attention: str = "cache"
+    attention: str = "fused"
     profile_into: dict[str, Any] | None = None
     rows: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)

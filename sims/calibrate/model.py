@@ -9,7 +9,9 @@ FFN run as one grouped matmul over the experts the batch touches, the LM head ov
 scored token, and greedy sampling.
 
 KV layout: see `KVCache`. By default the n tokens of a forward are written into the cache
-right after the context and attention reads the cache in place, as a serving engine does.
+right after the context and one flash-attention call reads the cache in place, once per KV
+head, as a serving engine's decode and verify kernels do (`attend_fused` says what it
+simplifies).
 """
 
 from __future__ import annotations
@@ -133,14 +135,38 @@ def attend_cache(
     return attend(q, k_new, v_new, k_cache[:, :, :context], v_cache[:, :, :context], 1)
 
 
+def attend_fused(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, context: int
+) -> torch.Tensor:
+    """`attend_cache` as one flash-attention call, with the n new tokens all visible to each other.
+
+    Reads the same bytes and does the same FLOPs as a serving engine's causal verify kernel
+    (which applies the mask inside the kernel for free); what it saves is the dozen small
+    kernels the exact causal part costs in eager PyTorch (see `attend_cache`), which no real
+    engine launches. Values differ from causal attention only in which draft tokens a draft
+    token sees, which is irrelevant to timing with random weights. For n = 1 it is exact.
+    """
+    b, n, hq, d = q.shape
+    hkv = k_cache.shape[1]
+    g = hq // hkv
+    qg = q.view(b, n, hkv, g, d).permute(0, 2, 1, 3, 4).reshape(b, hkv, n * g, d)
+    end = context + n
+    out, _ = _partial_attention(qg, k_cache[:, :, :end], v_cache[:, :, :end], 1.0 / math.sqrt(d))
+    return out.view(b, hkv, n, g, d).permute(0, 2, 1, 3, 4).reshape(b, n, hq, d).to(q.dtype)
+
+
 def reference_attention(
     q: torch.Tensor,
     k_new: torch.Tensor,
     v_new: torch.Tensor,
     k_ctx: torch.Tensor,
     v_ctx: torch.Tensor,
+    causal: bool = True,
 ) -> torch.Tensor:
-    """`attend` computed the obvious way in float32 (for checks only)."""
+    """`attend` computed the obvious way in float32 (for checks only).
+
+    causal=False: the new tokens see each other (what `attend_fused` computes).
+    """
     n, hq = q.shape[1], q.shape[2]
     hkv = k_new.shape[2]
     k = torch.cat([k_ctx, k_new.permute(0, 2, 1, 3)], dim=2).float()
@@ -151,6 +177,8 @@ def reference_attention(
     allowed = torch.arange(ctx + n, device=q.device)[None, :] <= (
         ctx + torch.arange(n, device=q.device)[:, None]
     )
+    if not causal:
+        allowed = torch.ones_like(allowed)
     out = F.scaled_dot_product_attention(q.permute(0, 2, 1, 3).float(), k, v, attn_mask=allowed)
     return out.permute(0, 2, 1, 3)
 
@@ -312,15 +340,16 @@ def build_draft(shape: DraftShape, target_hidden: int, device: torch.device) -> 
     return w
 
 
-ATTENTION_MODES = ("cache", "split")
+ATTENTION_MODES = ("fused", "cache", "split")
 
 
 @dataclass
 class KVCache:
     """Per-layer K/V for B requests of `context` tokens, in one of two layouts.
 
-    mode "cache": k/v [B, Hkv, context + n_max, D]; a forward writes its n tokens after the
-    context and `attend_cache` reads it in place (what serving engines do).
+    mode "fused" / "cache": k/v [B, Hkv, context + n_max, D]; a forward writes its n tokens
+    after the context and `attend_fused` / `attend_cache` read it in place (what serving
+    engines do).
     mode "split": k/v [B, Hkv, context, D] plus new-token buffers [B, n_max, Hkv, D] that
     `attend` merges in (the fallback where the flash kernel cannot take the first layout).
     """
@@ -338,7 +367,7 @@ class KVCache:
     ) -> KVCache:
         if mode not in ATTENTION_MODES:
             raise ValueError(f"attention mode {mode!r} is not one of {ATTENTION_MODES}")
-        length = context + n_max if mode == "cache" else context
+        length = context if mode == "split" else context + n_max
 
         def kv() -> torch.Tensor:
             shape = (batch, kv_heads, length, head_dim)
@@ -389,10 +418,11 @@ def _attention_block(
         qk = F.rms_norm(qk, (head_dim,), None, 1e-6) * w["qk_norm"]
     qk = apply_rope(qk, step.rot)
     q, k, v = qk[:, :, :heads], qk[:, :, heads:], qkv[:, :, heads + kv_heads :]
-    if cache.mode == "cache":
+    if cache.mode != "split":
         cache.k[layer][:b, :, ctx : ctx + n].copy_(k.transpose(1, 2))
         cache.v[layer][:b, :, ctx : ctx + n].copy_(v.transpose(1, 2))
-        out = attend_cache(q, cache.k[layer][:b], cache.v[layer][:b], ctx)
+        attend_in_place = attend_fused if cache.mode == "fused" else attend_cache
+        out = attend_in_place(q, cache.k[layer][:b], cache.v[layer][:b], ctx)
     else:
         k_buf = cache.k_new[layer][:b, :n]
         v_buf = cache.v_new[layer][:b, :n]

@@ -329,7 +329,8 @@ class Controller:
             return None
         hist = self.batch_histogram(st, now)
         try:
-            proposal = gm.learner.propose(now, live.table, hist or None)
+            with gm.lock:
+                proposal = gm.learner.propose(now, live.table, hist or None)
         except Exception as err:
             log.exception("%s: learner could not propose a table: %s", st.name, err)
             return None

@@ -101,9 +101,9 @@ def run_daemon(cfg: ControllerConfig, stop: threading.Event | None = None) -> Co
         with contextlib.suppress(ValueError):
             signal.signal(sig, lambda *_: stop.set())
     try:
+        progress = _Progress(controller, every_s=max(60.0, cfg.schedule.decide_interval_s * 4))
         if cfg.schedule.clock == "simulated":
             until = math.inf if cfg.schedule.duration_s is None else cfg.schedule.duration_s
-            progress = _Progress(controller, every_s=max(60.0, cfg.schedule.decide_interval_s * 4))
 
             def on_tick(info: TickInfo) -> None:
                 sim_now[0] = info.now
@@ -118,7 +118,7 @@ def run_daemon(cfg: ControllerConfig, stop: threading.Event | None = None) -> Co
                 stop=stop,
             )
         else:
-            run_wall(controller, stop=stop)
+            run_wall(controller, stop=stop, progress=progress)
     finally:
         controller.close()
         log.info(

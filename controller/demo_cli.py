@@ -53,8 +53,12 @@ def demo_config(store_path: Path, profile: str, scenario: str, seed: int) -> Any
 
 
 def frozen_table(table: PolicyTable) -> PolicyTable:
-    """The table without exploration: what a frozen deployment runs."""
-    tiers = [Tier(t.min_batch, t.depth, t.hysteresis) for t in table.tiers]
+    """The table without exploration (a frozen deployment never probes), one tier per run of
+    equal depth."""
+    tiers: list[Tier] = []
+    for t in table.tiers:
+        if not tiers or tiers[-1].depth != t.depth:
+            tiers.append(Tier(t.min_batch, t.depth, t.hysteresis if tiers else 0))
     return PolicyTable.build(tiers, version=table.version)
 
 

@@ -17,6 +17,7 @@ Scores
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 import tempfile
 import time
@@ -30,6 +31,7 @@ import numpy as np
 
 from controller.config import ControllerConfig, parse_config
 from controller.daemon import Controller
+from controller.guardrails import decision_runs
 from controller.own_metrics import DaemonMetrics
 from controller.runner import TickInfo, run_simulated
 from controller.store import Store
@@ -134,11 +136,14 @@ def threshold_errors(
     oracle: OracleCurves,
     mix: dict[str, float],
 ) -> list[dict[str, Any]]:
-    """For each oracle crossover: the nearest table boundary where the depth changes, the
-    relative distance, and whether the crossover is material (the wrong side of it costs
-    >= 1% tok/s 15% away from it; where depths tie that closely, no threshold is "right")."""
+    """For each oracle crossover: the nearest table boundary with the same change of depth
+    (else the nearest change of any kind), the relative distance, and whether the crossover
+    is material (the wrong side of it costs >= 1% tok/s 15% away from it; where depths tie
+    that closely, no threshold is "right")."""
     out: list[dict[str, Any]] = []
-    bounds = [] if table is None else decision_boundaries(table)
+    runs = [] if table is None else decision_runs(table)
+    # (boundary, depth below, depth above) for every change of depth in the table
+    edges = [(runs[i][0], runs[i - 1][1], runs[i][1]) for i in range(1, len(runs))]
     for a, b, x in crossovers:
         below, above = max(1, math.floor(x / 1.15)), min(oracle.cap, math.ceil(x * 1.15))
         lo, hi = oracle.tok(mix, below), oracle.tok(mix, above)
@@ -152,20 +157,16 @@ def threshold_errors(
             "table": None,
             "rel_error": None,
         }
-        if bounds:
-            nearest = min(bounds, key=lambda m: abs(m - x))
+        # The same change of depth if the table has it, else the nearest change of any kind.
+        same = [m for m, lo_d, hi_d in edges if (lo_d, hi_d) == (a, b)]
+        candidates = same or [m for m, _, _ in edges]
+        if candidates:
+            nearest = min(candidates, key=lambda m: abs(m - x))
             row["table"] = nearest
+            row["same_change"] = bool(same)
             row["rel_error"] = round(abs(nearest - x) / x, 4)
         out.append(row)
     return out
-
-
-def decision_boundaries(table: PolicyTable) -> list[int]:
-    """min_batch of every tier whose depth differs from the tier below."""
-    tiers = table.tiers
-    return [
-        tiers[i].min_batch for i in range(1, len(tiers)) if tiers[i].depth != tiers[i - 1].depth
-    ]
 
 
 # ----------------------------------------------------------------------------- static runs
@@ -228,6 +229,7 @@ class DaemonRun:
     table_at_10min: PolicyTable | None
     final_table: PolicyTable | None
     score_trace: list[tuple[float, float | None]] = field(default_factory=list)
+    recent_score_trace: list[tuple[float, float | None]] = field(default_factory=list)
     tok_trace: list[tuple[float, float]] = field(default_factory=list)
     push_log: list[dict[str, Any]] = field(default_factory=list)
     samples: int = 0
@@ -342,6 +344,7 @@ def run_daemon_eval(
             table_at_10min=tracker.table_at_10min,
             final_table=tracker.live_table,
             score_trace=tracker.scores,
+            recent_score_trace=tracker.recent_scores,
             tok_trace=tracker.tok_trace,
             push_log=[
                 {
@@ -403,14 +406,21 @@ class _Tracker:
         self.recent_scores.append((now, table_score(self.oracle, self.live_table, recent, mix)))
 
     def drift_recovery(self) -> float | None:
-        """Seconds after the drift until the live table scores >= 0.95 again on recent load
-        (None: no drift in the scenario; inf: not within the run)."""
+        """Seconds from the drift's start until the live table scores >= 0.95 on the recent
+        load and stays there to the end of the run (None: no drift in the scenario; inf: it
+        does not settle within the run; 0: it never fell below)."""
         if self.t_drift is None:
             return None
-        for t, score in self.recent_scores:
-            if t >= self.t_drift and score is not None and score >= GOOD_FRACTION:
-                return t - self.t_drift
-        return math.inf
+        after = [(t, s) for t, s in self.recent_scores if t >= self.t_drift]
+        settled: float | None = None
+        for t, score in after:
+            if score is None or score < GOOD_FRACTION:
+                settled = None
+            elif settled is None:
+                settled = t
+        if settled is None:
+            return math.inf
+        return settled - after[0][0] if after else math.inf
 
 
 # ----------------------------------------------------------------------------- the report
@@ -428,6 +438,8 @@ def evaluate(
     loopback HTTP against a served simulator whose clock runs that many times wall time."""
     t0 = time.monotonic()
     say = on_progress or (lambda _msg: None)
+    # The daemon's own log lines would interleave with the report; keep only errors.
+    logging.getLogger("specctl").setLevel(logging.ERROR)
     profile = load_profile(profile_name)
     scenario = load_scenario(scenario_name)
     say("static policies")
@@ -493,6 +505,9 @@ def evaluate(
             run.table_at_10min, cross_10, curves, mix_10
         ),
         "score_trace": [[t, None if v is None else round(v, 4)] for t, v in run.score_trace],
+        "recent_score_trace": [
+            [t, None if v is None else round(v, 4)] for t, v in run.recent_score_trace
+        ],
         "tok_trace": [[t, round(v, 2)] for t, v in run.tok_trace],
         "push_log": run.push_log,
         "wall_s": round(time.monotonic() - t0, 2),

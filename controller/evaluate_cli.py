@@ -13,7 +13,7 @@ from sims.cli import sim_app
 from sims.profile import ProfileError
 from sims.workload import ScenarioError
 
-TRACE_KEYS = ("score_trace", "tok_trace", "push_log")
+TRACE_KEYS = ("score_trace", "recent_score_trace", "tok_trace", "push_log")
 
 
 @sim_app.command("evaluate")

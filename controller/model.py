@@ -8,6 +8,7 @@ the store after each fit so a restarted daemon resumes where it stopped.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -105,6 +106,8 @@ class GroupModel:
         self.captured: tuple[int, ...] = ()
         self.samples: list[Sample] = []
         self.fitted_at: float | None = None
+        # Fit (fit job) and propose (decide jobs) run on different threads on real time.
+        self.lock = threading.RLock()
 
     def ensure_learner(self, captured: Sequence[int], snapshot: Any | None = None) -> LearnerLike:
         if self.learner is None:
@@ -116,16 +119,18 @@ class GroupModel:
         return self.learner
 
     def add(self, samples: Sequence[Sample]) -> None:
-        self.samples.extend(samples)
+        with self.lock:
+            self.samples.extend(samples)
 
     def trim(self, since: float) -> None:
         if self.samples and self.samples[0].t_end <= since:
             self.samples = [s for s in self.samples if s.t_end > since]
 
     def fit(self, now: float, history_s: float) -> bool:
-        if self.learner is None or not self.samples:
-            return False
-        self.trim(now - history_s)
-        self.learner.fit(self.samples, now)
-        self.fitted_at = now
-        return True
+        with self.lock:
+            if self.learner is None or not self.samples:
+                return False
+            self.trim(now - history_s)
+            self.learner.fit(list(self.samples), now)
+            self.fitted_at = now
+            return True

@@ -46,9 +46,8 @@ class ClockedServer(Protocol):
 
 
 def build_simulated_server(tc: TargetConfig) -> ClockedServer:
-    from sims.server import SimulatedServer
-
     from sims.profile import load_profile
+    from sims.server import SimulatedServer
     from sims.workload import load_scenario
 
     assert tc.simulated is not None
@@ -124,10 +123,11 @@ def run_wall(
     *,
     stop: threading.Event,
     clock: Callable[[], float] = time.time,
+    progress: Callable[[float], None] | None = None,
 ) -> None:
     """Run the jobs on real time until `stop` is set (or schedule.duration_s passes)."""
     sched = controller.config.schedule
-    jobs = 2 * len(controller.targets) + len(controller.groups)
+    jobs = 2 * len(controller.targets) + len(controller.groups) + 1
     scheduler = BackgroundScheduler(
         executors={"default": ThreadPoolExecutor(max_workers=jobs + 1)},
         job_defaults={"coalesce": True, "max_instances": 1},
@@ -165,6 +165,13 @@ def run_wall(
             seconds=sched.fit_interval_s,
             id=f"fit:{group}",
             misfire_grace_time=max(1, int(sched.fit_interval_s)),
+        )
+    if progress is not None:
+        scheduler.add_job(
+            guarded(lambda _key, now: progress(now), "progress"),
+            "interval",
+            seconds=max(60.0, 4 * sched.decide_interval_s),
+            id="progress",
         )
     scheduler.start()
     deadline = None if sched.duration_s is None else time.monotonic() + sched.duration_s

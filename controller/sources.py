@@ -49,8 +49,9 @@ class MetricsPageSource:
         if not snap.values:
             raise ScrapeError(
                 "no_series",
-                "no specctl_* counters on /metrics: is the specctl plugin loaded and "
-                "--enable-metrics set?",
+                "no specctl_* counters on /metrics yet: the server has not decoded since it "
+                "started, or the specctl plugin is not loaded (SGLANG_PLUGINS=specctl) or "
+                "--enable-metrics is not set",
             )
         return snap
 

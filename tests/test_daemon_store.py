@@ -54,11 +54,26 @@ def test_push_audit_trail_and_last_good_table(tmp_path):
     store = Store(tmp_path / "s.sqlite")
     t1 = {"version": 1, "tiers": [{"min_batch": 1, "depth": 3}]}
     t2 = {"version": 2, "tiers": [{"min_batch": 1, "depth": 1}]}
-    a = store.add_push(t=1, target="t", kind="learned", table=t1, reason="r1",
-                       predicted={"1": 90.0}, outcome="pending")
+    a = store.add_push(
+        t=1,
+        target="t",
+        kind="learned",
+        table=t1,
+        reason="r1",
+        predicted={"1": 90.0},
+        outcome="pending",
+    )
     store.set_push_outcome(a, "good", "checked")
-    store.add_push(t=2, target="t", kind="learned", table=t2, reason="r2", predicted=None,
-                   outcome="refused", detail="tiers[0].depth: not captured")
+    store.add_push(
+        t=2,
+        target="t",
+        kind="learned",
+        table=t2,
+        reason="r2",
+        predicted=None,
+        outcome="refused",
+        detail="tiers[0].depth: not captured",
+    )
     assert store.last_good_table("t") == t1
     recs = store.pushes("t")
     assert [r.outcome for r in recs] == ["good", "refused"]

@@ -63,6 +63,11 @@ class TargetCost(_Strict):
     )
     compute_us_per_token: NonNeg = Field(description="Compute-bound slope per batch token")
     roofline_sharpness: Annotated[float, Field(ge=1.0, le=16.0)] = 4.0
+    kv_in_roofline: bool = Field(
+        True,
+        description="KV read shares the weights' memory roofline (True), or is separate "
+        "attention-kernel time added after it (False, what measured H200 step times fit)",
+    )
 
 
 class DraftCost(_Strict):
@@ -70,6 +75,12 @@ class DraftCost(_Strict):
     step_us_per_req: NonNeg = Field(description="One draft forward, per request in the batch")
     extend_fixed_ms: NonNeg = Field(description="Draft extend after verify, paid even at depth 0")
     extend_us_per_token: NonNeg = Field(description="Draft extend per token it re-encodes")
+    extend_us_per_req: NonNeg = Field(
+        0.0, description="Draft extend per request (its LM-head row and bookkeeping)"
+    )
+    kv_us_per_req_per_1k_ctx: NonNeg = Field(
+        0.0, description="Draft KV read per request per 1k tokens of context (step and extend)"
+    )
     spec_sched_ms: NonNeg = Field(
         0.0, description="Extra CPU work per speculative iteration (verify bookkeeping)"
     )
@@ -170,23 +181,35 @@ class Profile(_Strict):
         b = np.asarray(batch, dtype=float)
         t = b * np.asarray(tokens_per_req, dtype=float)
         ctx = self.context_tokens if context is None else np.asarray(context, dtype=float)
-        mem = c.weight_read_ms + c.kv_us_per_req_per_1k_ctx * b * (ctx / 1000.0) / 1000.0
+        kv = c.kv_us_per_req_per_1k_ctx * b * (ctx / 1000.0) / 1000.0
+        mem = c.weight_read_ms + (kv if c.kv_in_roofline else 0.0)
         if c.moe is not None:
             untouched = (1.0 - c.moe.top_k / c.moe.experts) ** t
             mem = mem + c.moe.expert_read_ms * (1.0 - untouched)
         compute = c.compute_us_per_token * t / 1000.0
         p = c.roofline_sharpness
         core = (mem**p + compute**p) ** (1.0 / p)
+        if not c.kv_in_roofline:
+            core = core + kv
         return np.asarray(c.fixed_ms + c.comm_ms + c.comm_us_per_token * t / 1000.0 + core)
 
-    def draft_step_ms(self, batch: Any) -> np.ndarray:
-        d = self.draft
-        return np.asarray(d.step_fixed_ms + d.step_us_per_req * np.asarray(batch, float) / 1000.0)
+    def _draft_kv_ms(self, b: np.ndarray, context: Any) -> Any:
+        ctx = self.context_tokens if context is None else np.asarray(context, dtype=float)
+        return self.draft.kv_us_per_req_per_1k_ctx * b * (ctx / 1000.0) / 1000.0
 
-    def draft_extend_ms(self, batch: Any, tokens_per_req: Any) -> np.ndarray:
+    def draft_step_ms(self, batch: Any, context: Any = None) -> np.ndarray:
         d = self.draft
-        t = np.asarray(batch, float) * np.asarray(tokens_per_req, float)
-        return np.asarray(d.extend_fixed_ms + d.extend_us_per_token * t / 1000.0)
+        b = np.asarray(batch, float)
+        return np.asarray(
+            d.step_fixed_ms + d.step_us_per_req * b / 1000.0 + self._draft_kv_ms(b, context)
+        )
+
+    def draft_extend_ms(self, batch: Any, tokens_per_req: Any, context: Any = None) -> np.ndarray:
+        d = self.draft
+        b = np.asarray(batch, float)
+        t = b * np.asarray(tokens_per_req, float)
+        per_req = d.extend_us_per_req * b / 1000.0 + self._draft_kv_ms(b, context)
+        return np.asarray(d.extend_fixed_ms + d.extend_us_per_token * t / 1000.0 + per_req)
 
     def iteration_ms(self, depth: int | None, batch: Any, context: Any = None) -> np.ndarray:
         """Mean time (ms) of one decode iteration; depth None = a server without speculation."""
@@ -196,8 +219,8 @@ class Profile(_Strict):
         n = depth + 1
         return (
             self.target_ms(batch, n, context)
-            + self.draft_extend_ms(batch, n)
-            + depth * self.draft_step_ms(batch)
+            + self.draft_extend_ms(batch, n, context)
+            + depth * self.draft_step_ms(batch, context)
             + sched
             + self.draft.spec_sched_ms
         )

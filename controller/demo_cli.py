@@ -168,7 +168,7 @@ def _summary(
     )
     policy = PolicyFile(table=table, provenance=provenance)
     console.print(f"\n[bold]table it would freeze:[/bold] {table.describe()}")
-    console.print(dumps(policy), markup=False, highlight=False)
+    console.print(dumps(policy), markup=False, highlight=False, soft_wrap=True)
     if freeze is not None:
         path = dump(policy, freeze)
         console.print(f"written to {path}; use it with `frozen_policy: {path}` in controller.yaml")

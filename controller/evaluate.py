@@ -188,7 +188,6 @@ def static_policies(profile: Profile) -> dict[str, Callable[[], dict[str, Any]]]
             "policy": FixedDepthPolicy(profile.full_depth)
         },
         "always off (depth 0)": lambda: {"policy": FixedDepthPolicy(0)},
-        "no speculation": lambda: {"speculative": False},
         "sglang default adaptive": lambda: {},
     }
     for d in profile.captured_depths:
@@ -456,6 +455,9 @@ def evaluate(
     static[f"best two-tier in hindsight (d{profile.full_depth} below {best_thr}, off above)"] = (
         two_tier[best_thr]
     )
+    # A server started without speculation is another deployment, not a policy the daemon can
+    # choose: SGLang also gives it a larger running-request cap. Reported beside the statics.
+    nospec = run_static(profile, scenario, seed, speculative=False)
     say("oracle")
     oracle = oracle_tok_per_s(profile, scenario, seed)
     say("daemon")
@@ -490,6 +492,12 @@ def evaluate(
         "best_static_tok_per_s": round(static[best_static_name], 2),
         "beats_every_static": all(run.achieved_tok_per_s > v for v in static.values()),
         "two_tier_grid": {str(k): round(v, 2) for k, v in two_tier.items()},
+        "nospec_server": {
+            "tok_per_s": round(nospec, 2),
+            "ratio_to_oracle": round(nospec / oracle, 4) if oracle > 0 else None,
+            "max_running_requests": profile.max_running(False),
+            "speculative_max_running_requests": profile.max_running(True),
+        },
         "exploration_share": round(run.exploration_share, 4),
         "time_to_good_table_s": run.time_to_good_table_s,
         "pushes": run.pushes,

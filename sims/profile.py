@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sims.named_yaml import builtin_names, load_named_yaml
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
 
@@ -245,29 +246,19 @@ class ProfileError(ValueError):
 
 
 def builtin_profiles() -> list[str]:
-    return sorted(p.stem for p in PROFILES_DIR.glob("*.yaml"))
+    return builtin_names(PROFILES_DIR)
 
 
 def load_profile(name_or_path: str | Path) -> Profile:
     """Load a built-in profile by name, or a profile YAML file by path."""
-    path = Path(name_or_path)
-    if not path.suffix and not path.exists():
-        path = PROFILES_DIR / f"{name_or_path}.yaml"
-        if not path.exists():
-            raise ProfileError(
-                f"unknown profile '{name_or_path}': built-in profiles are "
-                f"{', '.join(builtin_profiles()) or '(none)'}; or pass a path to a YAML file"
-            )
-    if not path.exists():
-        raise ProfileError(f"profile file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ProfileError(f"{path}: not valid YAML: {err}") from None
-    try:
-        return Profile.model_validate(data)
-    except ValidationError as err:
-        raise ProfileError(f"{path}: {_explain(err)}") from None
+    return load_named_yaml(
+        name_or_path,
+        folder=PROFILES_DIR,
+        model=Profile,
+        error=ProfileError,
+        kind="profile",
+        explain=_explain,
+    )
 
 
 def _explain(err: ValidationError) -> str:

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from sims.named_yaml import builtin_names, load_named_yaml
 
 SCENARIOS_DIR = Path(__file__).parent / "scenarios"
 
@@ -281,29 +282,19 @@ class ScenarioError(ValueError):
 
 
 def builtin_scenarios() -> list[str]:
-    return sorted(p.stem for p in SCENARIOS_DIR.glob("*.yaml"))
+    return builtin_names(SCENARIOS_DIR)
 
 
 def load_scenario(name_or_path: str | Path) -> Scenario:
     """Load a built-in scenario by name, or a scenario YAML file by path."""
-    path = Path(name_or_path)
-    if not path.suffix and not path.exists():
-        path = SCENARIOS_DIR / f"{name_or_path}.yaml"
-        if not path.exists():
-            raise ScenarioError(
-                f"unknown scenario '{name_or_path}': built-in scenarios are "
-                f"{', '.join(builtin_scenarios()) or '(none)'}; or pass a path to a YAML file"
-            )
-    if not path.exists():
-        raise ScenarioError(f"scenario file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise ScenarioError(f"{path}: not valid YAML: {err}") from None
-    try:
-        return Scenario.model_validate(data)
-    except ValidationError as err:
-        raise ScenarioError(f"{path}: {explain(err)}") from None
+    return load_named_yaml(
+        name_or_path,
+        folder=SCENARIOS_DIR,
+        model=Scenario,
+        error=ScenarioError,
+        kind="scenario",
+        explain=explain,
+    )
 
 
 def load_workload(data: object) -> Workload:

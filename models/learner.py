@@ -11,13 +11,14 @@ posterior says an alternative may still win (Thompson sampling on posterior draw
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from models.acceptance import AcceptanceModel
+from models.drift import ChangePoint, last_change
 from models.evidence import Cells, aggregate, sample_arrays
 from models.samples import Sample
 from models.step_model import RooflineStepModel, roofline_features
@@ -32,7 +33,11 @@ from sglang_hooks.contract import (
     bucket_upper,
 )
 
-MODEL_VERSION = "specctl-models/1 (roofline-bayes step, ew-gamma acceptance, thompson explore)"
+MODEL_VERSION = (
+    "specctl-models/2 (roofline-bayes step, ew-gamma acceptance cut at change points, "
+    "thompson neighbour probes, sticky decisions)"
+)
+LOAD_HALF_LIFE_S = 120.0  # memory of where the load sits in each bucket (representative batch)
 
 
 class LearnerConfig(BaseModel):
@@ -47,7 +52,10 @@ class LearnerConfig(BaseModel):
         description="Hard cap on the share of decode iterations exploring",
     )
     acceptance_half_life_s: float = Field(
-        default=120.0, gt=0.0, description="Memory of acceptance (a workload property, drifts)"
+        default=600.0,
+        gt=0.0,
+        description="Memory of acceptance between detected changes of workload (long enough to "
+        "make rarely probed depths certain; a change point cuts it, see drift_z_threshold)",
     )
     step_half_life_s: float = Field(
         default=86400.0, gt=0.0, description="Memory of step cost (a hardware property, stable)"
@@ -117,6 +125,28 @@ class LearnerConfig(BaseModel):
     acceptance_dispersion: float = Field(
         default=2.0, ge=1.0, description="Request-steps per independent acceptance observation"
     )
+    drift_z_threshold: float = Field(
+        default=5.0,
+        gt=0.0,
+        description="A shift of a depth's measured acceptance this many standard errors wide "
+        "is a change of workload: acceptance evidence before it is forgotten",
+    )
+    drift_min_shift: float = Field(
+        default=0.03,
+        ge=0.0,
+        description="...if it moves the accept length by at least this fraction",
+    )
+    probe_neighbours_only: bool = Field(
+        default=True,
+        description="Past cold start, probe only the captured depths next to a tier's depth "
+        "(a far depth costs 20-50% per probe; the pooled model places it from its neighbours)",
+    )
+    switch_margin: float = Field(
+        default=0.01,
+        ge=0.0,
+        description="The live table's depth at a batch size stays unless another depth is "
+        "predicted better by this fraction (stops tables swinging between near-equal depths)",
+    )
     extrapolation_factor: float = Field(
         default=2.0,
         ge=1.0,
@@ -176,6 +206,7 @@ class Learner:
         self._evidence: dict[tuple[int, int], float] = {}  # (depth, bucket) -> decayed iterations
         self._recent: dict[int, tuple[float, float]] = {}  # bucket -> (iterations, request_steps)
         self._max_batch_seen = 0.0
+        self.change: ChangePoint | None = None  # last acceptance change point found by `fit`
 
     def _new_acceptance(self) -> AcceptanceModel:
         c = self.config
@@ -191,11 +222,25 @@ class Learner:
 
     def fit(self, samples: Sequence[Sample], now: float) -> None:
         """Refit from all samples of the group (idempotent: state depends only on the inputs)."""
+        c = self.config
         arrays = sample_arrays(samples)
-        step_cells = aggregate(arrays, now, self.config.step_half_life_s)
-        recent = aggregate(arrays, now, self.config.acceptance_half_life_s)
-        self.step.fit(step_cells, self.config.step_cv, self.config.model_error)
-        self.acceptance.fit(recent)
+        step_cells = aggregate(arrays, now, c.step_half_life_s)
+        recent = aggregate(arrays, now, LOAD_HALF_LIFE_S)
+        self.step.fit(step_cells, c.step_cv, c.model_error)
+        self.change = last_change(
+            arrays["t_end"],
+            arrays["depth"],
+            arrays["tokens"],
+            arrays["request_steps"],
+            self.captured,
+            c.drift_z_threshold,
+            c.drift_min_shift,
+        )
+        current = arrays
+        if self.change is not None:
+            keep = arrays["t_end"] > self.change.t
+            current = {k: v[keep] for k, v in arrays.items()}
+        self.acceptance.fit(aggregate(current, now, c.acceptance_half_life_s))
         self._evidence = {
             (int(d), int(b)): float(n)
             for d, b, n in zip(
@@ -298,14 +343,15 @@ class Learner:
         top = self._grid_top(hist)
         grid = np.arange(1, top + 1, dtype=float)
         tok = {d: self._mean_tok(d, grid) for d in warm}
-        stacked = np.stack([tok[d] for d in warm])
-        best = np.asarray(warm)[np.argmax(stacked, axis=0)]
         # Runs that win by less than the exploration margin are noise in a flat region: they
         # neither change throughput nor mark a real crossover.
-        resolved = merge_small_gain_runs(runs_of(best), tok, c.explore_margin)
+        resolved = merge_small_gain_runs(runs_of(_argmax_depth(tok, warm)), tok, c.explore_margin)
         raw_crossovers = crossovers(resolved, tok)
-        runs = merge_small_gain_runs(resolved, tok, c.min_gain)
-        runs = _limit_runs(runs, tok, MAX_TIERS // 2)
+        # Decisions: the live depth at a batch size keeps it unless beaten by switch_margin.
+        sticky = self._incumbent_bonus(tok, warm, live, grid)
+        runs = merge_small_gain_runs(runs_of(_argmax_depth(sticky, warm)), sticky, c.explore_margin)
+        runs = merge_small_gain_runs(runs, sticky, c.min_gain)
+        runs = _limit_runs(runs, sticky, MAX_TIERS // 2)
 
         segments = self._explore_segments(runs, warm, cold, top)
         tiers = _to_tiers(segments, c.hysteresis_fraction)
@@ -314,6 +360,33 @@ class Learner:
         predicted = self._predicted(table, hist, top)
         reason = self._reason(table, raw_crossovers, share, segments, predicted, live, hist, top)
         return Proposal(table, predicted, raw_crossovers, share, reason)
+
+    def _incumbent_bonus(
+        self,
+        tok: Mapping[int, np.ndarray],
+        warm: list[int],
+        live: PolicyTable | None,
+        grid: np.ndarray,
+    ) -> dict[int, np.ndarray]:
+        """Predicted tok/s with the live table's depth at each batch size raised by
+        `switch_margin`: a challenger must beat it by that much to replace it."""
+        margin = self.config.switch_margin
+        if live is None or margin <= 0:
+            return dict(tok)
+        incumbent = np.asarray([live.depth_for(int(b)) for b in grid])
+        return {
+            d: np.where(incumbent == d, tok[d] * (1.0 + margin), tok[d]) if d in warm else tok[d]
+            for d in tok
+        }
+
+    def _probe_candidates(self, depth: int, warm: list[int]) -> list[int]:
+        """Depths a tier running `depth` may probe: its captured neighbours, or every warm one."""
+        others = [d for d in warm if d != depth]
+        if not self.config.probe_neighbours_only:
+            return others
+        i = self.captured.index(depth)
+        near = set(self.captured[max(i - 1, 0) : i + 2])
+        return [d for d in others if d in near]
 
     def _explore_segments(
         self, runs: list[Run], warm: list[int], cold: list[int], top: int
@@ -332,7 +405,10 @@ class Learner:
         draws = self._draw_tok(warm, reps, np.random.default_rng(self.seed))
         for i, p in enumerate(pieces):
             chosen = draws[p.depth][:, i] * (1.0 + c.explore_margin)
-            p_beat = {d: float(np.mean(draws[d][:, i] > chosen)) for d in warm if d != p.depth}
+            p_beat = {
+                d: float(np.mean(draws[d][:, i] > chosen))
+                for d in self._probe_candidates(p.depth, warm)
+            }
             uncertain = max(p_beat.values(), default=0.0)
             alts = [d for d, pb in p_beat.items() if pb >= c.explore_threshold]
             if cold:
@@ -458,6 +534,7 @@ class Learner:
             "evidence": [[d, b, n] for (d, b), n in sorted(self._evidence.items())],
             "recent": [[b, it, rs] for b, (it, rs) in sorted(self._recent.items())],
             "max_batch_seen": self._max_batch_seen,
+            "change": None if self.change is None else asdict(self.change),
         }
 
     @classmethod
@@ -476,6 +553,8 @@ class Learner:
         learner._evidence = {(int(d), int(b)): float(n) for d, b, n in data["evidence"]}
         learner._recent = {int(b): (float(i), float(r)) for b, i, r in data["recent"]}
         learner._max_batch_seen = float(data["max_batch_seen"])
+        change = data.get("change")
+        learner.change = None if change is None else ChangePoint(**change)
         return learner
 
 
@@ -490,6 +569,10 @@ def _per_bucket(cells: Cells) -> dict[int, tuple[float, float]]:
     return out
 
 
+def _argmax_depth(tok: Mapping[int, np.ndarray], depths: list[int]) -> np.ndarray:
+    return np.asarray(depths)[np.argmax(np.stack([tok[d] for d in depths]), axis=0)]
+
+
 def _limit_runs(runs: list[Run], tok: Mapping[int, np.ndarray], most: int) -> list[Run]:
     """Merge the weakest runs until at most `most` remain (leaves room for probe splits)."""
     gain = 0.0
@@ -500,24 +583,33 @@ def _limit_runs(runs: list[Run], tok: Mapping[int, np.ndarray], most: int) -> li
 
 
 def _merge_segments(pieces: list[_Segment]) -> list[_Segment]:
-    """Join neighbours of equal depth whose probing is both on or both off; cap the count."""
+    """Join neighbours that run alike (depth, probe share and probe depths); cap the count.
+
+    Pieces that probe differently stay apart: one uncertain bucket next to a crossover must
+    not spread its probes over the buckets where the load sits and the model is sure.
+    """
     out: list[_Segment] = []
     for p in pieces:
         last = out[-1] if out else None
-        if (
-            last is not None
-            and last.depth == p.depth
-            and (last.explore_share > 0) == (p.explore_share > 0)
+        if last is not None and (last.depth, last.explore_share, last.explore_depths) == (
+            p.depth,
+            p.explore_share,
+            p.explore_depths,
         ):
             last.hi = p.hi
-            last.explore_share = max(last.explore_share, p.explore_share)
-            last.explore_depths = tuple(sorted(set(last.explore_depths) | set(p.explore_depths)))
         else:
             out.append(_Segment(p.lo, p.hi, p.depth, p.explore_share, p.explore_depths))
     while len(out) > MAX_TIERS:
-        # Fold the smallest same-depth neighbour pair (probing on wins: safe, within the cap).
+        # Fold the same-depth neighbour pair whose probing differs least, the smallest first
+        # (the larger share wins: safe, within the cap).
         pairs = [i for i in range(len(out) - 1) if out[i].depth == out[i + 1].depth]
-        i = min(pairs, key=lambda j: out[j].hi - out[j].lo + out[j + 1].hi - out[j + 1].lo)
+        i = min(
+            pairs,
+            key=lambda j: (
+                abs(out[j].explore_share - out[j + 1].explore_share),
+                out[j].hi - out[j].lo + out[j + 1].hi - out[j + 1].lo,
+            ),
+        )
         a, b = out[i], out.pop(i + 1)
         a.hi = b.hi
         a.explore_share = max(a.explore_share, b.explore_share)

@@ -53,7 +53,7 @@ def test_cli_prints_one_json_object_with_every_required_key(tmp_path):
             "--profile",
             "h100-llama8b-eagle3",
             "--scenario",
-            _scenario(tmp_path, drift=True),
+            _scenario(tmp_path, drift=True, duration_s=720),
             "--json",
             "--seed",
             "3",

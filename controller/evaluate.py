@@ -176,9 +176,7 @@ def threshold_errors(
     return out
 
 
-def _loss_at(
-    oracle: OracleCurves, mix: dict[str, float], table: PolicyTable, batch: int
-) -> float:
+def _loss_at(oracle: OracleCurves, mix: dict[str, float], table: PolicyTable, batch: int) -> float:
     """Share of the best depth's decode tok/s lost by the table's depth at `batch`."""
     tok = oracle.tok(mix, batch)
     return 1.0 - tok[table.depth_for(batch)] / max(tok.values())

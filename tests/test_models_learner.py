@@ -205,3 +205,53 @@ def test_config_typo_names_the_field() -> None:
         LearnerConfig.model_validate({"exploraton_cap": 0.05})
     with pytest.raises(ValueError, match="captured_depths"):
         Learner([])
+
+
+def test_change_point_found_at_a_shift_of_acceptance_and_not_without_one() -> None:
+    server = SyntheticServer(DENSE, single_depth_table(3), seed=4, phase="chat")
+    steady: list[Sample] = []
+    for _ in range(40):
+        steady += server.run(10.0, lambda t: 16)
+    learner = Learner(DEPTHS)
+    learner.fit(steady, now=server.now)
+    assert learner.change is None
+    t_shift = server.now
+    server.phase = "code"
+    shifted = list(steady)
+    for _ in range(6):
+        shifted += server.run(10.0, lambda t: 16)
+    learner.fit(shifted, now=server.now)
+    assert learner.change is not None and learner.change.depth == 3
+    assert abs(learner.change.t - t_shift) <= 10.0
+    # Evidence from before the change no longer counts: depth 3 reads code's acceptance.
+    want = DENSE.acceptance.expected_length("code", 3)
+    assert abs(learner.acceptance.mean_length(3) - want) / want < 0.03
+
+
+def test_probes_past_cold_start_only_reach_neighbouring_depths(learned: Learner) -> None:
+    live = single_depth_table(2)
+    proposal = learned.propose(now=learned.fitted_at or 0.0, live=live)
+    for tier in proposal.table.tiers:
+        i = DEPTHS.index(tier.depth)
+        assert set(tier.explore_depths) <= set(DEPTHS[max(i - 1, 0) : i + 2]), tier
+    wide = Learner(DEPTHS, LearnerConfig(probe_neighbours_only=False))
+    assert wide._probe_candidates(2, DEPTHS) == [0, 1, 3, 4]
+    assert learned._probe_candidates(2, DEPTHS) == [1, 3]
+
+
+def test_live_depth_kept_unless_beaten_by_the_switch_margin(learned: Learner) -> None:
+    # Around a crossover the two depths differ by well under 5%: with a 5% margin the live
+    # depth holds the whole range, with none the model's own crossover decides.
+    now = learned.fitted_at or 0.0
+    live = single_depth_table(3)
+    sticky = Learner.from_json(
+        {**learned.to_json(), "config": {**learned.config.model_dump(), "switch_margin": 0.05}}
+    )
+    free = Learner.from_json(
+        {**learned.to_json(), "config": {**learned.config.model_dump(), "switch_margin": 0.0}}
+    )
+    held = sticky.propose(now, live=live).table
+    moved = free.propose(now, live=live).table
+    near = [b for b in range(20, 60) if moved.depth_for(b) != 3]
+    assert near, moved.describe()
+    assert sum(held.depth_for(b) == 3 for b in near) > 0, held.describe()

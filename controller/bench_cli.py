@@ -26,24 +26,15 @@ from controller.bench.report import (
 from controller.bench.server_client import ADMIN_KEY_ENV, ServerClient, ServerError
 from controller.bench.sweep import LevelObserver, LevelResult, SweepOutcome, SweepPlan, run_sweep
 from controller.cli_app import app
+from controller.cli_args import parse_int_list, url_problem
+from sglang_hooks.contract import MAX_DEPTH
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128,256"
 DEFAULT_DURATION_S = 20.0
+FOREIGN_NOTE = "batch above concurrency: other traffic on the server"
 
-err_console = Console(stderr=True)
-
-
-def parse_int_list(text: str, option: str, minimum: int) -> tuple[int, ...]:
-    """'1,2,4' -> (1, 2, 4), sorted and unique; a clear BadParameter otherwise."""
-    try:
-        values = sorted({int(v) for v in text.split(",") if v.strip()})
-    except ValueError:
-        raise typer.BadParameter(
-            f"expected comma-separated integers like 1,2,4, got {text!r}", param_hint=option
-        ) from None
-    if not values or values[0] < minimum:
-        raise typer.BadParameter(f"values must be integers >= {minimum}", param_hint=option)
-    return tuple(values)
+# soft_wrap: an error stays one line even when stderr is a file or a pipe (80 columns).
+err_console = Console(stderr=True, soft_wrap=True)
 
 
 class _LiveColumn(ProgressColumn):
@@ -79,13 +70,18 @@ class _ProgressObserver(LevelObserver):
         self.progress.advance(self.task)
         batch = "" if result.mean_batch is None else f"  batch {result.mean_batch:.1f}"
         errors = f"  [red]{result.errors} errors[/red]" if result.errors else ""
+        foreign = f"  [yellow]{FOREIGN_NOTE}[/yellow]" if result.foreign_traffic else ""
         self.progress.console.print(
             f"  {result.series:>7} c={result.concurrency:<4}{result.output_tok_per_s:9.1f} tok/s"
             f"  TPOT {_ms(result.tpot_p50_ms)}  TTFT {_ms(result.ttft_p50_ms)}{batch}{errors}"
+            f"{foreign}"
         )
 
     def message(self, text: str) -> None:
         self.progress.console.print(f"[dim]{text}[/dim]")
+
+    def warning(self, text: str) -> None:
+        self.progress.console.print(f"[yellow]warning:[/yellow] {text}", soft_wrap=True)
 
 
 def _ms(v: float | None) -> str:
@@ -94,6 +90,12 @@ def _ms(v: float | None) -> str:
 
 def _pair(a: float | None, b: float | None) -> str:
     return "-" if a is None or b is None else f"{a:.1f} / {b:.1f}"
+
+
+def _batch(r: LevelResult) -> str:
+    if r.mean_batch is None:
+        return "-"
+    return f"{r.mean_batch:.1f}" + ("!" if r.foreign_traffic else "")
 
 
 def results_table(results: list[LevelResult]) -> Table:
@@ -111,24 +113,48 @@ def results_table(results: list[LevelResult]) -> Table:
             f"{r.output_tok_per_s:.1f}{star}",
             _pair(r.ttft_p50_ms, r.ttft_p90_ms),
             _pair(r.tpot_p50_ms, r.tpot_p90_ms),
-            "-" if r.mean_batch is None else f"{r.mean_batch:.1f}",
+            _batch(r),
             "-" if r.accept_length is None else f"{r.accept_length:.2f}",
             f"{r.requests}" + (f" ({r.errors} err)" if r.errors else ""),
         )
     return table
 
 
+def prepare_out_dir(path: Path) -> str | None:
+    """Create the output folder and prove it is writable; why not, if it is not."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".specctl-write-check"
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        return f"--out {path}: cannot write there ({err.strerror or err}); pick another folder"
+    return None
+
+
 def report(outcome: SweepOutcome, out_dir: Path, console: Console) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
     console.print(results_table(outcome.results))
+    foreign = [r for r in outcome.results if r.foreign_traffic]
+    if foreign:
+        levels = ", ".join(f"{r.series} c={r.concurrency}" for r in foreign)
+        console.print(
+            f"[yellow]![/yellow] {FOREIGN_NOTE} ({levels}); those levels measure more than this "
+            "sweep's load: rerun them on an idle server",
+            soft_wrap=True,
+        )
     cross = crossovers(outcome.results)
     console.print("crossovers: " + ("; ".join(c.describe() for c in cross) or "none measured"))
     table = recommend_table(outcome.results, outcome.before.captured_depths)
     if table is not None:
         console.print(f"recommended table (batch size -> depth): [bold]{table.describe()}[/bold]")
-    write_csv(outcome.results, out_dir / "bench.csv")
-    write_json(outcome, out_dir / "bench.json")
-    plot(outcome, out_dir / "bench.png")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json(outcome, out_dir / "bench.json")
+        write_csv(outcome.results, out_dir / "bench.csv")
+        plot(outcome, out_dir / "bench.png")
+    except OSError as err:
+        err_console.print(f"[red]error:[/red] cannot write the results to {out_dir}: {err}")
+        raise typer.Exit(2) from None
     console.print(
         f"wrote {out_dir / 'bench.csv'}, {out_dir / 'bench.json'}, {out_dir / 'bench.png'}"
     )
@@ -214,10 +240,13 @@ def bench(
       specctl bench --url http://gpu1:30000 --depths 0,1,3 --concurrency 1,4,16,64,256 \\
           --no-spec-url http://gpu1:30001 --duration-per-level 60 --out bench-k2
 
-      specctl sim serve --profile kimi-k25-8xpcie --port 30000 --admin-key k &
+      specctl sim serve --profile kimi-k25-8x-rtxpro6000-pcie --port 30000 --admin-key k &
       specctl bench --url http://127.0.0.1:30000 --admin-key k --concurrency 1,8,64 \\
           --requests-per-level 64 --output-tokens 64
     """
+    for option, value in (("--url", url), ("--no-spec-url", no_spec_url)):
+        if value is not None and (problem := url_problem(value)) is not None:
+            raise typer.BadParameter(problem, param_hint=option)
     levels = parse_int_list(concurrency, "--concurrency", 1)
     if requests_per_level is not None and duration_per_level is not None:
         raise typer.BadParameter("give --requests-per-level or --duration-per-level, not both")
@@ -237,16 +266,21 @@ def bench(
             with ServerClient(url) as probe:
                 forced = probe.state().captured_depths
         else:
-            forced = parse_int_list(depths, "--depths", 0)
+            forced = parse_int_list(depths, "--depths", 0, MAX_DEPTH)
     except (DatasetError, ServerError) as err:
         err_console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from None
+    out_dir = out or Path(f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    # Before the first push: a sweep whose results cannot be written is time lost.
+    problem = prepare_out_dir(out_dir)
+    if problem is not None:
+        err_console.print(f"[red]error:[/red] {problem}")
+        raise typer.Exit(2)
     plan = SweepPlan(
         url=url, depths=tuple(forced), concurrencies=levels, stop=stop, prompts=prompts,
         prompt_source=source, admin_key=admin_key, no_spec_url=no_spec_url, model=model,
         temperature=temperature,
     )  # fmt: skip
-    out_dir = out or Path(f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
     console = Console()
     console.print(
         f"bench {url}: depths {list(forced)} x concurrency {list(levels)}, {stop.describe()}, "

@@ -71,6 +71,10 @@ class LevelResult:
     mean_batch: float | None  # from the server's own counters, when it exports them
     accept_length: float | None
     client_cpu_share: float  # client CPU seconds per wall second (1.0 = one core busy)
+    # The server ran clearly bigger batches than this level sent: someone else's traffic (or
+    # streams left over from the level before) was decoding too, so the numbers are not this
+    # level's alone.
+    foreign_traffic: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,6 +88,18 @@ class SweepOutcome:
     pushed: bool = False  # whether the sweep changed the server's table at all
     restored: str | None = None  # the table pushed back at the end, described
     interrupted: str | None = None  # why the sweep stopped early, if it did
+
+
+# A level's mean batch may exceed its concurrency by this much before it counts as foreign
+# traffic (one stream finishing while the next starts can briefly overlap in a batch).
+FOREIGN_BATCH_MARGIN = 0.5
+FOREIGN_BATCH_SHARE = 0.1
+
+
+def has_foreign_traffic(concurrency: int, mean_batch: float | None) -> bool:
+    if mean_batch is None:
+        return False
+    return mean_batch > concurrency + max(FOREIGN_BATCH_MARGIN, FOREIGN_BATCH_SHARE * concurrency)
 
 
 def _percentile_ms(values: list[float], q: float) -> float | None:
@@ -122,6 +138,7 @@ def summarize(
         mean_batch=mean_batch,
         accept_length=accept,
         client_cpu_share=load.client_cpu_s / load.elapsed_s if load.elapsed_s > 0 else math.nan,
+        foreign_traffic=has_foreign_traffic(load.concurrency, mean_batch),
     )
 
 
@@ -137,6 +154,9 @@ class LevelObserver:
 
     def message(self, text: str) -> None: ...
 
+    def warning(self, text: str) -> None:
+        self.message(f"warning: {text}")
+
 
 def check_depths(depths: Sequence[int], state: ServerState) -> None:
     """Fail before any load if a depth cannot be forced (the server would answer 400)."""
@@ -147,19 +167,38 @@ def check_depths(depths: Sequence[int], state: ServerState) -> None:
             raise ServerError(f"--depths {depth}: {err.field}: {err.message}") from None
 
 
-async def wait_idle(server: ServerClient, timeout_s: float = 30.0, quiet_s: float = 0.3) -> None:
+# How long a level waits for the server to stop decoding before it measures anyway.
+IDLE_TIMEOUT_S = 30.0
+
+
+async def wait_idle(
+    server: ServerClient, timeout_s: float | None = None, quiet_s: float = 0.3
+) -> bool:
     """Wait until the server stops decoding: a stream cut at a level's deadline may still run
     on a server that does not abort on disconnect, and would inflate the next level. Decoding
     is seen in the contract's iteration counters (SGLang's running-requests gauge is refreshed
-    only every few dozen iterations, so it stays stale once the server is idle)."""
-    deadline = time.monotonic() + timeout_s
+    only every few dozen iterations, so it stays stale once the server is idle).
+
+    False if the server was still decoding after `timeout_s` (traffic from someone else)."""
+    deadline = time.monotonic() + (IDLE_TIMEOUT_S if timeout_s is None else timeout_s)
     last = _iterations(server)
-    while last is not None and time.monotonic() < deadline:
+    while last is not None:
+        if time.monotonic() >= deadline:
+            return False
         await asyncio.sleep(quiet_s)  # an await, so Ctrl-C / SIGTERM cancel here at once
         now = _iterations(server)
         if now is None or now == last:
-            return
+            return True
         last = now
+    return True
+
+
+async def _settle(server: ServerClient, url: str, observer: LevelObserver) -> None:
+    if not await wait_idle(server):
+        observer.warning(
+            f"{url} kept decoding for {IDLE_TIMEOUT_S:g} s with no load from this "
+            "sweep; another client is using it, so the next level measures its traffic too"
+        )
 
 
 def _iterations(server: ServerClient) -> float | None:
@@ -193,7 +232,7 @@ async def _run_levels(
         async with make_client(plan.url, max(plan.concurrencies)) as http:
             for c in plan.concurrencies:
                 live = LiveCounters()
-                await wait_idle(server)
+                await _settle(server, plan.url, observer)
                 observer.level_started(series_name(depth), c, live)
                 scrape0 = _scrape_or_none(server)
                 load = await run_level(
@@ -225,7 +264,7 @@ async def _run_no_spec(outcome: SweepOutcome, observer: LevelObserver, offset: i
         async with make_client(plan.no_spec_url, max(plan.concurrencies)) as http:
             for c in plan.concurrencies:
                 live = LiveCounters()
-                await wait_idle(other)
+                await _settle(other, plan.no_spec_url, observer)
                 observer.level_started(NO_SPEC, c, live)
                 scrape0 = _scrape_or_none(other)
                 load = await run_level(

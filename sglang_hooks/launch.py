@@ -26,6 +26,34 @@ def adaptive_config(depths: Sequence[int]) -> dict[str, Any]:
     return {"1": {"candidate_steps": steps}}
 
 
+def user_config(sglang_args: Sequence[str]) -> str | None:
+    """The user's own --speculative-adaptive-config, if the SGLang arguments carry one."""
+    return _flag_value(sglang_args, "--speculative-adaptive-config")
+
+
+def config_depths(path: Path) -> tuple[int, ...]:
+    """Depths a table may use under an adaptive config: those listed in every batch-size slot
+    (SGLang's digit keys). Raises ValueError naming the file if it cannot be read."""
+    try:
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ValueError(f"--speculative-adaptive-config {path}: cannot read it "
+                         f"({err.strerror or err})") from None
+    except ValueError as err:
+        raise ValueError(f"--speculative-adaptive-config {path}: not valid JSON ({err})") from None
+    slots = [v for k, v in cfg.items() if str(k).isdigit()] if isinstance(cfg, dict) else []
+    steps: list[list[Any]] = [
+        v["candidate_steps"]
+        for v in slots
+        if isinstance(v, dict) and isinstance(v.get("candidate_steps"), list)
+    ]
+    if not steps or len(steps) != len(slots) or not all(steps):
+        raise ValueError(f"--speculative-adaptive-config {path}: expected batch-size slots like "
+                         '{"1": {"candidate_steps": [0, 1, 3]}}')
+    common = set(steps[0]).intersection(*steps[1:])
+    return tuple(sorted(d for d in common if isinstance(d, int)))
+
+
 def _has_flag(args: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 

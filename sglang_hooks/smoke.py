@@ -5,13 +5,15 @@
 It checks, on a real server: the plugin is loaded and active (/server_info), a pushed table
 is applied ([true]) and reported, a malformed and an uncaptured-depth table get HTTP 400,
 and, while a few concurrent requests decode, each forced depth makes its own per-depth
-counter move on /metrics. It needs a GPU server; it has not been run in specctl's CI, which
+counter move on /metrics; at the end it puts back the table that was live before (a start-up
+policy table, a daemon's push, or none). It needs a GPU server; it has not been run in specctl's CI, which
 has no GPU (see docs/sglang.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -24,10 +26,13 @@ from sglang_hooks.contract import (
     METRIC_ITERATIONS,
     PolicyTable,
     Tier,
+    parse_table,
     push_body,
     read_server_state,
     single_depth_table,
 )
+
+ADMIN_KEY_ENV = "SPECCTL_ADMIN_KEY"  # the same variable `specctl bench` and `status` read
 
 
 def _iterations_by_depth(client: httpx.Client) -> dict[str, float]:
@@ -58,10 +63,17 @@ def _check(ok: bool, what: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--url", default="http://127.0.0.1:30000")
-    ap.add_argument("--admin-key", default=None)
-    ap.add_argument("--concurrency", type=int, default=4)
-    ap.add_argument("--seconds-per-depth", type=float, default=15.0)
+    ap.add_argument("--url", default="http://127.0.0.1:30000",
+                    help="the server started with `specctl serve` (default: %(default)s)")
+    ap.add_argument("--admin-key", default=os.environ.get(ADMIN_KEY_ENV) or None,
+                    help=f"the server's --admin-api-key, sent as a Bearer token "
+                    f"(default: ${ADMIN_KEY_ENV})")
+    ap.add_argument("--concurrency", type=int, default=4,
+                    help="generate requests kept in flight while depths are forced "
+                    "(default: %(default)s)")
+    ap.add_argument("--seconds-per-depth", type=float, default=15.0,
+                    help="how long each forced depth runs before its counters are compared "
+                    "(default: %(default)s)")
     args = ap.parse_args(argv)
     headers: dict[str, Any] = {}
     if args.admin_key:
@@ -71,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
 
     [state] = read_server_state(client.get("/server_info").json())[:1]
     captured = state["captured_depths"]
+    # Put back whatever was live (a start-up policy table, a daemon's push) at the end.
+    previous = None if state.get("table") is None else parse_table(state["table"])
     results.append(_check(state.get("active", True) and len(captured) >= 2,
                           f"plugin active, captured depths {captured}"))
 
@@ -107,8 +121,11 @@ def main(argv: list[str] | None = None) -> int:
                 v == 0 for d, v in moved.items() if d != str(depth)),
                 f"only depth {depth} counters moved: {moved}"))
     finally:
-        client.post("/set_internal_state", json=push_body(None))
         stop.set()
+        r = client.post("/set_internal_state", json=push_body(previous))
+        before = "none (SGLang's own choice)" if previous is None else previous.describe()
+        results.append(_check(r.status_code == 200 and all(r.json()),
+                              f"previous table restored: {before}"))
     print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
     return 0 if all(results) else 1
 

@@ -23,8 +23,10 @@ from rich.table import Table
 from controller.bench.metrics import Scrape, work_between
 from controller.bench.server_client import ADMIN_KEY_ENV, ServerClient, ServerError
 from controller.cli_app import app
+from controller.cli_args import url_problem
 
 DAEMON_PREFIX = "specctl_daemon_"
+MIN_WINDOW_S = 0.5
 
 
 @dataclass
@@ -49,6 +51,8 @@ class ServerStatus:
     version: int | None = None
     captured_depths: list[int] = field(default_factory=list)
     last_rejection: str | None = None
+    active: bool | None = None  # whether the plugin steers this server (None: not read)
+    inactive_reason: str | None = None  # why it does not
     ranks: int | None = None
     depth_in_use: float | None = None  # sglang:spec_num_steps
     running_requests: float | None = None
@@ -151,6 +155,7 @@ def _read_state_and_scrape(st: ServerStatus, client: ServerClient) -> Scrape | N
     st.source, st.version = state.source, state.version
     st.captured_depths = list(state.captured_depths)
     st.last_rejection, st.ranks = state.last_rejection, state.ranks
+    st.active, st.inactive_reason = state.inactive_reason is None, state.inactive_reason
     try:
         return client.scrape()
     except ServerError as err:
@@ -179,6 +184,8 @@ def server_panel(st: ServerStatus) -> Panel:
         f"now        depth {_fmt(st.depth_in_use, '.0f')}, "
         f"running {_fmt(st.running_requests, '.0f')}, queued {_fmt(st.queued_requests, '.0f')}",
     ]
+    if st.inactive_reason:
+        lines.insert(0, f"[red]inactive: {st.inactive_reason}[/red]")
     if st.last_rejection:
         lines.append(f"[yellow]last rejected push: {st.last_rejection}[/yellow]")
     body: list[Any] = ["\n".join(lines)]
@@ -209,7 +216,8 @@ def server_panel(st: ServerStatus) -> Panel:
         body.append(t)
     if st.metrics_note:
         body.append(f"[dim]{st.metrics_note}[/dim]")
-    return Panel(Group(*body), title=st.url, border_style="green")
+    border = "yellow" if st.inactive_reason else "green"
+    return Panel(Group(*body), title=st.url, border_style=border)
 
 
 def daemon_panel(daemon: dict[str, Any]) -> Panel:
@@ -235,7 +243,12 @@ def status(
         str | None, typer.Option(help="The specctl daemon's metrics address (its metrics_port).")
     ] = None,
     window: Annotated[
-        float, typer.Option(min=0.0, help="Seconds between the two /metrics scrapes.")
+        float,
+        typer.Option(
+            min=MIN_WINDOW_S,
+            help="Seconds between the two /metrics scrapes (at least 0.5: shorter windows "
+            "hold a handful of iterations, and their rates mean little).",
+        ),
     ] = 3.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
 ) -> None:
@@ -245,12 +258,16 @@ def status(
 
       specctl status --url http://127.0.0.1:30000
 
-      specctl status --url http://gpu1:30000 --url http://gpu2:30000 --daemon-url http://127.0.0.1:9464
+      specctl status --url http://gpu1:30000 --url http://gpu2:30000 --daemon-url http://127.0.0.1:9465
 
       specctl status --url http://127.0.0.1:30000 --json --window 10 | jq '.servers[0].depths'
 
     Exit status 1 if any server or the daemon could not be read.
     """
+    for option, value in [("--url", u) for u in url] + [("--daemon-url", daemon_url)]:
+        problem = None if value is None else url_problem(value)
+        if problem is not None:
+            raise typer.BadParameter(problem, param_hint=option)
     statuses = collect(url, admin_key, window)
     daemon = read_daemon(daemon_url) if daemon_url else None
     failed = any(s.error for s in statuses) or bool(daemon and daemon.get("error"))

@@ -102,14 +102,15 @@ class SimulatedServer:
         if seconds < 0:
             raise ValueError(f"seconds must be >= 0, got {seconds}")
         with self._lock:
-            self._target = max(self._target, self.engine.now) + seconds
+            # Nominal time: an iteration that ends past the target must not push later targets.
+            self._target += seconds
             self.engine.run_until(self._target)
 
     def advance_to(self, sim_time: float) -> None:
         """Run the simulation until `sim_time` (no-op if already past it)."""
         with self._lock:
+            self._target = max(self._target, sim_time)
             if sim_time > self.engine.now:
-                self._target = sim_time
                 self.engine.run_until(sim_time)
 
     def set_concurrency(self, concurrency: float | None) -> None:
@@ -241,13 +242,20 @@ class SimulatedServer:
 
     def specctl_state(self) -> dict[str, Any]:
         with self._lock:
-            return contract.server_state(
+            state = contract.server_state(
                 self._table,
                 self._captured,
                 source=self._source,
                 last_rejection=self._last_rejection,
                 applied_iteration=self._applied_iteration,
             )
+            # The plugin's extra keys (sglang_hooks/runtime.py), so readers see the same shape:
+            # the simulated plugin is always active and attributes every result.
+            state["active"] = True
+            state["inactive_reason"] = None
+            state["iteration"] = self.engine.forward_ct
+            state["unattributed_results"] = 0
+            return state
 
     # ------------------------------------------------------------------ readback
 

@@ -44,9 +44,21 @@ class ServerState:
     source: str
     last_rejection: str | None
     ranks: int
+    # The plugin's extras: an inactive plugin refuses every push (None: not reported).
+    inactive_reason: str | None = None
 
     def describe(self) -> str:
         return "released (SGLang's own choice)" if self.table is None else self.table.describe()
+
+
+def _inactive_reason(ranks: list[dict[str, Any]]) -> str | None:
+    """Why the plugin is inactive on some DP rank, or None if every rank steers (or the
+    server does not report `active`, as older plugins did not)."""
+    for i, rank in enumerate(ranks):
+        if rank.get("active", True) is False:
+            reason = rank.get("inactive_reason") or "no reason reported"
+            return reason if len(ranks) == 1 else f"DP rank {i}: {reason}"
+    return None
 
 
 class ServerClient:
@@ -127,6 +139,7 @@ class ServerClient:
             source=str(first.get("source", "?")),
             last_rejection=first.get("last_rejection"),
             ranks=len(ranks),
+            inactive_reason=_inactive_reason(ranks),
         )
 
     def metrics_text(self) -> str:

@@ -8,6 +8,8 @@ from typing import Annotated
 import typer
 
 from controller.cli_app import app
+from controller.cli_args import parse_int_list
+from sglang_hooks.contract import MAX_DEPTH
 from sims.profile import Profile, ProfileError, builtin_profiles, load_profile
 
 sim_app = typer.Typer(help="Simulated SGLang server: sweeps, a served stand-in, evaluations.")
@@ -19,18 +21,6 @@ def _profile(name_or_path: str) -> Profile:
         return load_profile(name_or_path)
     except ProfileError as err:
         raise typer.BadParameter(str(err), param_hint="--profile") from None
-
-
-def _int_list(text: str, option: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        raise typer.BadParameter(
-            f"expected comma-separated integers like 1,2,4, got {text!r}", param_hint=option
-        ) from None
-    if not values or min(values) < 0:
-        raise typer.BadParameter("give at least one integer >= 0", param_hint=option)
-    return values
 
 
 @sim_app.command("profiles")
@@ -82,16 +72,26 @@ def sweep(
     from sims.sweep import SweepSpec, render_table, run_sweep
 
     prof = _profile(profile)
-    conc = _int_list(concurrency, "--concurrency")
-    if min(conc) < 1:
-        raise typer.BadParameter("client counts must be >= 1", param_hint="--concurrency")
-    depth_list = _int_list(depths, "--depths") if depths else list(prof.captured_depths)
+    conc = list(parse_int_list(concurrency, "--concurrency", 1))
+    depth_list = (
+        list(parse_int_list(depths, "--depths", 0, MAX_DEPTH))
+        if depths
+        else list(prof.captured_depths)
+    )
     bad = [d for d in depth_list if d not in prof.captured_depths]
     if bad:
         raise typer.BadParameter(
             f"depth {bad[0]} is not captured by profile {prof.name} "
             f"(captured: {prof.captured_depths})",
             param_hint="--depths",
+        )
+    if duration <= 0:
+        raise typer.BadParameter(f"must be > 0, got {duration:g}", param_hint="--duration")
+    if not 0 <= warmup < duration:
+        raise typer.BadParameter(
+            f"must be >= 0 and shorter than --duration ({duration:g} s), got {warmup:g}: "
+            "the warm-up is the start-up ramp, the scored window must be longer",
+            param_hint="--warmup",
         )
     if phase is not None and phase not in prof.acceptance.phases:
         raise typer.BadParameter(
@@ -121,6 +121,8 @@ def sweep(
         result = run_sweep(prof, spec, on_point=lambda: progress.advance(task))
     for table in render_table(result):
         console.print(table)
+    for warning in result.warnings():
+        console.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
 
 
 @sim_app.command("serve")
@@ -168,7 +170,15 @@ def serve(
         api_key=api_key,
         speculative=speculative,
     )
-    served = ServedSimulation(server, host=host, port=port, speedup=speedup, log_level="info")
+    try:
+        served = ServedSimulation(server, host=host, port=port, speedup=speedup, log_level="info")
+    except OSError as err:
+        typer.echo(
+            f"error: cannot listen on {host}:{port} ({err.strerror or err}); pick another "
+            "--port (0 picks a free one) or stop what is using it",
+            err=True,
+        )
+        raise typer.Exit(2) from None
     typer.echo(
         f"simulated {prof.name} ({'EAGLE-3' if speculative else 'no speculation'}) on "
         f"{served.base_url}, clock x{speedup:g}; Ctrl-C to stop"

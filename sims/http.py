@@ -371,7 +371,11 @@ class ServedSimulation:
         self.host = host
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, port))
+        try:
+            self._sock.bind((host, port))
+        except OSError:
+            self._sock.close()  # the caller reports the port; leave no socket behind
+            raise
         self.port = self._sock.getsockname()[1]
         config = uvicorn.Config(
             create_app(server), log_level=log_level, access_log=False, lifespan="off"

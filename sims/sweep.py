@@ -46,6 +46,25 @@ class Point:
     step_ms: float
     accept_length: float
     depth_share: dict[int, float] = field(default_factory=dict)
+    decode_iterations: int = 0  # in the scored window
+    completed: int = 0  # requests finished in the scored window
+
+    @property
+    def decoded(self) -> bool:
+        """Whether any decode iteration ran in the scored window (else: prefill only)."""
+        return self.decode_iterations > 0
+
+    @property
+    def enough_requests(self) -> bool:
+        """At least one finished request per client in the window: past the start-up ramp.
+
+        With fewer, the window saw mostly the first wave of prefills and the number says
+        little about steady throughput."""
+        return self.completed >= self.concurrency
+
+    @property
+    def scored(self) -> bool:
+        return self.decoded and self.enough_requests
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -53,8 +72,11 @@ class Point:
             "depth": self.depth,
             "concurrency": self.concurrency,
             "tok_per_s": round(self.tok_per_s, 2),
-            "step_ms": round(self.step_ms, 3),
-            "accept_length": round(self.accept_length, 4),
+            "step_ms": round(self.step_ms, 3) if self.decoded else None,
+            "accept_length": round(self.accept_length, 4) if self.decoded else None,
+            "decode_iterations": self.decode_iterations,
+            "completed_requests": self.completed,
+            "scored": self.scored,
         }
 
 
@@ -99,6 +121,8 @@ def _point(mode: str, depth: int | None, c: int, a: SimStats, b: SimStats) -> Po
         step_ms=1000 * gpu / iters if iters else 0.0,
         accept_length=toks / steps if steps else 0.0,
         depth_share=share,
+        decode_iterations=iters,
+        completed=b.completed_requests - a.completed_requests,
     )
 
 
@@ -117,12 +141,41 @@ class SweepResult:
     def nospec(self, concurrency: int) -> Point:
         return next(r for r in self.rows if r.mode == "nospec" and r.concurrency == concurrency)
 
+    def scored(self, concurrency: int) -> bool:
+        """Every fixed depth and the no-spec server were measured in steady state at this
+        concurrency, so they can be compared."""
+        return all(r.scored for r in self.rows if r.concurrency == concurrency)
+
+    def unscored_concurrency(self) -> list[int]:
+        return [c for c in self.spec.concurrency if not self.scored(c)]
+
     def crossover_concurrency(self) -> int | None:
-        """Smallest swept concurrency at which no speculation beats every fixed depth."""
+        """Smallest scored concurrency at which no speculation beats every fixed depth."""
         for c in self.spec.concurrency:
-            if self.nospec(c).tok_per_s > self.best_fixed(c).tok_per_s:
+            if self.scored(c) and self.nospec(c).tok_per_s > self.best_fixed(c).tok_per_s:
                 return c
         return None
+
+    def warnings(self) -> list[str]:
+        """Why some concurrencies are left out of the comparison, and what to change."""
+        out = []
+        for c in self.unscored_concurrency():
+            rows = [r for r in self.rows if r.concurrency == c]
+            idle = [_label(r) for r in rows if not r.decoded]
+            few = [_label(r) for r in rows if r.decoded and not r.enough_requests]
+            why = []
+            if idle:
+                why.append(f"no decode iteration in the scored window ({', '.join(idle)})")
+            if few:
+                done = min(r.completed for r in rows if r.decoded and not r.enough_requests)
+                why.append(
+                    f"fewer requests finished than clients ({', '.join(few)}; as few as {done})"
+                )
+            out.append(
+                f"C={c} not scored: {'; '.join(why)}. The {self.spec.duration_s:g} s window "
+                "only saw the start-up ramp: raise --duration (and --warmup)"
+            )
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -152,11 +205,18 @@ class SweepResult:
                     "concurrency": c,
                     "depth": self.best_fixed(c).depth,
                     "tok_per_s": round(self.best_fixed(c).tok_per_s, 2),
+                    "scored": self.scored(c),
                 }
                 for c in self.spec.concurrency
             ],
             "crossover_concurrency": self.crossover_concurrency(),
+            "unscored_concurrency": self.unscored_concurrency(),
+            "warnings": self.warnings(),
         }
+
+
+def _label(p: Point) -> str:
+    return "no spec" if p.mode == "nospec" else f"d{p.depth}"
 
 
 def run_sweep(
@@ -178,7 +238,7 @@ def run_sweep(
         p = _point("oracle", None, c, a, b)
         main = max(p.depth_share, key=lambda d: p.depth_share[d]) if p.depth_share else None
         oracle.append(Point("oracle", main, c, p.tok_per_s, p.step_ms, p.accept_length,
-                            p.depth_share))  # fmt: skip
+                            p.depth_share, p.decode_iterations, p.completed))  # fmt: skip
         tick()
         if spec.include_adaptive:
             a, b = run_point(profile, spec, c)
@@ -187,13 +247,30 @@ def run_sweep(
     return SweepResult(profile.name, spec, rows, oracle, adaptive)
 
 
+def _tok_cell(p: Point, bold: bool = False) -> str:
+    if not p.decoded:
+        return "-"
+    text = f"{p.tok_per_s:.1f}"
+    if not p.enough_requests:
+        return f"[dim]{text}?[/dim]"
+    return f"[bold]{text}[/bold]" if bold else text
+
+
+def _step_cell(p: Point) -> str:
+    return f"{p.step_ms:.1f}" if p.decoded else "-"
+
+
 def render_table(result: SweepResult) -> list[Table]:
-    """Two tables: closed-loop tok/s per concurrency, then decode step time (ms) per depth."""
+    """Two tables: closed-loop tok/s per concurrency, then decode step time (ms) per depth.
+
+    A point with no decode iteration in its scored window shows `-`; one where fewer requests
+    finished than there are clients is dimmed with `?`; neither counts in the `best` column or
+    the caption (`SweepResult.warnings()` says why, for the caller to print)."""
     spec = result.spec
-    accept = {
-        d: next(r.accept_length for r in result.rows if r.mode == "spec" and r.depth == d)
-        for d in spec.depths
-    }
+    accept: dict[int, float | None] = {}
+    for d in spec.depths:
+        decoded = [r for r in result.rows if r.mode == "spec" and r.depth == d and r.decoded]
+        accept[d] = decoded[0].accept_length if decoded else None
     tput = Table(
         title=(
             f"{result.profile}: closed-loop tok/s ({spec.prompt_tokens} prompt / "
@@ -202,7 +279,8 @@ def render_table(result: SweepResult) -> list[Table]:
     )
     tput.add_column("C", justify="right")
     for d in spec.depths:
-        tput.add_column(f"d{d}\nL={accept[d]:.2f}", justify="right")
+        length = "-" if accept[d] is None else f"{accept[d]:.2f}"
+        tput.add_column(f"d{d}\nL={length}", justify="right")
     tput.add_column("no spec", justify="right")
     tput.add_column("oracle", justify="right")
     if spec.include_adaptive:
@@ -216,26 +294,38 @@ def render_table(result: SweepResult) -> list[Table]:
     for i, c in enumerate(spec.concurrency):
         best = result.best_fixed(c)
         nospec = result.nospec(c)
+        scored = result.scored(c)
         cells, step_cells = [str(c)], [str(c)]
         for d in spec.depths:
             r = next(
                 x for x in result.rows if x.mode == "spec" and x.depth == d and x.concurrency == c
             )
-            cells.append(f"[bold]{r.tok_per_s:.1f}[/bold]" if r is best else f"{r.tok_per_s:.1f}")
-            step_cells.append(f"{r.step_ms:.1f}")
-        cells.append(f"{nospec.tok_per_s:.1f}")
-        step_cells.append(f"{nospec.step_ms:.1f}")
+            cells.append(_tok_cell(r, bold=scored and r is best))
+            step_cells.append(_step_cell(r))
+        cells.append(_tok_cell(nospec))
+        step_cells.append(_step_cell(nospec))
         o = result.oracle[i]
-        cells.append(f"{o.tok_per_s:.1f} d{o.depth}")
+        cells.append(_tok_cell(o) + ("" if o.depth is None else f" d{o.depth}"))
         if spec.include_adaptive:
-            cells.append(f"{result.adaptive[i].tok_per_s:.1f}")
-        cells.append("no spec" if nospec.tok_per_s > best.tok_per_s else f"d{best.depth}")
+            cells.append(_tok_cell(result.adaptive[i]))
+        if not scored:
+            cells.append("-")
+        else:
+            cells.append("no spec" if nospec.tok_per_s > best.tok_per_s else f"d{best.depth}")
         tput.add_row(*cells)
         steps.add_row(*step_cells)
     cross = result.crossover_concurrency()
-    tput.caption = (
-        f"a server without speculation wins from C={cross}"
-        if cross is not None
-        else "speculation wins at every swept concurrency"
-    )
+    unscored = result.unscored_concurrency()
+    if cross is not None:
+        caption = f"a server without speculation wins from C={cross}"
+    elif unscored and len(unscored) == len(spec.concurrency):
+        caption = "no concurrency could be scored"
+    elif unscored:
+        caption = "speculation wins at every scored concurrency"
+    else:
+        caption = "speculation wins at every swept concurrency"
+    if unscored:
+        listed = ", ".join(map(str, unscored))
+        caption += f"; not scored: C={listed} (-: no decode, ?: too few requests)"
+    tput.caption = caption
     return [tput, steps]

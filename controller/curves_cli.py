@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from models.samples import Sample
 from sglang_hooks.contract import BS_BUCKET_EDGES, PolicyError, PolicyTable, bs_bucket, parse_table
 
 DEFAULT_STORE = StoreConfig.model_validate({}).resolved_path()
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
 class CurvesError(RuntimeError):
@@ -102,6 +104,21 @@ def measured_points(samples: Sequence[Sample]) -> list[MeasuredPoint]:
             continue
         out.append(MeasuredPoint(d, b, rs / it, tok / gpu, tok / rs, 1000 * gpu / it, it, int(n)))
     return out
+
+
+def plot_path_problem(path: Path, option: str = "--plot") -> str | None:
+    """Why a figure cannot be written to `path` (checked before any work), or None."""
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        return (
+            f"{option} {path}: unsupported format {path.suffix or '(no suffix)'!r}; "
+            f"use one of {', '.join(PLOT_SUFFIXES)}"
+        )
+    parent = path.parent
+    if not parent.is_dir():
+        return f"{option} {path}: folder {parent} does not exist; create it or pick another path"
+    if not os.access(parent, os.W_OK):
+        return f"{option} {path}: folder {parent} is not writable"
+    return None
 
 
 def open_store(path: Path) -> Store:
@@ -383,14 +400,19 @@ def curves(
 
       specctl curves --store ~/.local/state/specctl/simulated.sqlite
 
-      specctl curves --group kimi-k25-8x --plot curves.png
+      specctl curves --group kimi-k25-8x-rtxpro6000-pcie --plot curves.png
 
       specctl curves --target gpu1 --json | jq '.crossovers'
     """
+    err_console = Console(stderr=True, soft_wrap=True)  # one line per error, even in a pipe
+    problem = None if plot is None else plot_path_problem(plot)
+    if problem is not None:
+        err_console.print(f"[red]error:[/red] {problem}")
+        raise typer.Exit(2)
     try:
         model = load_group_model(store, group, target, snapshot)
     except CurvesError as err:
-        Console(stderr=True).print(f"[red]error:[/red] {err}")
+        err_console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from None
     proposal = model.propose()
     if as_json:
@@ -412,7 +434,11 @@ def curves(
             f"proposed now: [bold]{proposal.table.describe()}[/bold]  ({proposal.reason})"
         )
     if plot is not None:
-        plot_curves(model, proposal, plot)
+        try:
+            plot_curves(model, proposal, plot)
+        except OSError as err:
+            err_console.print(f"[red]error:[/red] --plot {plot}: cannot write it ({err})")
+            raise typer.Exit(2) from None
         if not as_json:
             Console().print(f"wrote {plot}")
 

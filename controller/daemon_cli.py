@@ -6,6 +6,7 @@ import contextlib
 import logging
 import math
 import signal
+import sqlite3
 import sys
 import threading
 import time
@@ -68,6 +69,13 @@ def open_controller(cfg: ControllerConfig) -> tuple[Controller, dict[str, object
         controller = Controller(cfg, store, transports, metrics=metrics)
     except (ConfigError, StoreError, FrozenPolicyError, ValueError) as err:
         raise fail(str(err)) from None
+    except (OSError, sqlite3.Error) as err:
+        # An unusable store.path (a file where a folder should be, no permission, read-only).
+        detail = err.strerror if isinstance(err, OSError) and err.strerror else str(err)
+        raise fail(
+            f"store.path {cfg.store.resolved_path()}: cannot open the store ({detail}); "
+            "set store.path to a writable location"
+        ) from None
     return controller, dict(sims), metrics
 
 

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from controller.bench.server_client import ServerClient, ServerError
 from controller.cli_app import app
+from controller.cli_args import url_problem
 from controller.curves_cli import DEFAULT_STORE, CurvesError, GroupModel, load_group_model
 from controller.policy_file import PolicyFile, PolicyFileError, Provenance, TimeWindow, dump, load
 from sglang_hooks.contract import PolicyTable, Tier
@@ -141,18 +142,24 @@ def freeze(
 
       specctl freeze --check policy.yaml --url http://127.0.0.1:30000
     """
-    console = Console()
-    err = Console(stderr=True)
+    # soft_wrap: each message stays one line when the output is a file or a pipe.
+    console = Console(soft_wrap=True)
+    err = Console(stderr=True, soft_wrap=True)
+    if url is not None and (problem := url_problem(url)) is not None:
+        raise typer.BadParameter(problem, param_hint="--url")
     try:
         if check_file is not None:
             check(check_file, url, console)
             return
         model = load_group_model(store, group)
         policy = build_policy(model)
+        dump(policy, out)
     except (PolicyFileError, CurvesError, ServerError) as e:
         err.print(f"[red]error:[/red] {e}")
         raise typer.Exit(2) from None
-    dump(policy, out)
+    except OSError as e:
+        err.print(f"[red]error:[/red] --out {out}: cannot write it ({e.strerror or e})")
+        raise typer.Exit(2) from None
     prov = policy.provenance
     console.print(
         f"wrote {out}: [bold]{policy.table.describe()}[/bold] (version {policy.table.version})"

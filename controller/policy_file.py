@@ -50,7 +50,8 @@ class PolicyFileError(ValueError):
 
     def __init__(self, path: Path, field: str, message: str) -> None:
         self.path, self.field, self.message = path, field, message
-        super().__init__(f"{path}: {field}: {message}")
+        # field "" = the file as a whole (missing, unreadable): "<path>: <message>".
+        super().__init__(f"{path}: {field}: {message}" if field else f"{path}: {message}")
 
 
 class TimeWindow(BaseModel):
@@ -93,9 +94,9 @@ def load(path: str | Path, captured_depths: Iterable[int] | None = None) -> Poli
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise PolicyFileError(p, "(file)", "not found") from None
+        raise PolicyFileError(p, "", "no such file") from None
     except OSError as err:
-        raise PolicyFileError(p, "(file)", f"cannot read: {err.strerror or err}") from None
+        raise PolicyFileError(p, "", f"cannot read: {err.strerror or err}") from None
     return loads(text, p, captured_depths)
 
 

@@ -49,6 +49,6 @@ def test_status_shows_the_live_table_and_recent_per_depth_activity(sim_server) -
 
 
 def test_status_names_an_unreachable_server_and_exits_1() -> None:
-    result = CliRunner().invoke(app, ["status", "--url", "http://127.0.0.1:9", "--window", "0"])
+    result = CliRunner().invoke(app, ["status", "--url", "http://127.0.0.1:9", "--window", "0.5"])
     assert result.exit_code == 1
     assert "cannot reach http://127.0.0.1:9" in " ".join(result.output.split())

@@ -22,7 +22,13 @@ from controller.daemon import Controller
 from controller.frozen import FrozenPolicyError
 from controller.model import validate_learner_overrides
 from controller.own_metrics import DaemonMetrics
-from controller.runner import TickInfo, build_transports, run_simulated, run_wall
+from controller.runner import (
+    TickInfo,
+    build_transports,
+    resume_after_store,
+    run_simulated,
+    run_wall,
+)
 from controller.store import Store, StoreError
 
 log = logging.getLogger("specctl.daemon")
@@ -111,7 +117,11 @@ def run_daemon(cfg: ControllerConfig, stop: threading.Event | None = None) -> Co
     try:
         progress = _Progress(controller, every_s=max(60.0, cfg.schedule.decide_interval_s * 4))
         if cfg.schedule.clock == "simulated":
-            until = math.inf if cfg.schedule.duration_s is None else cfg.schedule.duration_s
+            sims, offset = resume_after_store(controller, sims)  # type: ignore[arg-type]
+            if offset:
+                log.info("simulated clock resumes at t=%.0f s, after the stored records", offset)
+            duration = math.inf if cfg.schedule.duration_s is None else cfg.schedule.duration_s
+            until = offset + duration
 
             def on_tick(info: TickInfo) -> None:
                 sim_now[0] = info.now

@@ -78,6 +78,52 @@ def build_transports(
     return transports, sims
 
 
+class ResumedClock:
+    """A simulated server whose clock reads `offset` seconds ahead of its own.
+
+    A fresh simulated server starts at t=0; a store filled by an earlier run already holds
+    samples and pushes up to some later t. Resuming after them keeps time monotonic in the
+    store, so the earlier run's records stay in the past (a pending push check from it is due
+    at once) instead of lying in this run's future.
+    """
+
+    def __init__(self, inner: ClockedServer, offset: float) -> None:
+        self.inner = inner
+        self.offset = offset
+
+    @property
+    def now(self) -> float:
+        return self.inner.now + self.offset
+
+    def advance(self, seconds: float) -> None:
+        self.inner.advance(seconds)
+
+    def metrics_text(self) -> str:
+        return self.inner.metrics_text()
+
+    def server_info(self) -> dict[str, Any]:
+        return self.inner.server_info()
+
+    def set_internal_state(
+        self, body: dict[str, Any], authorization: str | None
+    ) -> tuple[int, Any]:
+        return self.inner.set_internal_state(body, authorization)
+
+
+def resume_after_store(
+    controller: Controller, sims: dict[str, ClockedServer]
+) -> tuple[dict[str, ClockedServer], float]:
+    """Shift simulated clocks past the store's last record; returns (servers, offset)."""
+    store = controller.store
+    times = [store.last_sample_time(target=name) for name in controller.targets]
+    times += [p.t for p in store.pushes()[-1:]]
+    last = max((t for t in times if t is not None), default=None)
+    if last is None:
+        return sims, 0.0
+    offset = last + controller.config.schedule.scrape_interval_s
+    return {name: ResumedClock(s, offset) for name, s in sims.items()}, offset
+
+
 @dataclass
 class TickInfo:
     now: float

@@ -53,3 +53,26 @@ def test_simulated_daemon_run_logs_pushes_and_stores_samples(tmp_path):
     store = Store(db)
     assert store.count_samples("sim") > 50
     assert len(store.pushes("sim")) == len(pushes)
+
+
+def test_second_simulated_run_on_the_same_store_resumes_and_learns(tmp_path):
+    """A fresh simulated server starts at t=0; the store's earlier records must stay past."""
+    cfg = tmp_path / "controller.yaml"
+    db = tmp_path / "s.sqlite"
+    cfg.write_text(
+        "targets: [{name: sim, simulated: {profile: kimi-k25-8x-rtxpro6000-pcie}}]\n"
+        "schedule: {clock: simulated, speedup: 1000000, duration_s: 720}\n"
+        f"store: {{path: '{db}'}}\nmetrics: {{enabled: false}}\n"
+    )
+    from controller.store import Store
+
+    first = CliRunner().invoke(app, ["daemon", "--config", str(cfg)])
+    assert first.exit_code == 0, first.output
+    first_end = Store(db).last_sample_time(target="sim")
+    first_pushes = len(Store(db).pushes("sim"))
+    second = CliRunner().invoke(app, ["daemon", "--config", str(cfg)])
+    assert second.exit_code == 0, second.output
+    assert "simulated clock resumes" in second.output
+    store = Store(db)
+    assert first_end is not None and store.last_sample_time(target="sim") > first_end + 600
+    assert len(store.pushes("sim")) > first_pushes

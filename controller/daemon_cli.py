@@ -23,6 +23,7 @@ from controller.frozen import FrozenPolicyError
 from controller.model import validate_learner_overrides
 from controller.own_metrics import DaemonMetrics
 from controller.runner import (
+    ClockedServer,
     TickInfo,
     build_transports,
     resume_after_store,
@@ -63,7 +64,9 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def open_controller(cfg: ControllerConfig) -> tuple[Controller, dict[str, object], DaemonMetrics]:
+def open_controller(
+    cfg: ControllerConfig,
+) -> tuple[Controller, dict[str, ClockedServer], DaemonMetrics]:
     """Build transports, store, metrics and controller; raise typer.Exit on bad input."""
     problem = validate_learner_overrides(dict(cfg.learner))
     if problem:
@@ -82,7 +85,7 @@ def open_controller(cfg: ControllerConfig) -> tuple[Controller, dict[str, object
             f"store.path {cfg.store.resolved_path()}: cannot open the store ({detail}); "
             "set store.path to a writable location"
         ) from None
-    return controller, dict(sims), metrics
+    return controller, sims, metrics
 
 
 def run_daemon(cfg: ControllerConfig, stop: threading.Event | None = None) -> Controller:
@@ -117,7 +120,7 @@ def run_daemon(cfg: ControllerConfig, stop: threading.Event | None = None) -> Co
     try:
         progress = _Progress(controller, every_s=max(60.0, cfg.schedule.decide_interval_s * 4))
         if cfg.schedule.clock == "simulated":
-            sims, offset = resume_after_store(controller, sims)  # type: ignore[arg-type]
+            sims, offset = resume_after_store(controller, sims)
             if offset:
                 log.info("simulated clock resumes at t=%.0f s, after the stored records", offset)
             duration = math.inf if cfg.schedule.duration_s is None else cfg.schedule.duration_s
@@ -129,7 +132,7 @@ def run_daemon(cfg: ControllerConfig, stop: threading.Event | None = None) -> Co
 
             run_simulated(
                 controller,
-                sims,  # type: ignore[arg-type]
+                sims,
                 until_s=until,
                 speedup=cfg.schedule.speedup,
                 on_tick=on_tick,

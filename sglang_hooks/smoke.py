@@ -6,8 +6,8 @@ It checks, on a real server: the plugin is loaded and active (/server_info), a p
 is applied ([true]) and reported, a malformed and an uncaptured-depth table get HTTP 400,
 and, while a few concurrent requests decode, each forced depth makes its own per-depth
 counter move on /metrics; at the end it puts back the table that was live before (a start-up
-policy table, a daemon's push, or none). It needs a GPU server; it has not been run in specctl's CI, which
-has no GPU (see docs/sglang.md).
+policy table, a daemon's push, or none). It needs a GPU server; it has not been run in
+specctl's CI, which has no GPU (see docs/sglang.md).
 """
 
 from __future__ import annotations
@@ -123,9 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop.set()
         r = client.post("/set_internal_state", json=push_body(previous))
-        before = "none (SGLang's own choice)" if previous is None else previous.describe()
+        was = "none (SGLang's own choice)" if previous is None else previous.describe()
         results.append(_check(r.status_code == 200 and all(r.json()),
-                              f"previous table restored: {before}"))
+                              f"previous table restored: {was}"))
     print(f"{sum(results)} passed, {len(results) - sum(results)} failed")
     return 0 if all(results) else 1
 

@@ -8,8 +8,8 @@ beside CPU torch:
   package would import triton first) and run its installer with the platform checks
   pointed at "macOS/MPS" for the duration of the call, so SGLang's code, not ours, decides
   what the stand-in contains.
-- `torchvision`: PyPI's build is tied to CUDA torch. SGLang imports it only through
-  multimodal helpers that the classes under test never call, so an empty module with a
+- `torchvision`: the published torchvision wheel is tied to CUDA torch. SGLang imports it
+  only through multimodal helpers that the classes under test never call, so an empty module with a
   version string is enough; transformers is told it is absent so it does not probe it.
 
 Nothing here stands in for SGLang itself: every SGLang class the tests use is the real one.

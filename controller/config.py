@@ -15,6 +15,8 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from controller.cli_args import url_problem
+
 DEFAULT_CONFIG_RESOURCE = "default.yaml"
 
 PosFloat = Annotated[float, Field(gt=0.0)]
@@ -42,7 +44,7 @@ class SimulatedTarget(_Strict):
 class TargetConfig(_Strict):
     name: str = Field(description="Label used in logs, the store and the daemon's metrics")
     url: str | None = Field(
-        None, description="Base URL of the SGLang server, e.g. http://10.0.0.5:30000"
+        None, description="Base URL of the SGLang server, e.g. http://gpu-node-1:30000"
     )
     simulated: SimulatedTarget | None = Field(
         None, description="Run a simulated server in-process instead of scraping a URL"
@@ -83,8 +85,9 @@ class TargetConfig(_Strict):
     def _one_kind(self) -> TargetConfig:
         if (self.url is None) == (self.simulated is None):
             raise ValueError("set exactly one of 'url' (a real server) or 'simulated'")
-        if self.url is not None and not self.url.startswith(("http://", "https://")):
-            raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
+        problem = None if self.url is None else url_problem(self.url)
+        if problem is not None:
+            raise ValueError(f"url {problem}")
         if self.source == "prometheus":
             if self.prometheus_url is None:
                 raise ValueError("source is 'prometheus': set prometheus_url")

@@ -54,8 +54,10 @@ def test_config_errors_name_the_field(data, expected):
 
 
 def test_url_error_says_what_to_write():
-    with pytest.raises(ConfigError, match=r"targets\[0\]: url must start with http://"):
+    with pytest.raises(ConfigError, match=r"targets\[0\]: url 'localhost:30000' has no scheme: add http://"):
         parse_config({"targets": [{"name": "a", "url": "localhost:30000"}]})
+    with pytest.raises(ConfigError, match=r"targets\[0\]: url must start with http:// or https://"):
+        parse_config({"targets": [{"name": "a", "url": "ftp://localhost:30000"}]})
 
 
 def test_missing_file_and_bad_yaml(tmp_path):

@@ -117,13 +117,26 @@ class PolicyTable:
         return {"version": self.version, "tiers": [t.to_json() for t in self.tiers]}
 
     def describe(self) -> str:
-        """One line a person can read: `1-7: d3 | 8-31: d1 | 32+: off`."""
+        """One line a person can read: `1-7: d3 | 8-31: d1 (probes) | 32+: off`.
+
+        Adjacent tiers that run the same depth are shown as one span (a learned table splits
+        them only to give their batch sizes different probe shares); "(probes)" marks a span
+        in which some iterations explore other depths.
+        """
+        spans: list[tuple[int, int, bool]] = []  # (min_batch, depth, probes)
+        for t in self.tiers:
+            probes = t.explore_share > 0.0
+            if spans and spans[-1][1] == t.depth:
+                lo, depth, seen = spans[-1]
+                spans[-1] = (lo, depth, seen or probes)
+            else:
+                spans.append((t.min_batch, t.depth, probes))
         parts = []
-        for i, t in enumerate(self.tiers):
-            hi = self.tiers[i + 1].min_batch - 1 if i + 1 < len(self.tiers) else None
-            span = f"{t.min_batch}+" if hi is None else f"{t.min_batch}-{hi}"
-            depth = "off" if t.depth == 0 else f"d{t.depth}"
-            parts.append(f"{span}: {depth}")
+        for i, (lo, depth, probes) in enumerate(spans):
+            hi = spans[i + 1][0] - 1 if i + 1 < len(spans) else None
+            span = f"{lo}+" if hi is None else f"{lo}-{hi}"
+            label = "off" if depth == 0 else f"d{depth}"
+            parts.append(f"{span}: {label}" + (" (probes)" if probes else ""))
         return " | ".join(parts)
 
 

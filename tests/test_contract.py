@@ -45,7 +45,10 @@ def table() -> PolicyTable:
 def test_plain_reading_partitions_batch_sizes() -> None:
     t = table()
     assert [t.depth_for(b) for b in (1, 7, 8, 31, 32, 500)] == [3, 3, 1, 1, 0, 0]
-    assert t.describe() == "1-7: d3 | 8-31: d1 | 32+: off"
+    assert t.describe() == "1-7: d3 | 8-31: d1 (probes) | 32+: off"
+    split = PolicyTable.build([Tier(1, 2), Tier(4, 2, explore_share=0.01, explore_depths=(1,)),
+                               Tier(9, 1)])
+    assert split.describe() == "1-8: d2 (probes) | 9+: d1"
     assert t.depths == {0, 1, 3}
 
 

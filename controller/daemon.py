@@ -402,7 +402,12 @@ class Controller:
         else:
             self._note_refusal(st, now, detail)
         desc = "release (SGLang's own choice)" if table is None else table.describe()
-        log.info("push %s [%s] %s -> %s: %s | %s", st.name, kind, desc, outcome, reason, detail)
+        # A learned reason already opens with the table's summary: say it once.
+        why = reason[len(desc) :].lstrip("; ") if reason.startswith(desc) else reason
+        version = "" if table is None else f" v{table.version}"
+        log.info(
+            "push %s [%s]%s %s -> %s; %s | %s", st.name, kind, version, desc, outcome, why, detail
+        )
         event = PushEvent(now, st.name, kind, outcome, table, reason)
         self.events.append(event)
         return event

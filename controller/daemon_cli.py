@@ -18,7 +18,7 @@ import typer
 
 from controller.cli_app import app
 from controller.config import ConfigError, ControllerConfig, load_config
-from controller.daemon import Controller
+from controller.daemon import Controller, TargetState
 from controller.frozen import FrozenPolicyError
 from controller.model import validate_learner_overrides
 from controller.own_metrics import DaemonMetrics
@@ -165,9 +165,17 @@ class _Progress:
         c = self.controller
         parts = []
         for name, st in c.targets.items():
-            live = "?" if st.live is None or st.live.table is None else st.live.table.describe()
-            parts.append(f"{name}: {live}")
+            parts.append(f"{name}: {_table_status(st)}")
         log.info("progress: %d samples stored; %s", c.store.count_samples(), "; ".join(parts))
+
+
+def _table_status(st: TargetState) -> str:
+    """What the target runs, as far as the daemon knows between two reads of /server_info."""
+    if st.live is not None:
+        return "SGLang's own choice" if st.live.table is None else st.live.table.describe()
+    if st.pending is not None:
+        return f"{st.pending.new.describe()} (pushed, under check)"
+    return "not read yet"
 
 
 @app.command("daemon")

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from controller.scrape import ScrapeError, parse_counters, split_key
 from sglang_hooks.contract import (
-    LABEL_BUCKET,
-    LABEL_DEPTH,
     METRIC_EXPLORE_ITERATIONS,
     METRIC_GPU_SECONDS,
     METRIC_ITERATIONS,
@@ -97,23 +96,30 @@ class Scrape:
 
 
 def parse_scrape(text: str) -> Scrape:
-    """Parse Prometheus text; raise MetricsFormatError with the parser's reason on garbage."""
-    sums: dict[tuple[int, int], dict[str, float]] = {}
-    gauges: dict[str, float] = {}
+    """Parse Prometheus text; raise MetricsFormatError with the parser's reason on garbage.
+
+    The contract counters are read exactly as the daemon reads them (`parse_counters`): TP rank
+    0 and PP rank 0 only (every TP rank counts the same iterations), summed over DP ranks,
+    NaN and negative values dropped.
+    """
     try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                name = sample.name.removesuffix("_total")
-                field = _FIELD_BY_FAMILY.get(name)
-                if field is not None and LABEL_DEPTH in sample.labels:
-                    key = (int(sample.labels[LABEL_DEPTH]), int(sample.labels.get(LABEL_BUCKET, 0)))
-                    slot = sums.setdefault(key, {})
-                    slot[field] = slot.get(field, 0.0) + float(sample.value)
-                elif family.type == "gauge":
-                    # Several ranks report the same gauge; keep the largest (e.g. running reqs).
-                    gauges[sample.name] = max(gauges.get(sample.name, float("-inf")), sample.value)
-    except ValueError as err:
+        snapshot = parse_counters(text)
+        families = list(text_string_to_metric_families(text))
+    except (ScrapeError, ValueError) as err:
         raise MetricsFormatError(f"not Prometheus text format: {err}") from None
+    sums: dict[tuple[int, int], dict[str, float]] = {}
+    for key, value in snapshot.values.items():
+        family, depth, bucket, _dp_rank = split_key(key)
+        slot = sums.setdefault((depth, bucket), {})
+        field = _FIELD_BY_FAMILY[family]
+        slot[field] = slot.get(field, 0.0) + value
+    gauges: dict[str, float] = {}
+    for metric in families:
+        if metric.type != "gauge":
+            continue
+        for sample in metric.samples:
+            # Several ranks report the same gauge; keep the largest (e.g. running reqs).
+            gauges[sample.name] = max(gauges.get(sample.name, float("-inf")), sample.value)
     counters = {key: DepthWork(**fields) for key, fields in sums.items()}
     return Scrape(counters=counters, gauges=gauges)
 

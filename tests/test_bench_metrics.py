@@ -1,0 +1,38 @@
+"""bench and status read the contract counters as the daemon does: one TP rank, all DP ranks."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+
+from controller.bench.metrics import parse_scrape
+from sglang_hooks.contract import (
+    BASE_LABELS,
+    COUNTER_FAMILIES,
+    LABEL_BUCKET,
+    LABEL_DEPTH,
+    METRIC_ITERATIONS,
+    METRIC_TOKENS,
+)
+
+
+def _page(ranks: list[tuple[str, str]]) -> str:
+    """A real exposition page: the same work counted by every (tp_rank, dp_rank) given."""
+    registry = CollectorRegistry()
+    labels = (*BASE_LABELS, "dp_rank", LABEL_DEPTH, LABEL_BUCKET)
+    counters = {f: Counter(f, f, labels, registry=registry) for f in COUNTER_FAMILIES}
+    for tp, dp in ranks:
+        values = {METRIC_ITERATIONS: 10.0, METRIC_TOKENS: 50.0}
+        for family, counter in counters.items():
+            counter.labels("m", "unified", tp, "0", "0", dp, "2", "8").inc(values.get(family, 1.0))
+    return generate_latest(registry).decode()
+
+
+def test_tensor_parallel_ranks_are_not_counted_twice() -> None:
+    one = parse_scrape(_page([("0", "0")])).by_depth()[2]
+    tp4 = parse_scrape(_page([("0", "0"), ("1", "0"), ("2", "0"), ("3", "0")])).by_depth()[2]
+    assert (tp4.iterations, tp4.tokens) == (one.iterations, one.tokens) == (10.0, 50.0)
+
+
+def test_data_parallel_ranks_add_up() -> None:
+    dp2 = parse_scrape(_page([("0", "0"), ("0", "1")])).by_depth()[2]
+    assert (dp2.iterations, dp2.tokens) == (20.0, 100.0)

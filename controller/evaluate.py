@@ -42,7 +42,7 @@ from sims.oracle import OraclePolicy, decode_curves
 from sims.policies import FixedDepthPolicy
 from sims.profile import Profile, load_profile
 from sims.server import SimulatedServer
-from sims.workload import Scenario, load_scenario
+from sims.workload import Scenario, Workload, load_scenario
 
 GOOD_FRACTION = 0.95
 THRESHOLD_CHECK_S = 600.0
@@ -53,6 +53,16 @@ TWO_TIER_GRID = (2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128, 192, 25
 # ----------------------------------------------------------------------------- oracle math
 
 
+def typical_context(workload: Workload) -> float:
+    """Mean context of a running request: its prompt plus, on average, half its output.
+
+    The simulator charges KV reads at the running requests' real contexts, so tables are scored
+    at the scenario's context, not at the profile's `context_tokens` (which describes the
+    profile's reference workload: 32k tokens for the long-context profile).
+    """
+    return workload.prompt_tokens.mean + workload.output_tokens.mean / 2
+
+
 class OracleCurves:
     """Steady decode tok/s per captured depth at batch 1..cap, per acceptance phase (cached).
 
@@ -61,14 +71,17 @@ class OracleCurves:
     iteration time does not depend on the phase).
     """
 
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: Profile, context: float | None = None) -> None:
         self.profile = profile
         self.cap = profile.max_running(True)
+        self.context = context  # None: the profile's context_tokens
         self._by_phase: dict[str, dict[int, np.ndarray]] = {}
 
     def _phase(self, phase: str) -> dict[int, np.ndarray]:
         if phase not in self._by_phase:
-            _batch, curves, _nospec = decode_curves(self.profile, phase, self.cap)
+            _batch, curves, _nospec = decode_curves(
+                self.profile, phase, self.cap, context=self.context
+            )
             self._by_phase[phase] = curves
         return self._by_phase[phase]
 
@@ -414,7 +427,7 @@ class _Tracker:
         t_drift: float | None,
     ) -> None:
         self.profile = profile
-        self.oracle = OracleCurves(profile)
+        self.oracle = OracleCurves(profile, typical_context(scenario.workload))
         self.scenario = scenario
         self.controller = controller
         self.t_drift = t_drift
@@ -509,7 +522,7 @@ def evaluate(
         with ServedSimulation(server, speedup=http_speedup) as served:
             run = run_daemon_eval(profile, scenario, seed, base_url=served.base_url, server=server)
     best_static_name = max(static, key=lambda k: static[k])
-    curves = OracleCurves(profile)
+    curves = OracleCurves(profile, typical_context(scenario.workload))
     default = profile.acceptance.default_phase
     mix_10 = scenario.workload.phase_mix(THRESHOLD_CHECK_S, default)
     cross_10 = curves.crossovers(mix_10)

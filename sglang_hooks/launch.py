@@ -68,9 +68,12 @@ def _flag_value(args: Sequence[str], flag: str) -> str | None:
 
 
 def build_command(
-    sglang_args: Sequence[str], config_path: Path, python: str = "python3"
+    sglang_args: Sequence[str], config_path: Path, python: str = "python3",
+    current_plugins: str | None = None,
 ) -> tuple[list[str], dict[str, str], list[str]]:
-    """(argv, extra environment, notes for the user) for launching SGLang with the plugin."""
+    """(argv, extra environment, notes for the user) for launching SGLang with the plugin.
+
+    `current_plugins` is the SGLANG_PLUGINS value already in the environment, if any."""
     args = list(sglang_args)
     notes: list[str] = []
     if not _has_flag(args, "--speculative-algorithm"):
@@ -88,11 +91,60 @@ def build_command(
     if not _has_flag(args, "--max-running-requests"):
         notes.append("SGLang lowers --max-running-requests to 48 when speculation is on; set it "
                      "explicitly (e.g. 256) so high concurrency is admitted")
-    if not _has_flag(args, "--cuda-graph-max-bs"):
-        notes.append("set --cuda-graph-max-bs to at least the batch sizes you serve: above it "
-                     "decode runs without CUDA graphs at every depth")
+    notes += _cuda_graph_notes(args)
     argv = [python, "-m", "sglang.launch_server", *args]
-    return argv, {"SGLANG_PLUGINS": "specctl"}, notes
+    return argv, plugins_env(current_plugins), notes
+
+
+# Flags that size the decode CUDA graphs. The short spellings are 0.5.17's deprecated aliases;
+# SGLang 0.5.23 no longer has them and argparse refuses them as ambiguous prefixes of the
+# -decode/-prefill pair.
+DECODE_GRAPH_FLAGS = ("--cuda-graph-max-bs-decode", "--cuda-graph-bs-decode",
+                      "--cuda-graph-config")
+_LEGACY_GRAPH_FLAGS = {"--cuda-graph-max-bs": "--cuda-graph-max-bs-decode",
+                       "--cuda-graph-bs": "--cuda-graph-bs-decode"}
+
+
+def _cuda_graph_notes(args: Sequence[str]) -> list[str]:
+    notes = [f"{old} is a deprecated alias in SGLang 0.5.17 and refused as ambiguous by 0.5.23: "
+             f"use {new}" for old, new in _LEGACY_GRAPH_FLAGS.items() if _has_flag(args, old)]
+    if not notes and not any(_has_flag(args, f) for f in DECODE_GRAPH_FLAGS):
+        notes.append("set --cuda-graph-max-bs-decode to at least the batch sizes you serve: "
+                     "above it decode runs without CUDA graphs at every depth")
+    return notes
+
+
+PLUGINS_ENV = "SGLANG_PLUGINS"
+PLUGIN_NAME = "specctl"
+
+
+def plugins_env(current: str | None) -> dict[str, str]:
+    """SGLANG_PLUGINS for the launch, given the value already in the environment.
+
+    SGLang loads every installed plugin when the variable is unset or blank (specctl
+    included), and only the listed ones otherwise: a list gets specctl appended, never
+    replaced, so the user's other plugins keep loading.
+    """
+    names = [n.strip() for n in (current or "").split(",") if n.strip()]
+    if not names or PLUGIN_NAME in names:
+        return {}
+    return {PLUGINS_ENV: ",".join([*names, PLUGIN_NAME])}
+
+
+def check_num_steps(sglang_args: Sequence[str], depths: Sequence[int]) -> None:
+    """SGLang refuses to start when --speculative-num-steps is not a captured depth; say so
+    before launching. Raises ValueError naming both flags."""
+    value = _flag_value(sglang_args, "--speculative-num-steps")
+    if value is None:
+        return
+    try:
+        steps = int(value)
+    except ValueError:
+        raise ValueError(f"--speculative-num-steps {value!r}: expected an integer") from None
+    if steps not in depths:
+        raise ValueError(f"--speculative-num-steps {steps} is not one of --depths "
+                         f"{sorted(set(depths))}: SGLang refuses to start when the initial depth "
+                         f"is not captured; add {steps} to --depths or pick one of them")
 
 
 def admin_url(sglang_args: Sequence[str]) -> str:

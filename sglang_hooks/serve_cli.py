@@ -1,7 +1,8 @@
 """`specctl serve -- <sglang launch_server args>`: start SGLang with the plugin enabled.
 
 Adds --speculative-adaptive, an adaptive config capturing every allowed depth at every batch
-size, --enable-metrics and SGLANG_PLUGINS=specctl, then prints the admin URL for the daemon.
+size and --enable-metrics, adds specctl to SGLANG_PLUGINS when that variable lists plugins
+(unset, SGLang loads every installed plugin), then prints the admin URL for the daemon.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def serve(
         else:
             captured = depth_list
             launch.adaptive_config(depth_list)
+            launch.check_num_steps(ctx.args, depth_list)
         # Checked before anything is written or started; the path is filled in below.
         launch.build_command(ctx.args, TEMP_CONFIG_PLACEHOLDER, python=sys.executable)
     except ValueError as err:
@@ -80,9 +82,11 @@ def serve(
         notes.append(f"start-up table from {policy_file}: {table.describe()}")
         env_extra[POLICY_FILE_ENV] = str(policy_file.resolve())
     url = launch.admin_url(ctx.args)
+    plugins = os.environ.get(launch.PLUGINS_ENV)
     if dry_run:
         shown = config_out or TEMP_CONFIG_PLACEHOLDER
-        argv, env, build_notes = launch.build_command(ctx.args, shown, python=sys.executable)
+        argv, env, build_notes = launch.build_command(ctx.args, shown, python=sys.executable,
+                                                     current_plugins=plugins)
         _notes(notes + build_notes)
         if own_config is None:
             where = str(shown) if config_out else "a new temporary file when run; --config-out PATH"
@@ -97,7 +101,8 @@ def serve(
         except OSError as err:
             _fail(f"--config-out {config_out or tempfile.gettempdir()}: cannot write the "
                   f"adaptive config ({err.strerror or err})")
-    argv, env, build_notes = launch.build_command(ctx.args, config, python=sys.executable)
+    argv, env, build_notes = launch.build_command(ctx.args, config, python=sys.executable,
+                                                  current_plugins=plugins)
     _notes(notes + build_notes)
     if own_config is None:
         typer.echo(f"adaptive config {config}: depths {depth_list}", err=True)

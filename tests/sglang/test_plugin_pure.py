@@ -17,19 +17,78 @@ from sglang_hooks.gpu_timer import CudaEventTimer, HostIntervalTimer
 from sglang_hooks.policy_file import load_policy_file
 from sglang_hooks.runtime import SchedulerRuntime
 
+EAGLE = ["--model-path", "m", "--speculative-algorithm", "EAGLE3"]
+
 
 def test_serve_adds_what_the_plugin_needs_and_keeps_user_flags(tmp_path: Path) -> None:
     argv, env, notes = launch.build_command(
         ["--model-path", "m", "--speculative-algorithm", "EAGLE3", "--port", "31000"],
         tmp_path / "cfg.json",
     )
-    assert env == {"SGLANG_PLUGINS": "specctl"}
+    assert env == {}  # SGLANG_PLUGINS unset: SGLang loads every installed plugin, specctl too
     assert "--speculative-adaptive" in argv and "--enable-metrics" in argv
     assert argv[argv.index("--speculative-adaptive-config") + 1] == str(tmp_path / "cfg.json")
     assert any("--max-running-requests" in n for n in notes)
     assert launch.admin_url(["--port", "31000", "--host", "0.0.0.0"]) == "http://127.0.0.1:31000"
     with pytest.raises(ValueError, match="--speculative-algorithm"):
         launch.build_command(["--model-path", "m"], tmp_path / "cfg.json")
+
+
+@pytest.mark.parametrize(
+    ("current", "expected"),
+    [(None, {}), ("", {}), (" , ", {}), ("other", {"SGLANG_PLUGINS": "other,specctl"}),
+     ("a, specctl", {}), ("a,b", {"SGLANG_PLUGINS": "a,b,specctl"})],
+)  # fmt: skip
+def test_serve_appends_to_the_users_plugin_list(current: str | None,
+                                                expected: dict[str, str]) -> None:
+    _, env, _ = launch.build_command(EAGLE, Path("cfg.json"), current_plugins=current)
+    assert env == expected
+
+
+@pytest.mark.parametrize(
+    ("flags", "note"),
+    [([], "set --cuda-graph-max-bs-decode"),
+     (["--cuda-graph-max-bs-decode", "256"], None),
+     (["--cuda-graph-max-bs-decode=256"], None),
+     (["--cuda-graph-bs-decode", "1", "8", "64"], None),
+     (["--cuda-graph-max-bs", "256"], "--cuda-graph-max-bs is a deprecated alias"),
+     (["--cuda-graph-bs", "1", "8"], "use --cuda-graph-bs-decode")],
+)  # fmt: skip
+def test_serve_recommends_the_decode_graph_flag_sglang_still_accepts(
+    flags: list[str], note: str | None
+) -> None:
+    _, _, notes = launch.build_command([*EAGLE, *flags], Path("cfg.json"))
+    graph_notes = [n for n in notes if "cuda-graph" in n]
+    if note is None:
+        assert graph_notes == []
+    else:
+        [only] = graph_notes
+        assert note in only
+
+
+def test_serve_checks_the_initial_depth_is_captured() -> None:
+    launch.check_num_steps([*EAGLE, "--speculative-num-steps", "3"], [0, 1, 3])
+    launch.check_num_steps(EAGLE, [0, 1, 3])  # absent: SGLang picks a captured one
+    with pytest.raises(ValueError, match=r"--speculative-num-steps 5 is not one of --depths "
+                       r"\[0, 1, 3\].*add 5 to --depths"):
+        launch.check_num_steps([*EAGLE, "--speculative-num-steps=5"], [3, 1, 0])
+    with pytest.raises(ValueError, match="expected an integer"):
+        launch.check_num_steps([*EAGLE, "--speculative-num-steps", "x"], [0])
+
+
+def test_serve_command_refuses_an_uncaptured_initial_depth() -> None:
+    from typer.testing import CliRunner
+
+    from controller.cli_app import app
+    from sglang_hooks import serve_cli  # noqa: F401  (registers the command)
+
+    bad = CliRunner().invoke(app, ["serve", "--dry-run", "--depths", "0,1,2", "--", *EAGLE,
+                                   "--speculative-num-steps", "3"])
+    assert bad.exit_code == 2
+    assert "error: --speculative-num-steps 3 is not one of --depths [0, 1, 2]" in bad.output
+    ok = CliRunner().invoke(app, ["serve", "--dry-run", "--depths", "0,1,3", "--", *EAGLE,
+                                  "--speculative-num-steps", "3"])
+    assert ok.exit_code == 0, ok.output
 
 
 def test_adaptive_config_captures_every_depth_in_one_slot() -> None:

@@ -155,6 +155,9 @@ def feed_ema(original: Callable[..., Any], params: Any, *args: Any, **kwargs: An
     return None if RUNTIME.selector is not None else new_step
 
 
+_UNTIMED = object()  # a launch whose timer could not start (a real token may be None)
+
+
 def time_launch(original: Callable[..., Any], worker: Any, batch: Any, *args: Any,
                 **kwargs: Any) -> Any:
     """AROUND EAGLEWorkerV2.forward_batch_generation: bracket a decode launch for timing."""
@@ -162,15 +165,21 @@ def time_launch(original: Callable[..., Any], worker: Any, batch: Any, *args: An
     if not rt.active:
         return original(worker, batch, *args, **kwargs)
     rt.launched = False
-    token = rt.timer.begin()
+    try:
+        token = rt.timer.begin()
+    except Exception:  # no timing for this launch: its result is counted as unattributed
+        _log_failure_once("time_launch")
+        token = _UNTIMED
     result = original(worker, batch, *args, **kwargs)
-    if rt.launched:  # the depth choice ran: this was a decode launch
-        try:
+    if token is _UNTIMED:
+        return result
+    try:
+        if rt.launched:  # the depth choice ran: this was a decode launch
             result.specctl_launch = (rt.launch_explore, rt.timer.end(token))
-        except Exception:
-            _log_failure_once("time_launch")
-    else:
-        rt.timer.discard(token)
+        else:
+            rt.timer.discard(token)
+    except Exception:
+        _log_failure_once("time_launch")
     return result
 
 
@@ -239,11 +248,15 @@ def set_internal_state(original: Callable[..., Any], owner: Any, recv_req: Any, 
 
 
 def get_internal_state(ret: Any, owner: Any, *args: Any, **kwargs: Any) -> Any:
-    """AFTER the scheduler's get_internal_state: report the live table under "specctl"."""
+    """AFTER the scheduler's get_internal_state: report the live table under "specctl".
+
+    Also exports the counts still pending: after the last decode result before an idle
+    spell nothing else would (admin requests are off the per-iteration path)."""
     try:
         ret.internal_state["specctl"] = RUNTIME.report()
     except Exception:
         _log_failure_once("get_internal_state")
+    RUNTIME.flush()
     return ret
 
 

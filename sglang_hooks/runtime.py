@@ -60,6 +60,7 @@ class SchedulerRuntime:
         self.parked: deque[tuple[Any, int, int, int, bool]] = deque()
         self.exporter: Any = None  # set on the metrics rank (exporter.PrometheusExporter)
         self._next_export = 0.0
+        self._export_failed = False
         # Set by the depth choice inside a launch, read by the launch hook right after.
         self.launched = False
         self.launch_explore = False
@@ -72,7 +73,7 @@ class SchedulerRuntime:
         self.inactive_reason = None
         if startup is not None:
             self._install(startup, SOURCE_STARTUP)
-        self.flush(force=True)
+        self.flush()
 
     def deactivate(self, reason: str) -> None:
         self.active = False
@@ -107,10 +108,16 @@ class SchedulerRuntime:
         else:
             self._install(table, SOURCE_PUSH)
         self.last_rejection = None
-        self.flush(force=True)
+        self.flush()
 
     def _install(self, table: PolicyTable, source: str) -> None:
-        self.selector = TierSelector(table, rng=exploration_rng(table.version, self.seed))
+        selector = self.selector
+        if selector is not None and selector.table.tiers == table.tiers:
+            # Same tiers, new version (a daemon re-pushing what runs): keep the hysteresis
+            # tier and the exploration draws going; every rank does the same, so they agree.
+            selector.table = table
+        else:
+            self.selector = TierSelector(table, rng=exploration_rng(table.version, self.seed))
         self.source = source
         self.applied_iteration = self.iteration
         logger.info("specctl: table v%d (%s) applied: %s", table.version, source,
@@ -170,7 +177,7 @@ class SchedulerRuntime:
             now = time.monotonic() if now is None else now
             if now >= self._next_export:
                 self._next_export = now + EXPORT_INTERVAL_S
-                self.exporter.export(self)
+                self.flush()
 
     def _drain_parked(self) -> None:
         while self.parked:
@@ -181,6 +188,16 @@ class SchedulerRuntime:
             self.parked.popleft()
             self.counters.record(depth, batch_size, tokens, seconds, explore)
 
-    def flush(self, force: bool = False) -> None:
-        if self.exporter is not None:
+    def flush(self) -> None:
+        """Write the pending counts and gauges to prometheus. Never raises: a failed write
+        (e.g. the multiprocess folder is full) must not fail the admin request or the
+        iteration that triggered it; it is logged once."""
+        if self.exporter is None:
+            return
+        try:
             self.exporter.export(self)
+        except Exception:
+            if not self._export_failed:
+                self._export_failed = True
+                logger.exception("specctl: writing the per-depth metrics failed; serving "
+                                 "continues, /metrics may lag")

@@ -165,3 +165,106 @@ def test_host_timer_ignores_idle_gaps() -> None:
     assert timer.seconds(None) == pytest.approx(0.03)
     now[0] = 5.0
     assert timer.seconds(None) == 0.0
+
+
+# ----------------------------------------------------------------------------- hook safety
+
+
+class _FailingTimer(HostIntervalTimer):
+    """A timer whose `fail` method raises, as a broken CUDA event pool would."""
+
+    def __init__(self, fail: str) -> None:
+        super().__init__()
+        self.fail = fail
+
+    def begin(self) -> object:
+        if self.fail == "begin":
+            raise RuntimeError("event pool broken")
+        return "token"
+
+    def discard(self, token: object) -> None:
+        if self.fail == "discard":
+            raise RuntimeError("event pool broken")
+
+
+@pytest.mark.parametrize("fail", ["begin", "discard"])
+def test_a_failing_launch_timer_never_stops_a_launch(
+    fail: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stand-in launch (`forward`): EAGLEWorkerV2 needs a GPU; only the hook's wrapping is
+    under test. The depth choice runs inside the launch, as SGLang's worker calls it."""
+    from types import SimpleNamespace
+
+    from sglang_hooks import hooks
+
+    rt = SchedulerRuntime(timer=_FailingTimer(fail))
+    rt.activate({1, 3}, None)
+    monkeypatch.setattr(hooks, "RUNTIME", rt)
+    monkeypatch.setattr(hooks, "_failed", set())
+
+    def forward(worker: object, batch: object, decode: bool) -> SimpleNamespace:
+        if decode:
+            rt.choose(4)
+        return SimpleNamespace()
+
+    for decode in (True, False, True, False):
+        result = hooks.time_launch(forward, None, None, decode)
+        # begin failed: the launch runs untimed (its result will count as unattributed)
+        assert hasattr(result, "specctl_launch") == (decode and fail != "begin")
+    assert rt.iteration == 2
+    failures = [r for r in caplog.records if "hook time_launch failed" in r.getMessage()]
+    assert len(failures) == 1
+
+
+class _BrokenExporter:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def export(self, runtime: SchedulerRuntime) -> None:
+        self.calls += 1
+        raise OSError(28, "No space left on device")
+
+
+def test_a_failing_metrics_write_does_not_undo_a_table(caplog: pytest.LogCaptureFixture) -> None:
+    """Stand-in exporter that fails like a full PROMETHEUS_MULTIPROC_DIR."""
+    from sglang_hooks.contract import PolicyTable, Tier
+
+    rt = SchedulerRuntime()
+    rt.exporter = _BrokenExporter()
+    rt.activate({1, 3}, None)
+    table = PolicyTable.build([Tier(1, 3)], version=4)
+    rt.commit(table)  # would raise into SGLang's request handler before
+    assert rt.table == table and rt.report()["version"] == 4
+    rt.record_result(3, 4, 10, (False, None), now=100.0)
+    assert rt.exporter.calls == 3
+    assert sum("per-depth metrics failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_repushing_the_same_tiers_keeps_hysteresis_and_draws() -> None:
+    from sglang_hooks.contract import PolicyTable, Tier
+
+    tiers = [Tier(1, 3, explore_share=0.5, explore_depths=(1, 2)), Tier(8, 1, hysteresis=3)]
+    batches = [8, 7, 6, 5, 6, 2, 9, 6, 1, 3, 5, 7, 8]
+
+    def run(repush_at: int | None) -> list[tuple[int, bool]]:
+        rt = SchedulerRuntime()
+        rt.activate({1, 2, 3}, None)
+        rt.commit(PolicyTable.build(tiers, version=1))
+        picks = []
+        for i, bs in enumerate(batches):
+            if i == repush_at:
+                rt.commit(PolicyTable.build(tiers, version=2))
+                assert rt.table is not None and rt.table.version == 2
+            depth = rt.choose(bs)
+            assert depth is not None
+            picks.append((depth, rt.launch_explore))
+        return picks
+
+    assert run(repush_at=2) == run(repush_at=None)
+    # Another table restarts from the plain reading: at batch 6, tier 0 (no memory of tier 1).
+    rt = SchedulerRuntime()
+    rt.activate({1, 2, 3}, None)
+    rt.commit(PolicyTable.build(tiers, version=1))
+    rt.choose(8)
+    rt.commit(PolicyTable.build([tiers[0], Tier(8, 2, hysteresis=3)], version=2))
+    assert rt.selector is not None and rt.selector.tier is None

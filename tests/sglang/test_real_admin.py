@@ -193,3 +193,24 @@ def test_inactive_server_refuses_a_push_with_the_reason(client: Any) -> None:
     resp = client.post("/set_internal_state", json=push_body(TABLE))
     assert resp.status_code == 400
     assert "speculative_adaptive is off" in json.loads(resp.json()["message"])["message"]
+
+
+class _FullDiskExporter:
+    """Stand-in exporter failing like a full PROMETHEUS_MULTIPROC_DIR (the real one writes
+    mmap'd files; making that fail here would need a full disk)."""
+
+    def export(self, runtime: SchedulerRuntime) -> None:
+        raise OSError(28, "No space left on device")
+
+
+def test_a_failing_metrics_write_neither_fails_nor_undoes_a_push(
+    controller: Any, runtime: SchedulerRuntime
+) -> None:
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+
+    runtime.exporter = _FullDiskExporter()
+    out = controller.set_internal_state(_req(encode_table(TABLE)))
+    assert out.updated is True and runtime.table == TABLE
+    got = hooks.get_internal_state(GetInternalStateReqOutput(internal_state={}), None)
+    [state] = read_server_state({"internal_states": [got.internal_state]})
+    assert state["version"] == TABLE.version and state["source"] == "push"

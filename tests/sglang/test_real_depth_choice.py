@@ -114,14 +114,18 @@ def test_ema_cannot_switch_depth_while_a_table_rules(runtime: SchedulerRuntime,
     assert worker.speculative_num_steps == 3
 
 
-def test_exploration_is_reproducible_across_ranks(runtime: SchedulerRuntime,
-                                                  tmp_path: Path) -> None:
+def test_exploration_is_reproducible_across_ranks(runtime: SchedulerRuntime, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Two TP ranks replaying the same batches pick the same depths (seeded by version)."""
+    from sglang_hooks import hooks
+
     table = PolicyTable.build([Tier(1, 2, explore_share=0.3, explore_depths=(1, 3))], 4)
     picks = []
     for rank in range(2):
+        rank_runtime = SchedulerRuntime()  # each rank is its own process
+        monkeypatch.setattr(hooks, "RUNTIME", rank_runtime)
         controller, worker = _controller(launch.adaptive_config([1, 2, 3]), tmp_path / str(rank))
-        runtime.commit(runtime.apply_request(encode_table(table)))
+        rank_runtime.commit(rank_runtime.apply_request(encode_table(table)))
         seq = []
         for bs in range(1, 200):
             controller.activate_step_by_batch(bs % 17 + 1)

@@ -85,3 +85,29 @@ def test_counts_follow_the_depth_each_result_ran_with(collector: Any,
     assert any(n.startswith("sglang:") for n in fams)  # same registry as SGLang's series
     captured = {s.labels["depth"] for s in fams["specctl_captured_depth"].samples}
     assert captured == {"0", "1", "3"}
+
+
+def _iterations(fams: dict[str, Any], **labels: str) -> float:
+    return sum(s.value for s in fams["specctl_decode_iterations"].samples
+               if s.name.endswith("_total") and all(s.labels.get(k) == v
+                                                    for k, v in labels.items()))
+
+
+def test_server_info_read_exports_the_counts_of_the_last_second(
+    collector: Any, runtime: SchedulerRuntime
+) -> None:
+    """Counts wait up to a second in memory; a /server_info read (get_internal_state) writes
+    them, so the last second before an idle spell is not held back until the next decode."""
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+
+    runtime.exporter = collector
+    runtime.activate({0, 1, 3}, None)
+    batch = SimpleNamespace(reqs=[object()] * 3)
+    start = _iterations(_scrape(), depth="0")
+    for _ in range(3):  # the first result exports at once, the next two wait for the interval
+        result = _result(1, 0)
+        result.specctl_launch = (False, None)
+        hooks.count_result(None, None, result, batch)
+    assert _iterations(_scrape(), depth="0") - start == 1
+    hooks.get_internal_state(GetInternalStateReqOutput(internal_state={}), None)
+    assert _iterations(_scrape(), depth="0") - start == 3

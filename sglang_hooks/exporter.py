@@ -4,6 +4,7 @@ Created in the scheduler process that owns SGLang's scheduler metrics (TP rank 0
 replica; only with `--enable-metrics`), after SGLang has set PROMETHEUS_MULTIPROC_DIR, so
 the series land in the same files SGLang's HTTP process aggregates: no new port.
 Deltas are pushed at a coarse cadence (runtime.EXPORT_INTERVAL_S), never per iteration.
+Labels: those of SGLang's scheduler collector, as given (see `series_labels`).
 """
 
 from __future__ import annotations
@@ -37,13 +38,23 @@ _HELP = {
 }
 
 
+def series_labels(collector_labels: Mapping[str, Any]) -> tuple[str, ...]:
+    """Label names of our series: the contract's base labels, then every other label SGLang's
+    scheduler collector carries (`dp_rank` under data parallelism, `priority` with priority
+    scheduling, the operator's extra metric labels), so our series line up with `sglang:*`
+    and DP replicas stay apart. Our own `depth`/`bs_bucket` are never taken from SGLang."""
+    own = {*BASE_LABELS, LABEL_DEPTH, LABEL_BUCKET}
+    return (*BASE_LABELS, *(str(k) for k in collector_labels if str(k) not in own))
+
+
 class PrometheusExporter:
     def __init__(self, labels: Mapping[str, Any], registry: Any = None) -> None:
         from prometheus_client import REGISTRY, Counter, Gauge
 
         registry = REGISTRY if registry is None else registry
-        self.base = tuple(str(labels.get(name, "")) for name in BASE_LABELS)
-        names = (*BASE_LABELS, LABEL_DEPTH, LABEL_BUCKET)
+        base_names = series_labels(labels)
+        self.base = tuple(str(labels.get(name, "")) for name in base_names)
+        names = (*base_names, LABEL_DEPTH, LABEL_BUCKET)
         self.counters = [
             Counter(family, _HELP[family], labelnames=names, registry=registry)
             for family in COUNTER_FAMILIES
@@ -51,14 +62,14 @@ class PrometheusExporter:
         self.policy_version = Gauge(
             METRIC_POLICY_VERSION,
             "Version of the live specctl table (0: SGLang's own adaptive choice).",
-            labelnames=BASE_LABELS,
+            labelnames=base_names,
             multiprocess_mode="mostrecent",
             registry=registry,
         )
         self.captured = Gauge(
             METRIC_CAPTURED_DEPTH,
             "1 for each speculation depth captured at start-up (a table may use it).",
-            labelnames=(*BASE_LABELS, LABEL_DEPTH),
+            labelnames=(*base_names, LABEL_DEPTH),
             multiprocess_mode="mostrecent",
             registry=registry,
         )

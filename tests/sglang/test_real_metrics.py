@@ -18,14 +18,19 @@ from sglang_hooks.contract import BASE_LABELS, COUNTER_FAMILIES, bs_bucket
 from sglang_hooks.runtime import SchedulerRuntime
 
 
-def _scrape() -> dict[str, Any]:
+def _metrics_text() -> str:
+    """What SGLang's /metrics serves: every process's multiprocess files, aggregated."""
     from prometheus_client import CollectorRegistry, generate_latest, multiprocess
-    from prometheus_client.parser import text_string_to_metric_families
 
     registry = CollectorRegistry()
     multiprocess.MultiProcessCollector(registry)
-    text = generate_latest(registry).decode()
-    return {f.name: f for f in text_string_to_metric_families(text)}
+    return generate_latest(registry).decode()
+
+
+def _scrape() -> dict[str, Any]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {f.name: f for f in text_string_to_metric_families(_metrics_text())}
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +116,39 @@ def test_server_info_read_exports_the_counts_of_the_last_second(
     assert _iterations(_scrape(), depth="0") - start == 1
     hooks.get_internal_state(GetInternalStateReqOutput(internal_state={}), None)
     assert _iterations(_scrape(), depth="0") - start == 3
+
+
+def test_collector_labels_are_copied_so_dp_replicas_stay_apart(plugin_loaded: bool) -> None:
+    """Labels as SGLang 0.5.23's `SchedulerMetricsCollector.init_new` builds them with data
+    parallelism, priority scheduling and an operator's extra label (written out here: a
+    second real collector cannot be built in one process, its `sglang:*` names would clash).
+    The daemon's own parser then reads one cell per DP replica."""
+    from prometheus_client import CollectorRegistry
+
+    from controller.scrape import parse_counters, split_key
+    from sglang_hooks.contract import METRIC_ITERATIONS
+    from sglang_hooks.exporter import PrometheusExporter
+
+    for dp_rank in (0, 1):
+        labels = {"model_name": "tiny-dp", "engine_type": "unified", "tp_rank": 0,
+                  "pp_rank": 0, "moe_ep_rank": 0, "priority": "", "dp_rank": dp_rank,
+                  "cluster": "eu-1"}
+        rt = SchedulerRuntime()
+        rt.exporter = PrometheusExporter(labels, registry=CollectorRegistry())
+        rt.activate({2}, None)
+        for _ in range(dp_rank + 1):
+            rt.record_result(2, 5, 12, (False, None), now=0.0)
+        rt.flush()
+    fams = _scrape()
+    ours = [s for s in fams["specctl_decode_iterations"].samples
+            if s.labels["model_name"] == "tiny-dp" and s.name.endswith("_total")]
+    assert {s.labels["dp_rank"] for s in ours} == {"0", "1"}
+    assert all(s.labels["cluster"] == "eu-1" and s.labels["priority"] == "" for s in ours)
+    version = [s for s in fams["specctl_policy_version"].samples
+               if s.labels["model_name"] == "tiny-dp"]
+    assert {s.labels["dp_rank"] for s in version} == {"0", "1"}
+
+    snap = parse_counters(_metrics_text())
+    per_dp = {split_key(k)[3]: v for k, v in snap.values.items()
+              if split_key(k)[:3] == (METRIC_ITERATIONS, 2, 5)}
+    assert per_dp == {"0": 1.0, "1": 2.0}

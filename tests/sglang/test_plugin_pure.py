@@ -1,16 +1,20 @@
-"""Plugin parts that need no SGLang: launch command, policy file, counters, GPU timing.
+"""Plugin parts that need no SGLang: launch command, policy file, counters, GPU timing, hook
+safety, the smoke test's checks.
 
-These run in both the main venv and .venv-sglang. The GPU timer test uses a stand-in event
-(`_Event`) because no CUDA device exists here; it checks the never-block contract.
+These run in the main venv (the smoke test against the simulator uses tests/conftest.py). The
+GPU timer test uses a stand-in event (`_Event`) because no CUDA device exists here; it checks
+the never-block contract. Other stand-ins are named in their tests' docstrings.
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from sglang_hooks import launch
+from sglang_hooks import launch, smoke
 from sglang_hooks.contract import PolicyError
 from sglang_hooks.counters import DepthCounters
 from sglang_hooks.gpu_timer import CudaEventTimer, HostIntervalTimer
@@ -268,3 +272,60 @@ def test_repushing_the_same_tiers_keeps_hysteresis_and_draws() -> None:
     rt.choose(8)
     rt.commit(PolicyTable.build([tiers[0], Tier(8, 2, hysteresis=3)], version=2))
     assert rt.selector is not None and rt.selector.tier is None
+
+
+# ----------------------------------------------------------------------------- smoke
+
+
+def test_smoke_depth_check_tolerates_one_straggler_per_replica() -> None:
+    ok, what = smoke.depth_check(3, {"1": 50, "3": 10}, {"1": 51, "3": 90}, stragglers=1)
+    assert ok and "tolerated: 1 iteration(s) on other depths" in what
+    ok, _ = smoke.depth_check(3, {"1": 50, "3": 10}, {"1": 52, "3": 90}, stragglers=1)
+    assert not ok  # two iterations at depth 1 on a one-replica server: the push did not hold
+    ok, what = smoke.depth_check(3, {"1": 50, "3": 10}, {"1": 50, "3": 90}, stragglers=1)
+    assert ok and "tolerated" not in what
+    ok, _ = smoke.depth_check(3, {"3": 10}, {"3": 10}, stragglers=1)
+    assert not ok  # the forced depth itself must move
+
+
+def test_smoke_load_backs_off_and_says_why() -> None:
+    """httpx's MockTransport stands in for a server with --api-key that refuses the request
+    (the back-off schedule is what is under test, and it must not wait for real)."""
+    import httpx
+
+    stop = threading.Event()
+    statuses = iter([401, 401, 401, 200, 503])
+    waits: list[float] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        status = next(statuses, None)
+        if status is None:
+            stop.set()
+            status = 200
+        return httpx.Response(status, json={})
+
+    errors = smoke.LoadErrors()
+    client = httpx.Client(base_url="http://server", transport=httpx.MockTransport(answer))
+    smoke._load(client, stop, errors, wait=waits.append)
+    assert waits == [0.5, 1.0, 2.0, 0.5]  # doubling, reset by a success
+    assert errors.count == 4
+    assert errors.last == "HTTP 503 from /generate"
+    first = smoke.LoadErrors()
+    first.add(httpx.HTTPStatusError("401", request=httpx.Request("POST", "http://s/generate"),
+                                    response=httpx.Response(401)))
+    assert first.last is not None and "--api-key" in first.last
+
+
+def test_smoke_sends_each_route_its_key(sim_server_factory: Any,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Against the simulator (real HTTP; SGLang's auth rule, checked against SGLang's own code
+    in test_real_admin.py). It has no /generate, so the load threads are replaced by a
+    recorder of the key they would send; its background clients decode meanwhile."""
+    sim = sim_server_factory(api_key="api", admin_key="admin", concurrency=4, speedup=50)
+    sent: list[str | None] = []
+    monkeypatch.setattr(smoke, "_load", lambda client, *rest: sent.append(
+        client.headers.get("authorization")))
+    code = smoke.main(["--url", sim.base_url, "--api-key", "api", "--admin-key", "admin",
+                       "--concurrency", "2", "--seconds-per-depth", "0.5"])
+    assert code == 0
+    assert sent == ["Bearer api", "Bearer api"]

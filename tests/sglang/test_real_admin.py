@@ -214,3 +214,30 @@ def test_a_failing_metrics_write_neither_fails_nor_undoes_a_push(
     got = hooks.get_internal_state(GetInternalStateReqOutput(internal_state={}), None)
     [state] = read_server_state({"internal_states": [got.internal_state]})
     assert state["version"] == TABLE.version and state["source"] == "push"
+
+
+@pytest.mark.parametrize(("api_key", "admin_key"),
+                         [(None, None), ("api", None), (None, "admin"), ("api", "admin")])
+def test_smoke_sends_each_route_a_key_sglang_accepts(api_key: str | None,
+                                                     admin_key: str | None) -> None:
+    """SGLang's own auth decision (`decide_request_auth`) and the auth level each real route
+    of `http_server.app` declares, for every way a server can be keyed."""
+    from sglang.srt.entrypoints import http_server
+    from sglang.srt.utils.auth import AuthLevel, decide_request_auth
+
+    from sglang_hooks import smoke
+
+    levels = {getattr(r, "path", None): getattr(getattr(r, "endpoint", None), "_auth_level",
+                                                 AuthLevel.NORMAL)
+              for r in http_server.app.routes}
+    admin, api = smoke.auth_headers(api_key, admin_key)
+    for method, path, headers in (("POST", "/set_internal_state", admin),
+                                  ("GET", "/server_info", api), ("POST", "/generate", api),
+                                  ("GET", "/metrics", api)):
+        level = levels.get(path, AuthLevel.NORMAL)
+        decision = decide_request_auth(method=method, path=path,
+                                       authorization_header=headers.get("Authorization"),
+                                       api_key=api_key, admin_api_key=admin_key,
+                                       auth_level=level)
+        assert decision.allowed, (path, level, headers)
+    assert levels["/set_internal_state"] == AuthLevel.ADMIN_OPTIONAL

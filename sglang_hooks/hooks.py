@@ -22,7 +22,7 @@ from sglang_hooks.contract import (
     split_policy_keys,
 )
 from sglang_hooks.gpu_timer import make_timer
-from sglang_hooks.policy_file import load_policy_file, policy_file_from_env
+from sglang_hooks.policy_file import load_policy_file, policy_file_from_env, table_fingerprint
 from sglang_hooks.runtime import SchedulerRuntime
 
 logger = logging.getLogger("specctl")
@@ -127,8 +127,12 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
                 logger.error("specctl: start-up table not used, SGLang's choice stays: %s", err)
                 RUNTIME.last_rejection = str(err)
         RUNTIME.activate(usable, startup)
-        logger.info("specctl: active; depths usable by a table: %s%s", sorted(usable),
-                    f" (partly captured, refused: {sorted(partial)})" if partial else "")
+        # Every TP rank logs this line: with several nodes, each reads its own policy file,
+        # and ranks running different tables would run different depths (a collective hang).
+        logger.info("specctl: active; depths usable by a table: %s%s; start-up table: %s%s",
+                    sorted(usable),
+                    f" (partly captured, refused: {sorted(partial)})" if partial else "",
+                    table_fingerprint(startup), f" from {path}" if startup is not None else "")
     except Exception:
         _log_failure_once("on_states_built")
     return None

@@ -54,6 +54,14 @@ def config_depths(path: Path) -> tuple[int, ...]:
     return tuple(sorted(d for d in common if isinstance(d, int)))
 
 
+def node_count(sglang_args: Sequence[str]) -> int:
+    """SGLang's --nnodes (1 when absent or unreadable: SGLang reports a bad value itself)."""
+    try:
+        return max(1, int(_flag_value(sglang_args, "--nnodes") or 1))
+    except ValueError:
+        return 1
+
+
 def _has_flag(args: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 

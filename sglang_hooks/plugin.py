@@ -1,9 +1,11 @@
 """SGLang plugin entry point (`sglang.srt.plugins` group, name `specctl`).
 
-SGLang calls `register()` in every process it starts (launcher, tokenizer/HTTP, schedulers,
-detokenizer, DP controller) when `SGLANG_PLUGINS` includes `specctl`. It checks the installed
-SGLang first (guard.py) and registers hooks only if every hooked symbol is as expected;
-otherwise it logs one line and SGLang runs unmodified.
+SGLang calls `register()` wherever it runs `load_plugins()`, when `SGLANG_PLUGINS` is unset or
+lists `specctl`: in 0.5.17 the launcher (which also runs the tokenizer and HTTP server), the
+`Engine` entry point and each scheduler process; 0.5.23 also the detokenizer and the DP
+controller. Those cover both sides the hooks need (tokenizer: push validation; scheduler:
+the rest). It checks the installed SGLang first (guard.py) and registers hooks only if every
+hooked symbol is as expected; otherwise it logs one line and SGLang runs unmodified.
 """
 
 from __future__ import annotations

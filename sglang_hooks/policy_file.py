@@ -6,6 +6,7 @@ The file may carry provenance next to the table (when and from what it was learn
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -50,3 +51,12 @@ def load_policy_file(
 def policy_file_from_env() -> str | None:
     value = os.environ.get(POLICY_FILE_ENV, "").strip()
     return value or None
+
+
+def table_fingerprint(table: PolicyTable | None) -> str:
+    """A short digest of a table (version and tiers) for log lines: with multi-node tensor
+    parallelism every node reads its own policy file, and every rank must run the same one."""
+    if table is None:
+        return "none"
+    text = json.dumps(table.to_json(), sort_keys=True)
+    return f"v{table.version}/{hashlib.sha256(text.encode()).hexdigest()[:12]}"

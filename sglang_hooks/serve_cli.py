@@ -20,7 +20,7 @@ from controller.cli_app import app
 from controller.cli_args import parse_int_list
 from sglang_hooks import launch
 from sglang_hooks.contract import MAX_DEPTH, PolicyError
-from sglang_hooks.policy_file import POLICY_FILE_ENV, load_policy_file
+from sglang_hooks.policy_file import POLICY_FILE_ENV, load_policy_file, table_fingerprint
 
 # Shown by --dry-run when no --config-out is given: a run writes a new temporary file there.
 TEMP_CONFIG_PLACEHOLDER = Path(tempfile.gettempdir()) / "specctl-adaptive-XXXXXXXX.json"
@@ -79,8 +79,14 @@ def serve(
         except PolicyError as err:
             where = "" if err.field == POLICY_FILE_ENV else f" {err.field}"
             _fail(f"--policy-file{where}: {err.message}")
-        notes.append(f"start-up table from {policy_file}: {table.describe()}")
+        notes.append(f"start-up table from {policy_file}: {table.describe()} "
+                     f"[{table_fingerprint(table)}]")
         env_extra[POLICY_FILE_ENV] = str(policy_file.resolve())
+        if launch.node_count(ctx.args) > 1:
+            notes.append(f"--nnodes > 1: every TP rank reads {policy_file.resolve()} on its own "
+                         f"node; copy the same file there on every node, or ranks run different "
+                         f"depths and hang. Each rank logs 'start-up table: "
+                         f"{table_fingerprint(table)}': check it matches on every node")
     url = launch.admin_url(ctx.args)
     plugins = os.environ.get(launch.PLUGINS_ENV)
     if dry_run:

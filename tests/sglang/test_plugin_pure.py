@@ -95,6 +95,25 @@ def test_serve_command_refuses_an_uncaptured_initial_depth() -> None:
     assert ok.exit_code == 0, ok.output
 
 
+def test_serve_warns_that_every_node_needs_the_same_policy_file(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from controller.cli_app import app
+    from sglang_hooks import serve_cli  # noqa: F401  (registers the command)
+    from sglang_hooks.policy_file import table_fingerprint
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("table:\n  version: 3\n  tiers: [{min_batch: 1, depth: 1}]\n")
+    args = ["serve", "--dry-run", "--depths", "0,1", "--policy-file", str(policy), "--", *EAGLE]
+    one = CliRunner().invoke(app, args)
+    two = CliRunner().invoke(app, [*args, "--nnodes", "2", "--node-rank", "0"])
+    assert one.exit_code == 0 and two.exit_code == 0, two.output
+    fingerprint = table_fingerprint(load_policy_file(policy))
+    assert fingerprint.startswith("v3/") and fingerprint in one.output
+    assert "every node" not in one.output
+    assert "copy the same file there on every node" in " ".join(two.output.split())
+
+
 def test_adaptive_config_captures_every_depth_in_one_slot() -> None:
     assert launch.adaptive_config([3, 0, 1, 3]) == {"1": {"candidate_steps": [0, 1, 3]}}
 

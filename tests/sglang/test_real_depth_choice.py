@@ -136,14 +136,21 @@ def test_exploration_is_reproducible_across_ranks(runtime: SchedulerRuntime, tmp
 
 
 def test_startup_policy_file_is_applied_when_states_are_built(
-    runtime: SchedulerRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    runtime: SchedulerRuntime, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     policy = tmp_path / "policy.yaml"
     policy.write_text("learned_at: 2026-01-01\nsource: bench\ntable:\n  version: 3\n  tiers:\n"
                       "    - {min_batch: 1, depth: 2}\n    - {min_batch: 16, depth: 0}\n")
     monkeypatch.setenv("SPECCTL_POLICY_FILE", str(policy))
+    caplog.set_level("INFO", logger="specctl")
     controller, worker = _controller(launch.adaptive_config([0, 2, 3]), tmp_path)
     assert runtime.source == "startup" and runtime.table is not None
     assert runtime.table.version == 3
     controller.activate_step_by_batch(20)
     assert worker.speculative_num_steps == 0
+    # Every rank names the table it started with, so nodes can be compared in their logs.
+    from sglang_hooks.policy_file import table_fingerprint
+
+    assert any(f"start-up table: {table_fingerprint(runtime.table)} from {policy}"
+               in r.getMessage() for r in caplog.records)

@@ -130,6 +130,19 @@ async def _generate(
             return
 
 
+async def _collect(
+    server: SimulatedServer, prompt_tokens: int, max_tokens: int
+) -> tuple[str, _Progress]:
+    """A whole (non-streamed) generation: its text and its final progress record."""
+    text = ""
+    last: _Progress | None = None
+    async for p in _generate(server, prompt_tokens, max_tokens):
+        text += p.text
+        last = p
+    assert last is not None  # _generate always ends with a finish record
+    return text, last
+
+
 def _sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
@@ -274,12 +287,7 @@ def create_app(server: SimulatedServer) -> FastAPI:
 
             return StreamingResponse(events(), media_type="text/event-stream")
 
-        text = ""
-        last: _Progress | None = None
-        async for p in _generate(server, prompt_tokens, max_tokens):
-            text += p.text
-            last = p
-        assert last is not None
+        text, last = await _collect(server, prompt_tokens, max_tokens)
         return JSONResponse({"text": text, "meta_info": meta(last)})
 
     @app.post("/v1/completions", response_model=None)
@@ -334,12 +342,7 @@ def create_app(server: SimulatedServer) -> FastAPI:
 
             return StreamingResponse(events(), media_type="text/event-stream")
 
-        text = ""
-        last: _Progress | None = None
-        async for p in _generate(server, prompt_tokens, max_tokens):
-            text += p.text
-            last = p
-        assert last is not None
+        text, last = await _collect(server, prompt_tokens, max_tokens)
         out = chunk(text, last.finished)
         out["usage"] = usage(last.tokens)
         return JSONResponse(out)

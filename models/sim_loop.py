@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from models.learner import Learner, LearnerConfig, Proposal
 from models.samples import Sample
@@ -110,17 +111,7 @@ def run_learner_loop(
         proposals.append((now, proposal))
         if on_scrape is not None:
             on_scrape(now, learner, proposal)
-    st = engine.stats
-    return LoopResult(
-        duration_s=engine.now,
-        tokens=st.tokens_generated,
-        decode_tokens=st.decode_tokens,
-        decode_gpu_seconds=st.decode_gpu_seconds,
-        iterations=st.decode_iterations,
-        explore_iterations=st.explore_iterations,
-        proposals=proposals,
-        samples=samples,
-    )
+    return _result(engine, proposals=proposals, samples=samples)
 
 
 def run_static(
@@ -136,6 +127,11 @@ def run_static(
         profile, scenario.workload, seed=seed, policy=TablePolicy(table, random.Random(seed))
     )
     engine.run_until(duration_s or scenario.duration_s)
+    return _result(engine)
+
+
+def _result(engine: Engine, **extra: Any) -> LoopResult:
+    """The engine's totals as a LoopResult (`extra`: proposals and samples of a learning run)."""
     st = engine.stats
     return LoopResult(
         duration_s=engine.now,
@@ -144,4 +140,5 @@ def run_static(
         decode_gpu_seconds=st.decode_gpu_seconds,
         iterations=st.decode_iterations,
         explore_iterations=st.explore_iterations,
+        **extra,
     )

@@ -34,7 +34,8 @@ def test_bad_learner_override_names_the_field(tmp_path):
     assert "learner.exploration_cap" in result.output
 
 
-def test_simulated_daemon_run_logs_pushes_and_stores_samples(tmp_path):
+def _simulated_config(tmp_path):  # type: ignore[no-untyped-def]
+    """A 12-minute simulated Kimi run storing into tmp_path; returns (config, store) paths."""
     cfg = tmp_path / "controller.yaml"
     db = tmp_path / "s.sqlite"
     cfg.write_text(
@@ -42,6 +43,11 @@ def test_simulated_daemon_run_logs_pushes_and_stores_samples(tmp_path):
         "schedule: {clock: simulated, speedup: 1000000, duration_s: 720}\n"
         f"store: {{path: '{db}'}}\nmetrics: {{enabled: false}}\n"
     )
+    return cfg, db
+
+
+def test_simulated_daemon_run_logs_pushes_and_stores_samples(tmp_path):
+    cfg, db = _simulated_config(tmp_path)
     result = CliRunner().invoke(app, ["daemon", "--config", str(cfg)])
     assert result.exit_code == 0, result.output
     pushes = [ln for ln in result.output.splitlines() if "] push sim [learned]" in ln]
@@ -57,13 +63,7 @@ def test_simulated_daemon_run_logs_pushes_and_stores_samples(tmp_path):
 
 def test_second_simulated_run_on_the_same_store_resumes_and_learns(tmp_path):
     """A fresh simulated server starts at t=0; the store's earlier records must stay past."""
-    cfg = tmp_path / "controller.yaml"
-    db = tmp_path / "s.sqlite"
-    cfg.write_text(
-        "targets: [{name: sim, simulated: {profile: kimi-k25-8x-rtxpro6000-pcie}}]\n"
-        "schedule: {clock: simulated, speedup: 1000000, duration_s: 720}\n"
-        f"store: {{path: '{db}'}}\nmetrics: {{enabled: false}}\n"
-    )
+    cfg, db = _simulated_config(tmp_path)
     from controller.store import Store
 
     first = CliRunner().invoke(app, ["daemon", "--config", str(cfg)])

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from controller.cli_args import url_problem
+from controller.cli.args import url_problem
 
 DEFAULT_CONFIG_RESOURCE = "default.yaml"
 

@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from controller.cli import COMMAND_MODULES
-from controller.cli_app import app
+from controller.cli import COMMAND_MODULES, app
 from controller.policy_file import PolicyFileError, load
 from controller.store import Store
 from models.synthetic import sweep_samples

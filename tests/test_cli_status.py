@@ -9,8 +9,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from controller.cli import COMMAND_MODULES
-from controller.cli_app import app
+from controller.cli import COMMAND_MODULES, app
 from controller.own_metrics import DaemonMetrics
 from sglang_hooks.contract import push_body, single_depth_table
 

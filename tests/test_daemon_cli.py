@@ -6,8 +6,7 @@ import importlib
 
 from typer.testing import CliRunner
 
-from controller.cli import COMMAND_MODULES
-from controller.cli_app import app
+from controller.cli import COMMAND_MODULES, app
 
 for _module in COMMAND_MODULES:  # register every command, as the console script does
     importlib.import_module(_module)

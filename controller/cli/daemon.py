@@ -16,7 +16,7 @@ from typing import Annotated
 
 import typer
 
-from controller.cli_app import app
+from controller.cli import app
 from controller.config import ConfigError, ControllerConfig, load_config
 from controller.daemon import Controller, TargetState
 from controller.frozen import FrozenPolicyError

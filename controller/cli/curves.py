@@ -23,7 +23,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from controller.cli_app import app
+from controller.cli import app
 from controller.config import StoreConfig
 from controller.store import Store, StoreError, samples_only
 from models.learner import CurvePoint, Learner, Proposal

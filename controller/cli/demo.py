@@ -20,7 +20,7 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from controller.cli_app import app
+from controller.cli import app
 from controller.config import parse_config
 from controller.daemon import Controller
 from controller.own_metrics import DaemonMetrics

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sims.cli import sim_app
+from controller.cli.sim import sim_app
 from sims.profile import ProfileError
 from sims.workload import ScenarioError
 

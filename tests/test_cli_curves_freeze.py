@@ -14,9 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from controller.cli import COMMAND_MODULES, app
-from controller.policy_file import PolicyFileError, load
-from controller.store import Store
-from models.synthetic import sweep_samples
+from controller.daemon.policy_file import PolicyFileError, load
+from controller.daemon.store import Store
+from controller.evaluation.synthetic import sweep_samples
 from sims.profile import load_profile
 
 for _module in COMMAND_MODULES:

@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from controller.cli import COMMAND_MODULES, app
-from controller.own_metrics import DaemonMetrics
+from controller.daemon.own_metrics import DaemonMetrics
 from sglang_hooks.contract import push_body, single_depth_table
 
 for _module in COMMAND_MODULES:

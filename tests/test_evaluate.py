@@ -11,7 +11,7 @@ import json
 from typer.testing import CliRunner
 
 from controller.cli import app
-from controller.evaluate import evaluate
+from controller.evaluation.evaluate import evaluate
 
 REQUIRED = (
     "achieved_tok_per_s",

@@ -37,7 +37,7 @@ def evaluate_command(
     ] = None,
 ) -> None:
     """Run the daemon on an accelerated simulated clock; compare with the oracle and statics."""
-    from controller.evaluate import evaluate
+    from controller.evaluation.evaluate import evaluate
 
     console = Console(stderr=True)
     try:

@@ -18,9 +18,16 @@ from rich.console import Console
 
 from controller.bench.server_client import ServerClient, ServerError
 from controller.cli import app
-from controller.cli.args import url_problem
 from controller.cli.curves import DEFAULT_STORE, CurvesError, GroupModel, load_group_model
-from controller.policy_file import PolicyFile, PolicyFileError, Provenance, TimeWindow, dump, load
+from controller.daemon.config import url_problem
+from controller.daemon.policy_file import (
+    PolicyFile,
+    PolicyFileError,
+    Provenance,
+    TimeWindow,
+    dump,
+    load,
+)
 from sglang_hooks.contract import PolicyTable, Tier
 
 

@@ -23,7 +23,7 @@ from rich.table import Table
 from controller.bench.metrics import Scrape, work_between
 from controller.bench.server_client import ADMIN_KEY_ENV, ServerClient, ServerError
 from controller.cli import app
-from controller.cli.args import url_problem
+from controller.daemon.config import url_problem
 
 DAEMON_PREFIX = "specctl_daemon_"
 MIN_WINDOW_S = 0.5

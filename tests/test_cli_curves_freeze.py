@@ -1,7 +1,7 @@
 """`specctl curves` and `specctl freeze` on a real SQLite store filled through the store's API.
 
-The samples come from the profile's cost model (`models.synthetic.sweep_samples`), the same
-counter deltas the daemon stores from a server: a known ground truth the figures must show.
+The samples come from the profile's cost model (`controller.evaluation.synthetic.sweep_samples`),
+the same counter deltas the daemon stores from a server: a known ground truth the figures must show.
 """
 
 from __future__ import annotations

@@ -130,6 +130,7 @@ class SchedulerRuntime:
         self.selector = None
         self.source = SOURCE_NONE
         self._skippable = ()
+        self.launch_skips_extend = False
 
     def settle_peers(self) -> None:
         """Agree with the other TP ranks before any table takes control here (once).

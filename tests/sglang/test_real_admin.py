@@ -204,6 +204,27 @@ def test_off_mode_push_is_applied_and_a_bad_code_is_a_400(client: Any,
     assert json.loads(resp.json()["message"])["field"] == "specctl_off_mode"
 
 
+def test_smoke_off_mode_checks_pass_against_the_real_push_route(
+    client: Any, runtime: SchedulerRuntime
+) -> None:
+    """Pushes go through the real route; /server_info is stood in by its `internal_states`
+    part, built by the real report hook (the real route also needs a launched server's
+    arguments and scheduler info)."""
+    import httpx
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+
+    from sglang_hooks import smoke
+
+    def server_info(path: str) -> httpx.Response:
+        out = hooks.get_internal_state(GetInternalStateReqOutput(internal_state={}), None)
+        return httpx.Response(200, json={"internal_states": [out.internal_state]})
+
+    runtime.set_off_mode("skip-extend")
+    checks = smoke.off_mode_checks(client, SimpleNamespace(get=server_info))
+    assert len(checks) == 5 and all(ok for ok, _ in checks), checks
+    assert runtime.off_mode == "skip-extend"  # put back
+
+
 def test_non_numeric_value_is_refused_by_sglang_own_validation(client: Any) -> None:
     body = push_body(TABLE)
     body["server_args"]["specctl_t0_depth"] = "three"

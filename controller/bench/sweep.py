@@ -70,7 +70,7 @@ class SweepPlan:
     burstiness: float = 1.0
     max_concurrency: int | None = None
     slo: Slo | None = None
-    drain_timeout_s: float = DRAIN_TIMEOUT_S
+    drain_timeout_s: float | None = None  # None: DRAIN_TIMEOUT_S
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -86,6 +86,10 @@ class SweepPlan:
         if self.request_rates:
             return [OpenLoop(r, self.burstiness, self.max_concurrency) for r in self.request_rates]
         return [ClosedLoop(c) for c in self.concurrencies]
+
+    @property
+    def drain_timeout(self) -> float:
+        return DRAIN_TIMEOUT_S if self.drain_timeout_s is None else self.drain_timeout_s
 
     def max_streams(self) -> int | None:
         """The client's connection pool: the most streams a level can hold open."""
@@ -369,12 +373,12 @@ class _Levels:
 
     async def settle(self) -> None:
         """Before the first level: the server should be idle, or someone else is using it."""
-        drained = await drain(self.server, self.plan.drain_timeout_s)
+        drained = await drain(self.server, self.plan.drain_timeout)
         if not drained.idle:
             self.observer.warning(
                 f"{self.server.url} was running {_requests(drained.busy)} before the sweep "
-                f"and still was {drained.seconds:.0f} s later; another client is using it, so "
-                "the levels measure its traffic too"
+                f"and still was after {self.plan.drain_timeout:g} s; another client is using "
+                "it, so the levels measure its traffic too"
             )
 
     async def measure(
@@ -391,11 +395,11 @@ class _Levels:
             hooks=scrapes, seed=plan.seed,
         )  # fmt: skip
         self.offset += live.started
-        drained = await drain(self.server, plan.drain_timeout_s)
+        drained = await drain(self.server, plan.drain_timeout)
         if not drained.idle:
             self.observer.warning(
                 f"{self.server.url} still ran {_requests(drained.busy)} "
-                f"{drained.seconds:.0f} s after level {series} {shape.describe()} closed its "
+                f"{plan.drain_timeout:g} s after level {series} {shape.describe()} closed its "
                 "streams; another client is using it (or it does not abort closed streams), "
                 "so the next level measures that traffic too"
             )

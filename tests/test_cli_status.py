@@ -9,9 +9,8 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from controller.cli import COMMAND_MODULES
-from controller.cli_app import app
-from controller.own_metrics import DaemonMetrics
+from controller.cli import COMMAND_MODULES, app
+from controller.daemon.own_metrics import DaemonMetrics
 from sglang_hooks.contract import push_body, single_depth_table
 
 for _module in COMMAND_MODULES:

@@ -83,8 +83,8 @@ def test_serve_checks_the_initial_depth_is_captured() -> None:
 def test_serve_command_refuses_an_uncaptured_initial_depth() -> None:
     from typer.testing import CliRunner
 
-    from controller.cli_app import app
-    from sglang_hooks import serve_cli  # noqa: F401  (registers the command)
+    import controller.cli.serve  # noqa: F401  (registers the command)
+    from controller.cli import app
 
     bad = CliRunner().invoke(app, ["serve", "--dry-run", "--depths", "0,1,2", "--", *EAGLE,
                                    "--speculative-num-steps", "3"])
@@ -98,8 +98,8 @@ def test_serve_command_refuses_an_uncaptured_initial_depth() -> None:
 def test_serve_warns_that_every_node_needs_the_same_policy_file(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from controller.cli_app import app
-    from sglang_hooks import serve_cli  # noqa: F401  (registers the command)
+    import controller.cli.serve  # noqa: F401  (registers the command)
+    from controller.cli import app
     from sglang_hooks.policy_file import table_fingerprint
 
     policy = tmp_path / "policy.yaml"

@@ -29,13 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from controller.config import ControllerConfig, parse_config
-from controller.daemon import Controller
-from controller.guardrails import decision_runs
-from controller.own_metrics import DaemonMetrics
-from controller.runner import TickInfo, run_simulated
-from controller.store import Store
-from controller.transport import HttpTransport, InProcessTransport, ServerTransport
+from controller.daemon.config import ControllerConfig, parse_config
+from controller.daemon.guardrails import decision_runs
+from controller.daemon.loop import Controller
+from controller.daemon.own_metrics import DaemonMetrics
+from controller.daemon.runner import TickInfo, run_simulated
+from controller.daemon.store import Store
+from controller.daemon.transport import HttpTransport, InProcessTransport, ServerTransport
 from models.samples import Sample
 from sglang_hooks.contract import PolicyTable, Tier, parse_table
 from sims.oracle import OraclePolicy, decode_curves

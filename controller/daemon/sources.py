@@ -13,8 +13,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from controller.scrape import CounterSnapshot, ScrapeError, parse_counters, series_key
-from controller.transport import ServerTransport, TransportError
+from controller.daemon.scrape import CounterSnapshot, ScrapeError, parse_counters, series_key
+from controller.daemon.transport import ServerTransport, TransportError
 from sglang_hooks.contract import (
     BS_BUCKET_EDGES,
     COUNTER_FAMILIES,

@@ -21,9 +21,9 @@ from typing import Any, Protocol
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from controller.config import ControllerConfig, TargetConfig
-from controller.daemon import Controller, PushEvent
-from controller.transport import HttpTransport, InProcessTransport, ServerTransport
+from controller.daemon.config import ControllerConfig, TargetConfig
+from controller.daemon.loop import Controller, PushEvent
+from controller.daemon.transport import HttpTransport, InProcessTransport, ServerTransport
 
 log = logging.getLogger("specctl.daemon")
 

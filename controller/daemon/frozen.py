@@ -1,4 +1,4 @@
-"""Frozen mode's input: a policy file (format and checks in controller/policy_file.py).
+"""Frozen mode's input: a policy file (format and checks in controller/daemon/policy_file.py).
 
 The daemon pushes the file's `table` as-is and keeps it there: it re-pushes whenever the
 server reports another table (for instance after a restart that lost the push). `provenance`
@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from controller.policy_file import PolicyFileError, load
+from controller.daemon.policy_file import PolicyFileError, load
 from sglang_hooks.contract import PolicyTable
 
 

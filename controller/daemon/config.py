@@ -15,12 +15,19 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from controller.cli_args import url_problem
-
 DEFAULT_CONFIG_RESOURCE = "default.yaml"
 
 PosFloat = Annotated[float, Field(gt=0.0)]
 Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
+
+
+def url_problem(url: str) -> str | None:
+    """Why `url` cannot be a server's base URL, or None (the CLI's URL options use it too)."""
+    if url.startswith(("http://", "https://")):
+        return None
+    if "://" not in url:
+        return f"{url!r} has no scheme: add http:// (e.g. http://{url})"
+    return f"must start with http:// or https://, got {url!r}"
 
 
 class ConfigError(ValueError):
@@ -266,7 +273,7 @@ def parse_config(data: Any, origin: str = "config") -> ControllerConfig:
 def load_config(path: str | Path | None = None) -> ControllerConfig:
     """Load `path`, or the embedded default (an in-process simulated server) when None."""
     if path is None:
-        text = resources.files("controller").joinpath(DEFAULT_CONFIG_RESOURCE).read_text()
+        text = resources.files("controller.daemon").joinpath(DEFAULT_CONFIG_RESOURCE).read_text()
         origin = "embedded default config"
     else:
         p = Path(path)

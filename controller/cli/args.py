@@ -1,4 +1,4 @@
-"""Option parsing shared by the commands: comma-separated integer lists, server URLs."""
+"""Option parsing shared by the commands: comma-separated integer lists."""
 
 from __future__ import annotations
 
@@ -40,11 +40,3 @@ def _is_int(text: str) -> bool:
         return False
     return True
 
-
-def url_problem(url: str) -> str | None:
-    """Why `url` cannot be a server's base URL, or None (the daemon config has the same rule)."""
-    if url.startswith(("http://", "https://")):
-        return None
-    if "://" not in url:
-        return f"{url!r} has no scheme: add http:// (e.g. http://{url})"
-    return f"must start with http:// or https://, got {url!r}"

@@ -16,13 +16,13 @@ from typing import Annotated
 
 import typer
 
-from controller.cli_app import app
-from controller.config import ConfigError, ControllerConfig, load_config
-from controller.daemon import Controller, TargetState
-from controller.frozen import FrozenPolicyError
-from controller.model import validate_learner_overrides
-from controller.own_metrics import DaemonMetrics
-from controller.runner import (
+from controller.cli import app
+from controller.daemon.config import ConfigError, ControllerConfig, load_config
+from controller.daemon.frozen import FrozenPolicyError
+from controller.daemon.loop import Controller, TargetState
+from controller.daemon.model import validate_learner_overrides
+from controller.daemon.own_metrics import DaemonMetrics
+from controller.daemon.runner import (
     ClockedServer,
     TickInfo,
     build_transports,
@@ -30,7 +30,7 @@ from controller.runner import (
     run_simulated,
     run_wall,
 )
-from controller.store import Store, StoreError
+from controller.daemon.store import Store, StoreError
 
 log = logging.getLogger("specctl.daemon")
 

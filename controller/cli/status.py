@@ -22,8 +22,8 @@ from rich.table import Table
 
 from controller.bench.metrics import Scrape, work_between
 from controller.bench.server_client import ADMIN_KEY_ENV, ServerClient, ServerError
-from controller.cli_app import app
-from controller.cli_args import url_problem
+from controller.cli import app
+from controller.daemon.config import url_problem
 
 DAEMON_PREFIX = "specctl_daemon_"
 MIN_WINDOW_S = 0.5

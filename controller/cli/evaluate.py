@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from sims.cli import sim_app
+from controller.cli.sim import sim_app
 from sims.profile import ProfileError
 from sims.workload import ScenarioError
 
@@ -37,7 +37,7 @@ def evaluate_command(
     ] = None,
 ) -> None:
     """Run the daemon on an accelerated simulated clock; compare with the oracle and statics."""
-    from controller.evaluate import evaluate
+    from controller.evaluation.evaluate import evaluate
 
     console = Console(stderr=True)
     try:

@@ -23,9 +23,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from controller.cli_app import app
-from controller.config import StoreConfig
-from controller.store import Store, StoreError, samples_only
+from controller.cli import app
+from controller.daemon.config import StoreConfig
+from controller.daemon.store import Store, StoreError, samples_only
 from models.learner import CurvePoint, Learner, Proposal
 from models.samples import Sample
 from sglang_hooks.contract import BS_BUCKET_EDGES, PolicyError, PolicyTable, bs_bucket, parse_table

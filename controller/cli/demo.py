@@ -20,13 +20,13 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from controller.cli_app import app
-from controller.config import parse_config
-from controller.daemon import Controller
-from controller.own_metrics import DaemonMetrics
-from controller.policy_file import PolicyFile, Provenance, dump, dumps
-from controller.runner import TickInfo, build_transports, run_simulated
-from controller.store import Store
+from controller.cli import app
+from controller.daemon.config import parse_config
+from controller.daemon.loop import Controller
+from controller.daemon.own_metrics import DaemonMetrics
+from controller.daemon.policy_file import PolicyFile, Provenance, dump, dumps
+from controller.daemon.runner import TickInfo, build_transports, run_simulated
+from controller.daemon.store import Store
 from sglang_hooks.contract import PolicyTable, Tier
 
 DEMO_PROFILE = "kimi-k25-8x-rtxpro6000-pcie"

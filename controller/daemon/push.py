@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from controller.transport import ServerTransport, TransportError
+from controller.daemon.transport import ServerTransport, TransportError
 from sglang_hooks.contract import (
     PolicyError,
     PolicyTable,

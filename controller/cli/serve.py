@@ -16,8 +16,8 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from controller.cli_app import app
-from controller.cli_args import parse_int_list
+from controller.cli import app
+from controller.cli.args import parse_int_list
 from sglang_hooks import launch
 from sglang_hooks.contract import MAX_DEPTH, PolicyError
 from sglang_hooks.policy_file import POLICY_FILE_ENV, load_policy_file, table_fingerprint

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from controller.cli_app import app
-from controller.cli_args import parse_int_list
+from controller.cli import app
+from controller.cli.args import parse_int_list
 from sglang_hooks.contract import MAX_DEPTH
 from sims.profile import Profile, ProfileError, builtin_profiles, load_profile
 

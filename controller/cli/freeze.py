@@ -17,10 +17,17 @@ import typer
 from rich.console import Console
 
 from controller.bench.server_client import ServerClient, ServerError
-from controller.cli_app import app
-from controller.cli_args import url_problem
-from controller.curves_cli import DEFAULT_STORE, CurvesError, GroupModel, load_group_model
-from controller.policy_file import PolicyFile, PolicyFileError, Provenance, TimeWindow, dump, load
+from controller.cli import app
+from controller.cli.curves import DEFAULT_STORE, CurvesError, GroupModel, load_group_model
+from controller.daemon.config import url_problem
+from controller.daemon.policy_file import (
+    PolicyFile,
+    PolicyFileError,
+    Provenance,
+    TimeWindow,
+    dump,
+    load,
+)
 from sglang_hooks.contract import PolicyTable, Tier
 
 

@@ -25,8 +25,9 @@ from controller.bench.report import (
 )
 from controller.bench.server_client import ADMIN_KEY_ENV, ServerClient, ServerError
 from controller.bench.sweep import LevelObserver, LevelResult, SweepOutcome, SweepPlan, run_sweep
-from controller.cli_app import app
-from controller.cli_args import parse_int_list, url_problem
+from controller.cli import app
+from controller.cli.args import parse_int_list
+from controller.daemon.config import url_problem
 from sglang_hooks.contract import MAX_DEPTH
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128,256"

@@ -1,7 +1,7 @@
 """The daemon's reconcile loop: scrape -> store -> model -> table -> push, per target.
 
 `Controller` holds no clock of its own: every entry point takes `now`. Two drivers call it:
-- `run_wall` (controller/runner.py): apscheduler jobs on real time, one scrape job and one
+- `run_wall` (controller/daemon/runner.py): apscheduler jobs on real time, one scrape job and one
   decide job per target and one fit job per group, each job isolated, so a stuck or failing
   target never blocks the others (every call to a server also has a timeout).
 - `step` here: the simulated-clock driver (evaluation, demo) calls it once per tick.
@@ -16,18 +16,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.config import ControllerConfig, TargetConfig
-from controller.frozen import load_frozen_policy
-from controller.guardrails import (
+from controller.daemon.config import ControllerConfig, TargetConfig
+from controller.daemon.frozen import load_frozen_policy
+from controller.daemon.guardrails import (
     bound_change,
     bucket_rates,
     changed_buckets,
     compare_after_push,
     restrict_to_captured,
 )
-from controller.model import GroupModel, LearnerFactory, default_learner_factory
-from controller.own_metrics import DaemonMetrics
-from controller.push import (
+from controller.daemon.model import GroupModel, LearnerFactory, default_learner_factory
+from controller.daemon.own_metrics import DaemonMetrics
+from controller.daemon.push import (
     LiveState,
     ServerStateError,
     read_live,
@@ -35,10 +35,10 @@ from controller.push import (
     send_table,
     verify_table,
 )
-from controller.scrape import ScrapeError, build_samples, counter_deltas
-from controller.sources import CounterSource, MetricsPageSource, PrometheusSource
-from controller.store import Store
-from controller.transport import ServerTransport
+from controller.daemon.scrape import ScrapeError, build_samples, counter_deltas
+from controller.daemon.sources import CounterSource, MetricsPageSource, PrometheusSource
+from controller.daemon.store import Store
+from controller.daemon.transport import ServerTransport
 from models.samples import Sample
 from sglang_hooks.contract import PolicyError, PolicyTable, parse_table
 

@@ -15,12 +15,13 @@ usage), /v1/models. Auth follows SGLang 0.5.23: /health*, /ready and /metrics ar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -114,20 +115,29 @@ class _Progress:
 
 async def _generate(
     server: SimulatedServer, prompt_tokens: int, max_tokens: int
-) -> AsyncIterator[_Progress]:
-    """Submit a request to the simulation and yield its progress as tokens arrive."""
+) -> AsyncGenerator[_Progress, None]:
+    """Submit a request to the simulation and yield its progress as tokens arrive.
+
+    A client that disconnects closes this generator: the request is aborted, as SGLang aborts
+    a request whose stream is closed, so it stops taking a slot in the batch."""
     stream = _Stream(asyncio.get_running_loop())
-    server.submit(prompt_tokens, max_tokens, stream)
+    rid = server.submit(prompt_tokens, max_tokens, stream)
     produced = 0
-    while True:
-        kind, count, sim_time = await stream.queue.get()
-        if kind == "tokens":
-            text = synthetic_text(produced, count)
-            produced += count
-            yield _Progress(produced, text, None, sim_time)
-        else:
-            yield _Progress(produced, "", kind.split(":", 1)[1], sim_time)
-            return
+    finished = False
+    try:
+        while True:
+            kind, count, sim_time = await stream.queue.get()
+            if kind == "tokens":
+                text = synthetic_text(produced, count)
+                produced += count
+                yield _Progress(produced, text, None, sim_time)
+            else:
+                finished = True
+                yield _Progress(produced, "", kind.split(":", 1)[1], sim_time)
+                return
+    finally:
+        if not finished:
+            server.abort(rid)
 
 
 async def _collect(
@@ -136,9 +146,10 @@ async def _collect(
     """A whole (non-streamed) generation: its text and its final progress record."""
     text = ""
     last: _Progress | None = None
-    async for p in _generate(server, prompt_tokens, max_tokens):
-        text += p.text
-        last = p
+    async with contextlib.aclosing(_generate(server, prompt_tokens, max_tokens)) as progress:
+        async for p in progress:
+            text += p.text
+            last = p
     assert last is not None  # _generate always ends with a finish record
     return text, last
 
@@ -278,11 +289,15 @@ def create_app(server: SimulatedServer) -> FastAPI:
 
             async def events() -> AsyncIterator[bytes]:
                 text = ""
-                async for p in _generate(server, prompt_tokens, max_tokens):
-                    text += p.text
-                    if p.finished is not None:
-                        server.record_streaming_finished(p.tokens)
-                    yield _sse({"text": text, "meta_info": meta(p)})
+                # aclosing: a client that goes away mid-stream aborts the request at once.
+                async with contextlib.aclosing(
+                    _generate(server, prompt_tokens, max_tokens)
+                ) as progress:
+                    async for p in progress:
+                        text += p.text
+                        if p.finished is not None:
+                            server.record_streaming_finished(p.tokens)
+                        yield _sse({"text": text, "meta_info": meta(p)})
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")
@@ -327,17 +342,20 @@ def create_app(server: SimulatedServer) -> FastAPI:
             include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
 
             async def events() -> AsyncIterator[bytes]:
-                async for p in _generate(server, prompt_tokens, max_tokens):
-                    if p.finished is None:
-                        yield _sse(chunk(p.text, None))
-                        continue
-                    server.record_streaming_finished(p.tokens)
-                    yield _sse(chunk("", p.finished))
-                    if include_usage:
-                        final = chunk("", None)
-                        final["choices"] = []
-                        final["usage"] = usage(p.tokens)
-                        yield _sse(final)
+                async with contextlib.aclosing(
+                    _generate(server, prompt_tokens, max_tokens)
+                ) as progress:
+                    async for p in progress:
+                        if p.finished is None:
+                            yield _sse(chunk(p.text, None))
+                            continue
+                        server.record_streaming_finished(p.tokens)
+                        yield _sse(chunk("", p.finished))
+                        if include_usage:
+                            final = chunk("", None)
+                            final["choices"] = []
+                            final["usage"] = usage(p.tokens)
+                            yield _sse(final)
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")

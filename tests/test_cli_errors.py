@@ -92,13 +92,13 @@ def test_bench_option_errors_name_the_option(args: list[str], expected: str) -> 
 def test_bench_warns_and_flags_levels_measured_with_foreign_traffic(
     sim_server, tmp_path, monkeypatch
 ) -> None:
-    monkeypatch.setattr(bench_sweep, "IDLE_TIMEOUT_S", 0.5)  # the sim's own clients never stop
+    monkeypatch.setattr(bench_sweep, "DRAIN_TIMEOUT_S", 0.5)  # the sim's own clients never stop
     out = tmp_path / "b"
     result = run("bench", "--url", sim_server.base_url, "--depths", "1", "--concurrency", "1",
                  "--out", str(out), *FAST_BENCH)  # fmt: skip
     assert result.exit_code == 0, result.output
     text = flat(result.output)
-    assert "warning:" in text and "kept decoding for 0.5 s" in text
+    assert "warning:" in text and "and still was after 0.5 s; another client is using it" in text
     assert "batch above concurrency: other traffic on the server" in text
     [level] = json.loads((out / "bench.json").read_text())["results"]
     assert level["foreign_traffic"] is True and level["mean_batch"] > 3

@@ -58,6 +58,7 @@ class RequestResult:
     output_tokens: int
     complete: bool  # read to the end (not cut by the level's deadline)
     error: str | None = None
+    prompt_tokens: int | None = None  # as the server counted them (its usage), if it said
 
     @property
     def tpot_s(self) -> float | None:
@@ -136,6 +137,7 @@ async def _one_request(
     first: float | None = None
     last: float | None = None
     seen = 0
+    prompt: int | None = None
     try:
         async with http.stream("POST", "/v1/completions", json=body) as resp:
             if resp.status_code != 200:
@@ -153,6 +155,8 @@ async def _one_request(
                 usage = chunk.get("usage")
                 if isinstance(usage, dict) and "completion_tokens" in usage:
                     new = int(usage["completion_tokens"]) - seen
+                    if isinstance(usage.get("prompt_tokens"), int):
+                        prompt = usage["prompt_tokens"]
                 else:
                     choices = chunk.get("choices") or ()
                     new = 1 if choices and choices[0].get("text") else 0
@@ -165,14 +169,16 @@ async def _one_request(
                     live.chunks += 1
     except asyncio.CancelledError:
         # The level's deadline cut this request: keep what it produced, mark it incomplete.
-        return _result(start, time.perf_counter(), first, last, seen, t0, complete=False)
+        return _result(start, time.perf_counter(), first, last, seen, t0, complete=False,
+                       prompt_tokens=prompt)  # fmt: skip
     except (_RequestFailed, httpx.HTTPError, ValueError) as err:
         live.errors += 1
         end = time.perf_counter()
         reason = str(err) or type(err).__name__
         return _result(start, end, first, last, seen, t0, complete=False, error=reason)
     live.completed += 1
-    return _result(start, time.perf_counter(), first, last, seen, t0, complete=True)
+    return _result(start, time.perf_counter(), first, last, seen, t0, complete=True,
+                   prompt_tokens=prompt)  # fmt: skip
 
 
 class _RequestFailed(Exception):
@@ -189,6 +195,7 @@ def _result(
     *,
     complete: bool,
     error: str | None = None,
+    prompt_tokens: int | None = None,
 ) -> RequestResult:
     return RequestResult(
         start_s=start - t0,
@@ -198,7 +205,15 @@ def _result(
         output_tokens=tokens,
         complete=complete,
         error=error,
+        prompt_tokens=prompt_tokens,
     )
+
+
+async def warm_up(http: httpx.AsyncClient, prompt: Prompt, model: str, temperature: float) -> None:
+    """One short request before a server's first level, not measured: the first request a
+    server sees pays one-off costs (connections, lazy initialisation) no level should carry."""
+    body = completion_body(Prompt(prompt.text, 2), model, temperature)
+    await _one_request(http, body, time.perf_counter(), LiveCounters())  # errors show later
 
 
 async def run_level(

@@ -19,10 +19,25 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from controller.bench.loadgen import LevelLoad, LiveCounters, StopRule, make_client, run_level
-from controller.bench.metrics import Scrape, total, work_between
+from controller.bench.loadgen import (
+    LevelLoad,
+    LiveCounters,
+    StopRule,
+    make_client,
+    run_level,
+    warm_up,
+)
+from controller.bench.metrics import (
+    ITL_HISTOGRAM,
+    TTFT_HISTOGRAM,
+    Scrape,
+    mean_between,
+    total,
+    work_between,
+)
 from controller.bench.prompts import Prompt
 from controller.bench.server_client import ServerClient, ServerError, ServerState
+from controller.bench.server_facts import server_facts
 from sglang_hooks.contract import PolicyError, single_depth_table, validate_tiers
 
 NO_SPEC = "no-spec"
@@ -75,6 +90,15 @@ class LevelResult:
     # streams left over from the level before) was decoding too, so the numbers are not this
     # level's alone.
     foreign_traffic: bool = False
+    # What `specctl sim fit` replays: the decode step from the server's counters, and the
+    # request shape as the server counted it (mean prompt tokens, mean output tokens).
+    step_ms: float | None = None
+    prompt_tokens: float | None = None
+    output_tokens: float | None = None
+    # The same level as the server itself timed it (SGLang's latency histograms, means):
+    # no client or network time in them.
+    server_ttft_ms: float | None = None
+    server_itl_ms: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,6 +109,8 @@ class SweepOutcome:
     plan: SweepPlan
     before: ServerState
     results: list[LevelResult] = field(default_factory=list)
+    # What each server said about itself in /server_info (`server_facts`): "spec", "no_spec".
+    servers: dict[str, dict[str, Any]] = field(default_factory=dict)
     pushed: bool = False  # whether the sweep changed the server's table at all
     restored: str | None = None  # the table pushed back at the end, described
     interrupted: str | None = None  # why the sweep stopped early, if it did
@@ -116,13 +142,16 @@ def summarize(
     done = load.completed
     ttft = [r.ttft_s for r in done if r.ttft_s is not None]
     tpot = [t for r in done if (t := r.tpot_s) is not None]
-    mean_batch = accept = None
+    mean_batch = accept = step = ttft_s = itl_s = None
     if before is not None and after is not None:
+        ttft_s = mean_between(before, after, TTFT_HISTOGRAM)
+        itl_s = mean_between(before, after, ITL_HISTOGRAM)
         work = work_between(before, after)
         # Only the forced depth should have run; exploration off, so take every depth's work.
         w = work.get(depth) if depth is not None else total(work.values())
         if w is not None:
-            mean_batch, accept = w.mean_batch, w.accept_length
+            mean_batch, accept, step = w.mean_batch, w.accept_length, w.step_ms
+    prompts = [r.prompt_tokens for r in load.requests if r.prompt_tokens is not None]
     return LevelResult(
         series=series_name(depth),
         depth=depth,
@@ -139,6 +168,11 @@ def summarize(
         accept_length=accept,
         client_cpu_share=load.client_cpu_s / load.elapsed_s if load.elapsed_s > 0 else math.nan,
         foreign_traffic=has_foreign_traffic(load.concurrency, mean_batch),
+        step_ms=step,
+        prompt_tokens=statistics.fmean(prompts) if prompts else None,
+        output_tokens=statistics.fmean(r.output_tokens for r in done) if done else None,
+        server_ttft_ms=None if ttft_s is None else 1000.0 * ttft_s,
+        server_itl_ms=None if itl_s is None else 1000.0 * itl_s,
     )
 
 
@@ -230,6 +264,8 @@ async def _run_levels(
         server.push(forced)
         observer.message(f"forced {series_name(depth)} on {plan.url} (version {forced.version})")
         async with make_client(plan.url, max(plan.concurrencies)) as http:
+            if i == 0:
+                await warm_up(http, plan.prompts[-1], model, plan.temperature)
             for c in plan.concurrencies:
                 live = LiveCounters()
                 await _settle(server, plan.url, observer)
@@ -260,8 +296,10 @@ async def _run_no_spec(outcome: SweepOutcome, observer: LevelObserver, offset: i
     with ServerClient(plan.no_spec_url) as other:
         if not other.health():
             raise ServerError(f"{plan.no_spec_url}/health is not OK (--no-spec-url)")
+        outcome.servers["no_spec"] = server_facts(other.server_info())
         model = plan.model or other.model_id() or "default"
         async with make_client(plan.no_spec_url, max(plan.concurrencies)) as http:
+            await warm_up(http, plan.prompts[-1], model, plan.temperature)
             for c in plan.concurrencies:
                 live = LiveCounters()
                 await _settle(other, plan.no_spec_url, observer)
@@ -284,6 +322,7 @@ async def sweep(plan: SweepPlan, observer: LevelObserver | None = None) -> Sweep
         before = server.state()
         check_depths(plan.depths, before)
         outcome = SweepOutcome(plan=plan, before=before)
+        outcome.servers["spec"] = server_facts(server.server_info())
         observer.sweep_started(outcome)
         try:
             await _run_levels(outcome, server, observer)

@@ -21,6 +21,7 @@ import socket
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -77,9 +78,15 @@ class SimClock:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
+    def wall_time_of(self, sim_time: float) -> float:
+        """The `time.monotonic()` at which the simulated clock reaches `sim_time`."""
+        return self._wall0 + (sim_time - self._sim0) / self.speedup
+
     def _run(self) -> None:
         wall0 = time.monotonic()
         sim0 = self.server.now
+        self._wall0, self._sim0 = wall0, sim0
+        self.server.wall_time_of = self.wall_time_of
         try:
             while not self._stop.wait(self.tick_s):
                 target = sim0 + (time.monotonic() - wall0) * self.speedup
@@ -90,19 +97,44 @@ class SimClock:
 
 
 class _Stream:
-    """Bridges the engine's callbacks (clock thread) to an asyncio queue (request handler)."""
+    """Bridges the engine's callbacks (clock thread) to an asyncio queue (request handler).
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    The engine computes an iteration whole, when it starts, and reports its tokens at the
+    simulated time it ends; a served clock (`server.wall_time_of`) holds each event back
+    until that time comes on the wall clock, so a client sees tokens when a real server would
+    send them. Events are handed over in order (a deque, flushed by timers)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, server: SimulatedServer) -> None:
         self.loop = loop
         self.queue: asyncio.Queue[tuple[str, int, float]] = asyncio.Queue()
+        self._wall_time_of = server.wall_time_of
+        self._pending: deque[tuple[float, tuple[str, int, float]]] = deque()
+        self._lock = threading.Lock()
 
     def on_tokens(self, count: int, sim_time: float) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, ("tokens", count, sim_time))
+        self._push(("tokens", count, sim_time))
 
     def on_done(self, sim_time: float, finish_reason: str) -> None:
-        self.loop.call_soon_threadsafe(
-            self.queue.put_nowait, ("done:" + finish_reason, 0, sim_time)
-        )
+        self._push(("done:" + finish_reason, 0, sim_time))
+
+    def _push(self, item: tuple[str, int, float]) -> None:
+        due = self._wall_time_of(item[2]) if self._wall_time_of is not None else 0.0
+        with self._lock:
+            self._pending.append((due, item))
+        self.loop.call_soon_threadsafe(self._schedule, due)
+
+    def _schedule(self, due: float) -> None:
+        delay = due - time.monotonic()
+        if delay > 0:
+            self.loop.call_later(delay, self._flush)
+        else:
+            self._flush()
+
+    def _flush(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            while self._pending and self._pending[0][0] <= now:
+                self.queue.put_nowait(self._pending.popleft()[1])
 
 
 @dataclass
@@ -111,6 +143,8 @@ class _Progress:
     text: str
     finished: str | None
     sim_time: float
+    ttft_s: float = 0.0  # on the finish record: submission to first token (simulated)
+    latency_s: float = 0.0  # on the finish record: submission to finish (simulated)
 
 
 async def _generate(
@@ -120,20 +154,25 @@ async def _generate(
 
     A client that disconnects closes this generator: the request is aborted, as SGLang aborts
     a request whose stream is closed, so it stops taking a slot in the batch."""
-    stream = _Stream(asyncio.get_running_loop())
+    stream = _Stream(asyncio.get_running_loop(), server)
+    submitted = server.now
     rid = server.submit(prompt_tokens, max_tokens, stream)
     produced = 0
+    first: float | None = None
     finished = False
     try:
         while True:
             kind, count, sim_time = await stream.queue.get()
             if kind == "tokens":
+                first = sim_time if first is None else first
                 text = synthetic_text(produced, count)
                 produced += count
                 yield _Progress(produced, text, None, sim_time)
             else:
                 finished = True
-                yield _Progress(produced, "", kind.split(":", 1)[1], sim_time)
+                ttft = (sim_time if first is None else first) - submitted
+                reason = kind.split(":", 1)[1]
+                yield _Progress(produced, "", reason, sim_time, ttft, sim_time - submitted)
                 return
     finally:
         if not finished:
@@ -296,7 +335,7 @@ def create_app(server: SimulatedServer) -> FastAPI:
                     async for p in progress:
                         text += p.text
                         if p.finished is not None:
-                            server.record_streaming_finished(p.tokens)
+                            server.record_streaming_finished(p.tokens, p.ttft_s, p.latency_s)
                         yield _sse({"text": text, "meta_info": meta(p)})
                 yield b"data: [DONE]\n\n"
 
@@ -349,7 +388,7 @@ def create_app(server: SimulatedServer) -> FastAPI:
                         if p.finished is None:
                             yield _sse(chunk(p.text, None))
                             continue
-                        server.record_streaming_finished(p.tokens)
+                        server.record_streaming_finished(p.tokens, p.ttft_s, p.latency_s)
                         yield _sse(chunk("", p.finished))
                         if include_usage:
                             final = chunk("", None)
@@ -389,6 +428,7 @@ class ServedSimulation:
     ) -> None:
         self.server = server
         self.clock = SimClock(server, speedup)
+        server.speedup = speedup
         self.host = host
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -141,6 +141,7 @@ class RequestResult:
     complete: bool  # read to the end (not cut when the level ended)
     error: str | None = None
     chunk_gaps_s: tuple[float, ...] = ()  # between chunks that carried tokens (ITL)
+    prompt_tokens: int | None = None  # as the server counted them (its usage), if it said
 
     @property
     def tpot_s(self) -> float | None:
@@ -304,6 +305,7 @@ class _Level:
         start = time.perf_counter()
         chunk_times: list[float] = []
         seen = 0
+        prompt: int | None = None
         complete = False
         error: str | None = None
         live.in_flight += 1
@@ -325,6 +327,8 @@ class _Level:
                     usage = chunk.get("usage")
                     if isinstance(usage, dict) and "completion_tokens" in usage:
                         new = int(usage["completion_tokens"]) - seen
+                        if isinstance(usage.get("prompt_tokens"), int):
+                            prompt = usage["prompt_tokens"]
                     else:
                         choices = chunk.get("choices") or ()
                         new = 1 if choices and choices[0].get("text") else 0
@@ -339,7 +343,7 @@ class _Level:
         finally:
             # Also on cancellation (the level ended): keep what the request produced.
             live.in_flight -= 1
-            self.record(self._result(start, chunk_times, seen, complete, error))
+            self.record(self._result(start, chunk_times, seen, complete, error, prompt))
 
     def _result(
         self,
@@ -348,6 +352,7 @@ class _Level:
         tokens: int,
         complete: bool,
         error: str | None,
+        prompt_tokens: int | None = None,
     ) -> RequestResult:
         t0 = self.t0
         first = chunk_times[0] if chunk_times else None
@@ -361,7 +366,19 @@ class _Level:
             complete=complete,
             error=error,
             chunk_gaps_s=tuple(b - a for a, b in itertools.pairwise(chunk_times)),
+            prompt_tokens=prompt_tokens,
         )
+
+
+async def warm_up(http: httpx.AsyncClient, prompt: Prompt, model: str, temperature: float) -> None:
+    """One short request before a server's first level, not measured: the first request a
+    server sees pays one-off costs (connections, lazy initialisation) no level should carry."""
+    body = completion_body(Prompt(prompt.text, 2), model, temperature)
+    try:
+        async with http.stream("POST", "/v1/completions", json=body) as resp:
+            await resp.aread()
+    except httpx.HTTPError:
+        pass  # a server that fails shows it in the first level
 
 
 async def _closed_loop(level: _Level, concurrency: int) -> None:

@@ -246,6 +246,11 @@ def too_short_hint(results: Sequence[LevelResult], output_tokens: float | None) 
 
 # ----------------------------------------------------------------------------- files
 
+# bench.json's format: /2 added `servers`, `stop_rule` and per level `step_ms`, `prompt_tokens`,
+# `output_tokens`, `server_ttft_ms`, `server_itl_ms` (what `specctl sim fit` needs); /1 had no
+# `format` key.
+BENCH_FORMAT = "specctl-bench/2"
+
 CSV_FIELDS = [f.name for f in fields(LevelResult)]
 
 
@@ -285,11 +290,14 @@ def outcome_json(outcome: SweepOutcome) -> dict[str, Any]:
     rate = plan.mode == "rate"
     best = {_level_key(c): d for c, d in best_depths(results).items()}
     out: dict[str, Any] = {
+        "format": BENCH_FORMAT,
         "url": plan.url,
         "no_spec_url": plan.no_spec_url,
         "depths": list(plan.depths),
         "concurrencies": list(plan.concurrencies),
         "stop": plan.stop.describe(),
+        "stop_rule": {"requests": plan.stop.requests, "duration_s": plan.stop.duration_s},
+        "servers": outcome.servers,
         "prompts": plan.prompt_source,
         "table_before": None if outcome.before.table is None else outcome.before.table.to_json(),
         "table_before_source": outcome.before.source,

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import math
 import signal
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -35,10 +36,19 @@ from controller.bench.loadgen import (
     WindowHooks,
     make_client,
     run_level,
+    warm_up,
 )
-from controller.bench.metrics import Scrape, total, work_between
+from controller.bench.metrics import (
+    ITL_HISTOGRAM,
+    TTFT_HISTOGRAM,
+    Scrape,
+    mean_between,
+    total,
+    work_between,
+)
 from controller.bench.prompts import Prompt
 from controller.bench.server_client import ServerClient, ServerError, ServerState
+from controller.bench.server_facts import server_facts
 from sglang_hooks.contract import PolicyError, single_depth_table, validate_tiers
 
 NO_SPEC = "no-spec"
@@ -146,6 +156,15 @@ class LevelResult:
     too_short: bool = False
     drain_s: float | None = None  # from closing the level's streams to an idle server
     drain_timed_out: bool = False
+    # What `specctl sim fit` replays: the decode step from the server's counters, and the
+    # request shape as the server counted it (mean prompt tokens, mean output tokens).
+    step_ms: float | None = None
+    prompt_tokens: float | None = None
+    output_tokens: float | None = None
+    # The same level as the server itself timed it (SGLang's latency histograms, means):
+    # no client or network time in them.
+    server_ttft_ms: float | None = None
+    server_itl_ms: float | None = None
 
     @property
     def level(self) -> int | float:
@@ -175,6 +194,8 @@ class SweepOutcome:
     plan: SweepPlan
     before: ServerState
     results: list[LevelResult] = field(default_factory=list)
+    # What each server said about itself in /server_info (`server_facts`): "spec", "no_spec".
+    servers: dict[str, dict[str, Any]] = field(default_factory=dict)
     pushed: bool = False  # whether the sweep changed the server's table at all
     restored: str | None = None  # the table pushed back at the end, described
     interrupted: str | None = None  # why the sweep stopped early, if it did
@@ -211,13 +232,16 @@ def summarize(
 ) -> LevelResult:
     done = load.completed
     lat = latencies(done)
-    mean_batch = accept = None
+    mean_batch = accept = step = ttft_s = itl_s = None
     if before is not None and after is not None:
+        ttft_s = mean_between(before, after, TTFT_HISTOGRAM)
+        itl_s = mean_between(before, after, ITL_HISTOGRAM)
         work = work_between(before, after)
         # Only the forced depth should have run; exploration off, so take every depth's work.
         w = work.get(depth) if depth is not None else total(work.values())
         if w is not None:
-            mean_batch, accept = w.mean_batch, w.accept_length
+            mean_batch, accept, step = w.mean_batch, w.accept_length, w.step_ms
+    prompts = [r.prompt_tokens for r in load.requests if r.prompt_tokens is not None]
     good = goodput(slo, load.measured, load.elapsed_s) if slo is not None else None
     open_loop = load.shape if isinstance(load.shape, OpenLoop) else None
     window = load.elapsed_s
@@ -253,6 +277,11 @@ def summarize(
         too_short=not done,
         drain_s=None if drain is None else round(drain.seconds, 3),
         drain_timed_out=drain is not None and not drain.idle,
+        step_ms=step,
+        prompt_tokens=statistics.fmean(prompts) if prompts else None,
+        output_tokens=statistics.fmean(r.output_tokens for r in done) if done else None,
+        server_ttft_ms=None if ttft_s is None else 1000.0 * ttft_s,
+        server_itl_ms=None if itl_s is None else 1000.0 * itl_s,
     )
 
 
@@ -370,6 +399,13 @@ class _Levels:
         self.observer = observer
         self.offset = offset  # prompts already sent: every level gets fresh ones
         self.model = plan.model or server.model_id() or "default"
+        self.warmed = False
+
+    async def warm_up(self, http: httpx.AsyncClient) -> None:
+        """One unmeasured request before this server's first level."""
+        if not self.warmed:
+            self.warmed = True
+            await warm_up(http, self.plan.prompts[-1], self.model, self.plan.temperature)
 
     async def settle(self) -> None:
         """Before the first level: the server should be idle, or someone else is using it."""
@@ -427,6 +463,7 @@ async def _run_levels(
         server.push(forced)
         observer.message(f"forced {series_name(depth)} on {plan.url} (version {forced.version})")
         async with make_client(plan.url, plan.max_streams()) as http:
+            await levels.warm_up(http)
             for shape in plan.shapes():
                 result = await levels.measure(http, depth, shape)
                 now = server.state()
@@ -448,9 +485,11 @@ async def _run_no_spec(outcome: SweepOutcome, observer: LevelObserver, offset: i
     with ServerClient(plan.no_spec_url) as other:
         if not other.health():
             raise ServerError(f"{plan.no_spec_url}/health is not OK (--no-spec-url)")
+        outcome.servers["no_spec"] = server_facts(other.server_info())
         levels = _Levels(plan, other, observer, offset)
         await levels.settle()
         async with make_client(plan.no_spec_url, plan.max_streams()) as http:
+            await levels.warm_up(http)
             for shape in plan.shapes():
                 result = await levels.measure(http, None, shape)
                 outcome.results.append(result)
@@ -464,6 +503,7 @@ async def sweep(plan: SweepPlan, observer: LevelObserver | None = None) -> Sweep
         before = server.state()
         check_depths(plan.depths, before)
         outcome = SweepOutcome(plan=plan, before=before)
+        outcome.servers["spec"] = server_facts(server.server_info())
         observer.sweep_started(outcome)
         try:
             await _run_levels(outcome, server, observer)

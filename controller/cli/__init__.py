@@ -25,6 +25,7 @@ app = typer.Typer(
 # One module per command (group); importing a module registers its commands on `app`.
 COMMAND_MODULES = (
     "controller.cli.sim",
+    "controller.cli.sim_fit",
     "controller.cli.bench",
     "controller.cli.status",
     "controller.cli.curves",

@@ -37,9 +37,9 @@ def test_all_phases_against_simulated_servers_then_a_later_command(tmp_path, cap
         "--spec-port", str(spec_port), "--plain-port", str(plain_port),
         "--smoke-seconds", "0.5", "--greedy-prompts", "2", "--greedy-tokens", "16",
         "--switches", "20", "--switch-probe-every", "10", "--switch-load", "2",
-        "--switch-interval", "0.01", "--bench-concurrency", "1,4", "--bench-depths", "0,3",
+        "--switch-interval", "0.01", "--bench-concurrency", "1,2", "--bench-depths", "0,3",
         "--bench-duration", "0.5", "--output-tokens", "16", "--prompt-tokens", "32",
-        "--daemon-seconds", "5", "--daemon-segment", "2",
+        "--daemon-seconds", "4", "--daemon-segment", "2",
     ])  # fmt: skip
     out = capsys.readouterr().out
     state = json.loads((run_dir / "state.json").read_text())
@@ -61,7 +61,7 @@ def test_all_phases_against_simulated_servers_then_a_later_command(tmp_path, cap
     bench = phases["bench"]["result"]
     assert bench["levels"] == bench["levels_planned"] == 6
     assert set(bench["tok_per_s"]) == {f"{s} c={c}" for s in ("d0", "d3", "no-spec")
-                                       for c in (1, 4)}
+                                       for c in (1, 2)}
     assert phases["daemon"]["result"]["samples_stored"] > 0
     counts = summary["sglang_log_lines"]["lines"]
     assert counts["Adaptive spec params updated"] == {"total": 0, "under_table": 0}
@@ -88,3 +88,11 @@ def test_all_phases_against_simulated_servers_then_a_later_command(tmp_path, cap
         assert "does not answer /health: run the `start` phase" in state["phases"][phase]["error"]
         assert f"== phase {phase}: FAILED" in out
     assert "| greedy | failed |" in (run_dir / "summary.md").read_text()
+
+    # A budget too short for any phase: each is skipped, the summary still written.
+    assert harness.main(["smoke", "bench", "summary", "--run-dir", str(run_dir),
+                         "--budget", "50"]) == 1
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["phases"]["bench"]["status"] == "skipped"
+    assert state["phases"]["summary"]["status"] == "ok" and "budget" not in state["options"]
+    assert harness.main(["smoke", "--run-dir", str(run_dir), "--budget", "10"]) == 2

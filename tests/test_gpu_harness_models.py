@@ -96,7 +96,7 @@ def test_options_layer_defaults_tiny_saved_and_explicit():
     assert (opts.shape, opts.switches, opts.bench_concurrency) == ("llama8b", 1000,
                                                                    "1,4,16,64,128")
     tiny = resolve({"tiny": True}, {"switches": 7})
-    assert (tiny.shape, tiny.switches, tiny.bench_duration) == ("tiny", 7, 3.0)
+    assert (tiny.shape, tiny.switches, tiny.bench_duration) == ("tiny", 7, 2.0)
     # A saved option beats the preset; this command's beats both.
     assert resolve({"tiny": True, "bench_duration": 5.0}, {}).bench_duration == 5.0
     assert resolve({"tiny": True, "bench_duration": 5.0}, {"bench_duration": 2.0}) \

@@ -143,12 +143,15 @@ class RunResult:
 
 
 def run_prompts(url: str, prompts: Iterable[GreedyPrompt], max_new_tokens: int, mode: str,
-                pusher: TablePusher | None = None) -> RunResult:
+                pusher: TablePusher | None = None, deadline: float | None = None) -> RunResult:
     result = RunResult(mode)
     t_start = time.monotonic()
     with httpx.Client(base_url=url, timeout=120.0) as client:
         for prompt in prompts:
             t0 = time.monotonic()
+            if deadline is not None and t0 > deadline:
+                raise GreedyError(f"out of time (--budget) before prompt {prompt.name} of "
+                                  f"{mode}: give the greedy check a command of its own")
             result.outputs.append(generate_ids(client, prompt, max_new_tokens))
             result.pushes_during.append(pusher.pushes_between(t0, time.monotonic())
                                         if pusher else 0)
@@ -186,17 +189,20 @@ def greedy_check(spec_url: str, plain_url: str, admin_key: str | None,
                  prompts: Sequence[GreedyPrompt], max_new_tokens: int,
                  switch_depths: Sequence[int] = (0, 3, 1), interval_s: float = 0.1,
                  fixed_depths: Sequence[int] = (), plain_repeat: bool = True,
-                 plain_reference: RunResult | None = None) -> tuple[dict[str, Any], RunResult]:
+                 plain_reference: RunResult | None = None,
+                 deadline: float | None = None) -> tuple[dict[str, Any], RunResult]:
     """Plain outputs (reference) against the speculative server switching depth under pushes,
     and optionally at fixed depths; the table live before is put back at the end. Returns the
     report and the plain server's outputs (a later check can reuse them)."""
-    plain = plain_reference or run_prompts(plain_url, prompts, max_new_tokens, "plain")
+    plain = plain_reference or run_prompts(plain_url, prompts, max_new_tokens, "plain",
+                                           deadline=deadline)
     report: dict[str, Any] = {"max_new_tokens": max_new_tokens, "batch": 1,
                               "prompt_lengths": [p.length for p in prompts],
                               "switch_depths": list(switch_depths), "interval_s": interval_s,
                               "comparisons": []}
     if plain_repeat:
-        again = run_prompts(plain_url, prompts, max_new_tokens, "plain-again")
+        again = run_prompts(plain_url, prompts, max_new_tokens, "plain-again",
+                            deadline=deadline)
         report["comparisons"].append(compare(plain, again, prompts))
     with ServerClient(spec_url, admin_key) as server:
         before = server.state()
@@ -205,7 +211,7 @@ def greedy_check(spec_url: str, plain_url: str, admin_key: str | None,
             pusher = TablePusher(spec_url, admin_key, switch_depths, interval_s, version).start()
             try:
                 switching = run_prompts(spec_url, prompts, max_new_tokens, "spec-switching",
-                                        pusher)
+                                        pusher, deadline)
             finally:
                 pusher.stop()
             report["comparisons"].append(compare(plain, switching, prompts))
@@ -215,7 +221,8 @@ def greedy_check(spec_url: str, plain_url: str, admin_key: str | None,
             for depth in fixed_depths:
                 server.push(single_depth_table(depth, version=version))
                 version += 1
-                fixed = run_prompts(spec_url, prompts, max_new_tokens, f"spec-d{depth}")
+                fixed = run_prompts(spec_url, prompts, max_new_tokens, f"spec-d{depth}",
+                                    deadline=deadline)
                 report["comparisons"].append(compare(plain, fixed, prompts))
         finally:
             server.push(before.table)

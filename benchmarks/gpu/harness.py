@@ -48,6 +48,8 @@ PHASE_FUNCTIONS: dict[str, Callable[[phases.Run], Any]] = {
     "stop": phases.phase_stop,
 }
 DEFAULT_RESULTS = Path("benchmarks/results/gpu")
+MIN_PHASE_S = 30.0
+ALWAYS_RUN = ("summary", "stop")  # whatever the budget left
 
 
 def parser() -> argparse.ArgumentParser:
@@ -64,6 +66,11 @@ def parser() -> argparse.ArgumentParser:
                     "folder (default: the date and time)")
     ap.add_argument("--out-tar", type=Path, default=None,
                     help="also pack the results folder into this .tar.gz at the end")
+    ap.add_argument("--budget", type=float, default=None, metavar="SECONDS",
+                    help="this command's time limit: phase timeouts shrink to fit it, a phase "
+                    f"is skipped when less than {MIN_PHASE_S:g} s are left, and "
+                    f"{phases.BUDGET_RESERVE_S:g} s stay for the summary, the archive and "
+                    "stop (not kept for later commands)")
     add_arguments(ap)
     return ap
 
@@ -118,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = parser()
     args = ap.parse_args(argv)
     explicit = {k: v for k, v in vars(args).items()
-                if k not in ("phases", "run_dir", "run_name", "out_tar")}
+                if k not in ("phases", "run_dir", "run_name", "out_tar", "budget")}
     try:
         names = phase_list(args.phases)
         run_dir = args.run_dir or DEFAULT_RESULTS / (args.run_name
@@ -126,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
         state = RunState.load(run_dir)
         opts = resolve(state.data["options"], explicit)
         validate(opts)
+        if args.budget is not None and args.budget <= phases.BUDGET_RESERVE_S:
+            raise OptionError(f"--budget: give more than {phases.BUDGET_RESERVE_S:g} s (that "
+                              "much is kept for the summary, the archive and stop)")
     except (OptionError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -135,9 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     state.data["commands"].append({"argv": sys.argv[1:] if argv is None else argv,
                                    "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     state.save()
-    run = phases.Run(opts, state)
-    print(f"run folder: {run_dir.resolve()}", flush=True)
     t0 = time.monotonic()
+    run = phases.Run(opts, state, None if args.budget is None else t0 + args.budget)
+    print(f"run folder: {run_dir.resolve()}", flush=True)
     monitor: ControlMonitor | None = None
     ok = True
     for name in names:
@@ -147,6 +157,12 @@ def main(argv: list[str] | None = None) -> int:
         if name in ("summary", "stop") and monitor is not None:
             state.add_control_windows(monitor.stop())
             monitor = None
+        if name not in ALWAYS_RUN and run.time_left() < MIN_PHASE_S:
+            why = f"skipped: {max(run.time_left(), 0):.0f} s of the --budget left"
+            run.state.record_phase(name, "skipped", 0.0, error=why)
+            run.say(f"== phase {name}: {why}")
+            ok = False
+            continue
         ok = run_phase(run, name) and ok
     if monitor is not None:
         state.add_control_windows(monitor.stop())

@@ -72,10 +72,10 @@ TINY_PRESET: dict[str, Any] = {
     "switch_probe_every": 50,
     "bench_concurrency": "1,16,128",
     "bench_depths": "0,3",
-    "bench_duration": 3.0,
+    "bench_duration": 2.0,
     "output_tokens": 32,
     "prompt_tokens": 64,
-    "daemon_seconds": 30.0,
+    "daemon_seconds": 25.0,
     "daemon_segment": 5.0,
 }
 

@@ -55,10 +55,25 @@ class PhaseError(RuntimeError):
         self.result = result
 
 
+# Kept back from a command's --budget for the summary, the archive and stopping the servers.
+BUDGET_RESERVE_S = 40.0
+
+
 @dataclass
 class Run:
     opts: Options
     state: RunState
+    deadline: float | None = None  # time.monotonic() by which this command must be done
+
+    def time_left(self) -> float:
+        """Seconds this command may still spend on phases (inf without --budget)."""
+        if self.deadline is None:
+            return float("inf")
+        return self.deadline - BUDGET_RESERVE_S - time.monotonic()
+
+    def cap(self, timeout_s: float) -> float:
+        """A subprocess timeout shortened to what the budget leaves."""
+        return max(5.0, min(timeout_s, self.time_left()))
 
     @property
     def dir(self) -> Path:
@@ -148,7 +163,7 @@ def seeded_folders(run: Run, root: Path) -> ModelFolders:
     argv = [sys.executable, "-m", SEEDED_BUILD, "--out", str(root),
             *shlex.split(run.opts.seeded_args)]
     run.say(f"  {shlex.join(argv)}")
-    done = run_logged(argv, run.dir / "seeded_build.txt", run.opts.seeded_timeout)
+    done = run_logged(argv, run.dir / "seeded_build.txt", run.cap(run.opts.seeded_timeout))
     if done.returncode != 0:
         raise PhaseError(f"the seeded builder failed: {done.describe()}")
     folders = check_given_folders(root / "target", root / "draft", kind="seeded")
@@ -251,7 +266,7 @@ def phase_smoke(run: Run) -> dict[str, Any]:
     argv = [sys.executable, "-m", "sglang_hooks.smoke", "--url", run.url(servers.SPEC),
             "--admin-key", run.admin_key, "--seconds-per-depth", f"{run.opts.smoke_seconds:g}"]
     timeout = 2 * (run.opts.smoke_seconds + 10) + 60
-    done = run_logged(argv, run.dir / "smoke.txt", timeout)
+    done = run_logged(argv, run.dir / "smoke.txt", run.cap(timeout))
     text = done.log.read_text(errors="replace")
     last = [line for line in text.splitlines() if " passed, " in line]
     run.say("  " + (last[-1] if last else done.describe()))
@@ -287,17 +302,27 @@ def phase_greedy(run: Run) -> dict[str, Any]:
         switch_depths=int_list(run.opts.greedy_switch_depths, "greedy-switch-depths"),
         interval_s=run.opts.greedy_interval,
         fixed_depths=int_list(run.opts.greedy_fixed_depths, "greedy-fixed-depths"),
+        deadline=None if run.deadline is None else time.monotonic() + run.time_left(),
     )  # fmt: skip
     (run.dir / "greedy_plain_outputs.json").write_text(json.dumps({
         "prompts": [p.name for p in prompts], "max_new_tokens": run.opts.greedy_tokens,
         "outputs": plain.outputs}) + "\n")
     (run.dir / "greedy_report.json").write_text(json.dumps(report, indent=2) + "\n")
     run.say("  " + headline(report))
-    return {k: v for k, v in report.items() if k != "comparisons"} | {
+    result = {k: v for k, v in report.items() if k != "comparisons"} | {
         "headline": headline(report),
         "comparisons": [{k: v for k, v in c.items() if k != "per_prompt"}
                         for c in report["comparisons"]],
     }
+    switching = next(c for c in report["comparisons"] if c["mode"] == "spec-switching")
+    if switching["pushes_during_requests"] == 0:
+        run.say("  warning: no push landed during a request: raise --greedy-tokens or lower "
+                "--greedy-interval to switch depth mid-request")
+    pusher = report.get("pusher") or {}
+    if pusher.get("failures"):
+        raise PhaseError(f"greedy: {pusher['failures']} of the pusher's pushes failed, first: "
+                         f"{pusher['first_failures'][0]}", result)
+    return result
 
 
 def phase_switch(run: Run) -> dict[str, Any]:
@@ -312,6 +337,7 @@ def phase_switch(run: Run) -> dict[str, Any]:
         probe_every=o.switch_probe_every, gpu_limit_mib=o.gpu_growth_limit_mib,
         rss_limit_mib=o.rss_growth_limit_mib, greedy_max_new_tokens=o.greedy_tokens,
         greedy_switch_depths=int_list(o.greedy_switch_depths, "greedy-switch-depths"),
+        deadline=None if run.deadline is None else time.monotonic() + run.time_left(),
     )  # fmt: skip
     prompts = run.greedy_prompts()
     report = run_stress(plan, prompts, prompts, _plain_reference(run), progress=run.say)
@@ -350,7 +376,10 @@ def phase_bench(run: Run) -> dict[str, Any]:
     # A level is its duration plus waiting for the server to drain (bounded by the bench).
     timeout = levels * series * (o.bench_duration + 40) + 60
     run.say(f"  {levels * series} levels of {o.bench_duration:g} s (timeout {timeout:.0f} s)")
-    done = run_logged(argv, run.dir / "bench.txt", timeout)
+    if run.time_left() < timeout:
+        run.say(f"  warning: the --budget leaves {run.time_left():.0f} s: the bench is cut "
+                "then, and the levels measured by that time are kept")
+    done = run_logged(argv, run.dir / "bench.txt", run.cap(timeout))
     bench_json = out_dir / "bench.json"
     if not bench_json.is_file():
         raise PhaseError(f"bench wrote no bench.json: {done.describe()}")
@@ -382,8 +411,13 @@ def phase_daemon(run: Run) -> dict[str, Any]:
     store = folder / "daemon.sqlite"
     for stale in folder.glob("daemon.sqlite*"):
         stale.unlink()  # a rerun measures afresh
-    config = daemon_run.daemon_config(run.url(servers.SPEC), run.admin_key, store,
-                                      o.daemon_seconds)
+    seconds = min(o.daemon_seconds, run.time_left() - o.daemon_segment - 30)
+    if seconds < o.daemon_seconds:
+        if seconds < 10:
+            raise PhaseError(f"the --budget leaves {run.time_left():.0f} s, too little for a "
+                             "daemon run; give this phase a command of its own")
+        run.say(f"  the --budget shortens the daemon run to {seconds:.0f} s")
+    config = daemon_run.daemon_config(run.url(servers.SPEC), run.admin_key, store, seconds)
     daemon_run.write_config(folder / "daemon.yaml", config)
     with ServerClient(run.url(servers.SPEC)) as probe:
         model = probe.model_id() or "default"
@@ -394,7 +428,7 @@ def phase_daemon(run: Run) -> dict[str, Any]:
     ).start()  # fmt: skip
     try:
         done = daemon_run.run_daemon(folder / "daemon.yaml", folder / "daemon.log",
-                                     o.daemon_seconds + 60)
+                                     run.cap(seconds + 60))
     finally:
         load_stopped = load.stop(timeout_s=o.daemon_segment + 60)
     with ServerClient(run.url(servers.SPEC), run.admin_key) as server:

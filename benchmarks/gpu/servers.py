@@ -137,7 +137,7 @@ def wait_healthy(url: str, pid: int, log: Path, timeout_s: float) -> float:
         if time.monotonic() - t0 > timeout_s:
             raise StartError(f"{url}/health did not answer 200 within {timeout_s:g} s "
                              f"(pid {pid} still running); log tail:\n{log_tail(log)}")
-        time.sleep(1.0)
+        time.sleep(0.25)
 
 
 def log_tail(path: Path, lines: int = 25) -> str:
@@ -159,7 +159,7 @@ def stop(pid: int, timeout_s: float = 30.0) -> str:
         while time.monotonic() < deadline:
             if not any(pid_alive(p) for p in members | {pid}):
                 return "stopped" if sig == signal.SIGTERM else "killed"
-            time.sleep(0.5)
+            time.sleep(0.1)
         members |= session_pids(pid)
     return "still running after SIGKILL"
 

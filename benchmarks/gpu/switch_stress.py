@@ -96,6 +96,7 @@ class StressPlan:
     rss_limit_mib: float = 512.0
     greedy_max_new_tokens: int = 128
     greedy_switch_depths: tuple[int, ...] = (0, 3, 1)
+    deadline: float | None = None  # time.monotonic(): stop pushing early to keep to --budget
 
 
 def _iterations_by_depth(server: ServerClient) -> Any:
@@ -114,6 +115,7 @@ def run_stress(plan: StressPlan, load_prompts: Sequence[GreedyPrompt],
     samples: list[memory.MemorySample] = [memory.sample(plan.server_pid, "before load")]
     push_s: list[float] = []
     hung_pushes = 0
+    stopped_early: str | None = None
     with ServerClient(plan.spec_url, plan.admin_key) as server:
         before = server.state()
         scrape0 = _iterations_by_depth(server)
@@ -128,6 +130,11 @@ def run_stress(plan: StressPlan, load_prompts: Sequence[GreedyPrompt],
             with httpx.Client(base_url=plan.spec_url, headers=headers,
                               timeout=PUSH_TIMEOUT_S) as client:
                 for i in range(plan.switches):
+                    # Keep time for the greedy check after the pushes.
+                    if plan.deadline is not None and time.monotonic() > plan.deadline - 30:
+                        stopped_early = f"out of time (--budget) after {i} pushes"
+                        progress(f"  switch stress: {stopped_early}")
+                        break
                     depth = plan.off_depth if i % 2 == 0 else plan.on_depth
                     t0 = time.monotonic()
                     try:
@@ -185,10 +192,11 @@ def run_stress(plan: StressPlan, load_prompts: Sequence[GreedyPrompt],
     greedy_report, _ = greedy_check(
         plan.spec_url, plan.plain_url, plan.admin_key, greedy_prompts,
         plan.greedy_max_new_tokens, switch_depths=plan.greedy_switch_depths,
-        plain_repeat=False, plain_reference=plain_reference,
+        plain_repeat=False, plain_reference=plain_reference, deadline=plan.deadline,
     )  # fmt: skip
     both_ran = all(ran.get(f"d{d}", 0) > 0 for d in (plan.off_depth, plan.on_depth))
     checks = {
+        f"all {plan.switches} pushes sent": len(push_s) == plan.switches,
         "every push applied": not failures,
         "no hang (pushes, requests, health)": hung_pushes == 0 and stuck == 0 and alive,
         "no request failed under the pushes": load.errors == 0,
@@ -201,6 +209,7 @@ def run_stress(plan: StressPlan, load_prompts: Sequence[GreedyPrompt],
     return {
         "switches_planned": plan.switches,
         "pushes_sent": len(push_s),
+        "stopped_early": stopped_early,
         "interval_s": plan.interval_s,
         "depths": [plan.off_depth, plan.on_depth],
         "seconds": round(stress_s, 1),

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu import pack, phases, summary
+from benchmarks.gpu.context import BUDGET_RESERVE_S, PhaseError, Run
 from benchmarks.gpu.options import (
     PHASES,
     SERVER_PHASES,
@@ -36,7 +37,7 @@ from benchmarks.gpu.options import (
 from benchmarks.gpu.server_log import ControlMonitor
 from benchmarks.gpu.state import RunState
 
-PHASE_FUNCTIONS: dict[str, Callable[[phases.Run], Any]] = {
+PHASE_FUNCTIONS: dict[str, Callable[[Run], Any]] = {
     "models": phases.phase_models,
     "start": phases.phase_start,
     "smoke": phases.phase_smoke,
@@ -69,7 +70,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--budget", type=float, default=None, metavar="SECONDS",
                     help="this command's time limit: phase timeouts shrink to fit it, a phase "
                     f"is skipped when less than {MIN_PHASE_S:g} s are left, and "
-                    f"{phases.BUDGET_RESERVE_S:g} s stay for the summary, the archive and "
+                    f"{BUDGET_RESERVE_S:g} s stay for the summary, the archive and "
                     "stop (not kept for later commands)")
     add_arguments(ap)
     return ap
@@ -87,7 +88,7 @@ def phase_list(names: list[str]) -> list[str]:
     return [p for p in PHASES if p in wanted]
 
 
-def _summary(run: phases.Run) -> dict[str, Any]:
+def _summary(run: Run) -> dict[str, Any]:
     if run.state.servers and _servers_up(run):
         phases.record_server_info(run)  # the capacity fields as they are at the end
     written = summary.write(run.state)
@@ -96,22 +97,22 @@ def _summary(run: phases.Run) -> dict[str, Any]:
             "sglang_own_choice_under_table_ok": counts.get("sglang_own_choice_under_table_ok")}
 
 
-def _servers_up(run: phases.Run) -> bool:
+def _servers_up(run: Run) -> bool:
     from benchmarks.gpu.servers import healthy
 
     return all(healthy(url) for r in ("spec", "plain") if (url := run.state.url(r)))
 
 
-def run_phase(run: phases.Run, name: str) -> bool:
+def run_phase(run: Run, name: str) -> bool:
     run.say(f"== phase {name}")
     t0 = time.monotonic()
     try:
         result = PHASE_FUNCTIONS[name](run)
     except Exception as err:  # recorded, and the next phase still runs
         elapsed = time.monotonic() - t0
-        detail = str(err) if isinstance(err, phases.PhaseError | OptionError | ValueError) \
+        detail = str(err) if isinstance(err, PhaseError | OptionError | ValueError) \
             else "".join(traceback.format_exception(err)[-3:])
-        partial = err.result if isinstance(err, phases.PhaseError) else None
+        partial = err.result if isinstance(err, PhaseError) else None
         run.state.record_phase(name, "failed", elapsed, partial, error=detail.strip())
         run.say(f"== phase {name}: FAILED after {elapsed:.1f} s: {detail.strip()}")
         return False
@@ -133,8 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         state = RunState.load(run_dir)
         opts = resolve(state.data["options"], explicit)
         validate(opts)
-        if args.budget is not None and args.budget <= phases.BUDGET_RESERVE_S:
-            raise OptionError(f"--budget: give more than {phases.BUDGET_RESERVE_S:g} s (that "
+        if args.budget is not None and args.budget <= BUDGET_RESERVE_S:
+            raise OptionError(f"--budget: give more than {BUDGET_RESERVE_S:g} s (that "
                               "much is kept for the summary, the archive and stop)")
     except (OptionError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "at": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
     state.save()
     t0 = time.monotonic()
-    run = phases.Run(opts, state, None if args.budget is None else t0 + args.budget)
+    run = Run(opts, state, None if args.budget is None else t0 + args.budget)
     print(f"run folder: {run_dir.resolve()}", flush=True)
     monitor: ControlMonitor | None = None
     ok = True

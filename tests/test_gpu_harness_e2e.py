@@ -10,6 +10,7 @@ only). Those are the GPU run's to measure.
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import tarfile
 
@@ -57,6 +58,9 @@ def test_all_phases_against_simulated_servers_then_a_later_command(tmp_path, cap
     assert all(c["flips"] == 0 and c["prompts"] == 2 for c in greedy)
     switch = phases["switch"]["result"]
     assert switch["pushes_sent"] == 20 and switch["ok"] and switch["failures"] == 0
+    assert switch["checks"]["server RSS within limit"] is True  # /proc of the sim's process
+    if shutil.which("nvidia-smi") is None:  # not measured is not a pass
+        assert switch["checks"]["GPU memory within limit"] is None
     assert switch["iterations_by_depth"]["d0"] > 0 and switch["iterations_by_depth"]["d3"] > 0
     bench = phases["bench"]["result"]
     assert bench["levels"] == bench["levels_planned"] == 6

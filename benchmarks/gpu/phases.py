@@ -29,7 +29,7 @@ from benchmarks.gpu.model_folders import (
 from benchmarks.gpu.options import int_list
 from benchmarks.gpu.procs import pid_alive
 from benchmarks.gpu.subproc import run_logged
-from benchmarks.gpu.switch_stress import StressPlan, run_stress
+from benchmarks.gpu.switch_stress import StressPlan, check_mark, run_stress
 from controller.bench.server_client import ServerClient
 
 SERVER_INFO_FIELDS = (
@@ -265,13 +265,14 @@ def phase_switch(run: Run) -> dict[str, Any]:
     report = run_stress(plan, prompts, prompts, _plain_reference(run), progress=run.say)
     (run.dir / "switch_report.json").write_text(json.dumps(report, indent=2) + "\n")
     for check, ok in report["checks"].items():
-        run.say(f"  {'PASS' if ok else 'FAIL'} {check}")
+        run.say(f"  {check_mark(ok)} {check}")
     run.say(f"  {report['memory']['gpu_used']}; {report['memory']['rss']}")
     summary = {k: v for k, v in report.items() if k not in ("memory", "greedy_after")}
     summary["memory"] = {k: v for k, v in report["memory"].items() if k != "samples"}
     summary["greedy_after"] = headline(report["greedy_after"])
     # Greedy flips are reported, not fatal: random weights leave small logit margins.
-    failed = [c for c, ok in report["checks"].items() if not ok and not c.startswith("greedy")]
+    failed = [c for c, ok in report["checks"].items()
+              if ok is False and not c.startswith("greedy")]
     if failed:
         raise PhaseError(f"switch stress: failed checks: {'; '.join(failed)}", summary)
     return summary

@@ -9,6 +9,7 @@ from typing import Any
 from benchmarks.gpu import server_log
 from benchmarks.gpu.options import PHASES
 from benchmarks.gpu.state import RunState
+from benchmarks.gpu.switch_stress import check_mark
 
 
 def log_counts(state: RunState) -> dict[str, Any]:
@@ -16,11 +17,13 @@ def log_counts(state: RunState) -> dict[str, Any]:
     if spec is None:
         return {}
     log = Path(spec["log"])
-    counts = server_log.count_lines(log, state.data.get("control_windows", []))
+    windows = state.data.get("control_windows", [])
+    counts = server_log.count_lines(log, windows)
     own = counts[server_log.SGLANG_OWN_CHOICE]["under_table"]
     return {
         "log": str(log),
-        "control_window_bytes": sum(b - a for a, b in state.data.get("control_windows", [])),
+        "control_windows": len(windows),
+        "control_window_bytes": sum(b - a for a, b in windows),
         "lines": counts,
         "sglang_own_choice_under_table_ok": own == 0,
     }
@@ -109,7 +112,7 @@ def markdown(summary: dict[str, Any]) -> str:
             [[c["mode"], f"{c['identical']}/{c['prompts']}", c["flips"],
               c["first_divergences"], c["pushes_during_requests"]]
              for c in r.get("comparisons", [])])],
-        "switch": lambda r: [*[f"- {'PASS' if ok else 'FAIL'} {c}" for c, ok in
+        "switch": lambda r: [*[f"- {check_mark(ok)} {c}" for c, ok in
                                (r.get("checks") or {}).items()],
                              f"- pushes sent {r.get('pushes_sent')}, latency ms "
                              f"{r.get('push_latency_ms')}, load {r.get('load')}",
@@ -134,7 +137,9 @@ def markdown(summary: dict[str, Any]) -> str:
                             for k, v in counts["lines"].items()])
         verdict = "0, as it must be" if counts["sglang_own_choice_under_table_ok"] else \
             "NOT 0: SGLang changed depth on its own while a table ruled"
-        lines.append(f"SGLang's own depth changes while a table held control: {verdict}.\n")
+        lines.append(f"SGLang's own depth changes while a table held control: {verdict} "
+                     f"({counts['control_window_bytes'] / 1024:,.0f} KiB of log in "
+                     f"{counts['control_windows']} stretches were written under a table).\n")
     return "\n".join(lines)
 
 

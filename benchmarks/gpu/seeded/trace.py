@@ -154,11 +154,15 @@ def summarize_trace(loads: Sequence[LevelLoad]) -> dict[str, Any]:
     }
 
 
-def _flush_cache(url: str) -> None:
-    """Drop SGLang's prefix cache so every policy starts from the same state (best effort:
-    the route may be missing or refused)."""
-    with contextlib.suppress(httpx.HTTPError):
-        httpx.post(f"{url.rstrip('/')}/flush_cache", timeout=10.0)
+def _flush_cache(url: str, admin_key: str | None) -> bool:
+    """Drop SGLang's prefix cache so every policy starts from the same state (an admin route
+    when the server has an admin key). Best effort: False if it was missing or refused."""
+    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+    try:
+        resp = httpx.post(f"{url.rstrip('/')}/flush_cache", headers=headers, timeout=10.0)
+    except httpx.HTTPError:
+        return False
+    return resp.status_code == 200
 
 
 async def _run_phases(
@@ -265,7 +269,7 @@ def run_policy(spec: RunSpec) -> dict[str, Any]:
                 server.push(single_depth_table(depth, version=state.version + 1))
             else:  # the daemon starts from SGLang's own choice too
                 server.push(None)
-        _flush_cache(spec.url)
+        result["prefix_cache_flushed"] = _flush_cache(spec.url, admin_key)
         model = (server or ServerClient(spec.url)).model_id() or "default"
         total = sum(p.seconds for p in spec.phases)
         if kind == "daemon":

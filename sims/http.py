@@ -7,9 +7,11 @@ so a load generator sees realistic TTFT, inter-token latency and throughput agai
 concurrency (divided by `speedup` in wall time). Generated text is synthetic.
 
 Endpoints: /metrics, /server_info (+ deprecated /get_server_info), /set_internal_state (POST,
-PUT), /health, /health_generate, /ready, /generate, /v1/completions (streaming or not, with
-usage), /v1/models. Auth follows SGLang 0.5.23: /health*, /ready and /metrics are open;
-/set_internal_state is ADMIN_OPTIONAL; everything else needs the API key when one is set.
+PUT), /health, /health_generate, /ready, /generate (`text` or `input_ids`; answers with
+`output_ids` that depend on the prompt and position only, like a greedy decode),
+/v1/completions (streaming or not, with usage), /v1/models. Auth follows SGLang 0.5.23:
+/health*, /ready and /metrics are open; /set_internal_state is ADMIN_OPTIONAL; everything
+else needs the API key when one is set.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import socket
 import threading
 import time
 import uuid
+import zlib
 from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
@@ -43,6 +46,17 @@ _OPEN_PATHS = ("/health", "/ready", "/metrics")
 def synthetic_text(start: int, count: int) -> str:
     """Deterministic filler text for output tokens [start, start + count)."""
     return "".join(_WORDS[i % len(_WORDS)] for i in range(start, start + count))
+
+
+SYNTHETIC_VOCAB = 32000
+
+
+def synthetic_output_ids(prompt: Any, start: int, count: int) -> list[int]:
+    """Token ids for output positions [start, start + count): a function of the prompt and
+    the position only, as a greedy decode is, so every depth (and a server without
+    speculation) answers a prompt with the same ids."""
+    seed = zlib.crc32(json.dumps(prompt, separators=(",", ":")).encode())
+    return [(seed + 2654435761 * i) % SYNTHETIC_VOCAB for i in range(start, start + count)]
 
 
 def prompt_token_count(prompt: Any) -> int:
@@ -336,13 +350,16 @@ def create_app(server: SimulatedServer) -> FastAPI:
                         text += p.text
                         if p.finished is not None:
                             server.record_streaming_finished(p.tokens, p.ttft_s, p.latency_s)
-                        yield _sse({"text": text, "meta_info": meta(p)})
+                        # Cumulative, as SGLang streams without incremental_streaming_output.
+                        yield _sse({"text": text, "output_ids": synthetic_output_ids(
+                            prompt, 0, p.tokens), "meta_info": meta(p)})
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")
 
         text, last = await _collect(server, prompt_tokens, max_tokens)
-        return JSONResponse({"text": text, "meta_info": meta(last)})
+        return JSONResponse({"text": text, "output_ids": synthetic_output_ids(
+            prompt, 0, last.tokens), "meta_info": meta(last)})
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:

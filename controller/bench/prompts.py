@@ -74,7 +74,8 @@ _COMMON_WORDS = (
     "never day same another know while last might us great old year off come since against go "
     "came right used take three system model server token speed batch request queue memory"
 )
-_WORDS = tuple(_COMMON_WORDS.split())
+# Public: benchmarks/gpu builds a tokenizer in which each of these words is one token.
+WORDS = tuple(_COMMON_WORDS.split())
 
 
 def synthetic_prompts(
@@ -86,7 +87,7 @@ def synthetic_prompts(
     rng = random.Random(seed)
     prompts = []
     for i in range(count):
-        words = [f"Request {i}:", *rng.choices(_WORDS, k=max(prompt_tokens - 3, 1))]
+        words = [f"Request {i}:", *rng.choices(WORDS, k=max(prompt_tokens - 3, 1))]
         prompts.append(Prompt(" ".join(words), output_tokens))
     return prompts
 

@@ -394,7 +394,8 @@ def plot(outcome: SweepOutcome, path: Path) -> None:
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # no TPOT line when no request finished
+            ax.legend(fontsize=8)
     title = f"specctl bench: {outcome.plan.url}"
     verdict = recommendation_text(outcome)
     if verdict is not None:

@@ -291,12 +291,9 @@ class LevelObserver:
     def sweep_started(self, outcome: SweepOutcome) -> None:
         """`outcome` fills in as levels finish; keep it to report a sweep cut short."""
 
-    def load_started(self, series: str, shape: LoadShape, live: LiveCounters) -> None:
-        """A level starts; `live` counts its requests and tokens as they arrive."""
-        if isinstance(shape, ClosedLoop):
-            self.level_started(series, shape.concurrency, live)
-
-    def level_started(self, series: str, concurrency: int, live: LiveCounters) -> None: ...
+    def level_started(self, series: str, shape: LoadShape, live: LiveCounters) -> None:
+        """A level starts (a fixed concurrency or a request rate); `live` counts its requests
+        and tokens as they arrive, warm-up included."""
 
     def level_finished(self, result: LevelResult) -> None: ...
 
@@ -423,7 +420,7 @@ class _Levels:
         plan = self.plan
         live = LiveCounters()
         series = series_name(depth)
-        self.observer.load_started(series, shape, live)
+        self.observer.level_started(series, shape, live)
         scrapes = _WindowScrapes(self.server)
         load = await run_level(
             http, plan.prompts, shape, plan.stop, model=self.model,

@@ -1,164 +1,70 @@
-"""`specctl bench`: a concurrency sweep per forced depth on a live server, without restarts."""
+"""`specctl bench`: a sweep per forced depth on a live server, without restarts.
+
+This module declares the command and checks its options (every mistake is one `error:` line
+naming the option, exit 2, before anything is pushed); controller/cli/bench_run.py runs the
+sweep and prints it.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeElapsedColumn
-from rich.table import Table
-from rich.text import Text
 
-from controller.bench.loadgen import LiveCounters, LoadError, StopRule
-from controller.bench.prompts import DatasetError, load_dataset, synthetic_prompts
-from controller.bench.report import (
-    best_depths,
-    crossovers,
-    plot,
-    recommend_table,
-    write_csv,
-    write_json,
-)
-from controller.bench.server_client import ADMIN_KEY_ENV, ServerClient, ServerError
-from controller.bench.sweep import LevelObserver, LevelResult, SweepOutcome, SweepPlan, run_sweep
 from controller.cli import app
-from controller.cli.args import parse_int_list
-from controller.daemon.config import url_problem
+from controller.cli.args import ADMIN_KEY_ENV, fail, parse_int_list, parse_positive_list
 from sglang_hooks.contract import MAX_DEPTH
+
+if TYPE_CHECKING:
+    from controller.bench.latency import Slo
+    from controller.bench.prompts import Prompt
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128,256"
 DEFAULT_DURATION_S = 20.0
-FOREIGN_NOTE = "batch above concurrency: other traffic on the server"
-
-# soft_wrap: an error stays one line even when stderr is a file or a pipe (80 columns).
-err_console = Console(stderr=True, soft_wrap=True)
+DEFAULT_OUTPUT_TOKENS = 256
 
 
-class _LiveColumn(ProgressColumn):
-    """The running level's own numbers, read from the load generator's counters."""
+def _slo(items: list[str] | None) -> Slo | None:
+    from controller.bench.latency import SloError, parse_slo
 
-    def render(self, task: Task) -> Text:
-        live: LiveCounters | None = task.fields.get("live")
-        if live is None:
-            return Text("")
-        t = live.elapsed_s()
-        rate = live.tokens / t if t > 0 else 0.0
-        return Text(
-            f"{task.fields.get('level', '')}  {t:5.1f} s  {live.completed} req  "
-            f"{live.errors} err  {rate:,.0f} tok/s",
-            style="cyan",
-        )
-
-
-class _ProgressObserver(LevelObserver):
-    def __init__(self, progress: Progress, total_levels: int) -> None:
-        self.progress = progress
-        self.task = progress.add_task("sweep", total=total_levels)
-        self.outcome: SweepOutcome | None = None
-
-    def sweep_started(self, outcome: SweepOutcome) -> None:
-        self.outcome = outcome
-        self.message(f"server table before the sweep: {outcome.before.describe()}")
-
-    def level_started(self, series: str, concurrency: int, live: LiveCounters) -> None:
-        self.progress.update(self.task, live=live, level=f"{series} c={concurrency}")
-
-    def level_finished(self, result: LevelResult) -> None:
-        self.progress.advance(self.task)
-        batch = "" if result.mean_batch is None else f"  batch {result.mean_batch:.1f}"
-        errors = f"  [red]{result.errors} errors[/red]" if result.errors else ""
-        foreign = f"  [yellow]{FOREIGN_NOTE}[/yellow]" if result.foreign_traffic else ""
-        self.progress.console.print(
-            f"  {result.series:>7} c={result.concurrency:<4}{result.output_tok_per_s:9.1f} tok/s"
-            f"  TPOT {_ms(result.tpot_p50_ms)}  TTFT {_ms(result.ttft_p50_ms)}{batch}{errors}"
-            f"{foreign}"
-        )
-
-    def message(self, text: str) -> None:
-        self.progress.console.print(f"[dim]{text}[/dim]")
-
-    def warning(self, text: str) -> None:
-        self.progress.console.print(f"[yellow]warning:[/yellow] {text}", soft_wrap=True)
-
-
-def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f} ms"
-
-
-def _pair(a: float | None, b: float | None) -> str:
-    return "-" if a is None or b is None else f"{a:.1f} / {b:.1f}"
-
-
-def _batch(r: LevelResult) -> str:
-    if r.mean_batch is None:
-        return "-"
-    return f"{r.mean_batch:.1f}" + ("!" if r.foreign_traffic else "")
-
-
-def results_table(results: list[LevelResult]) -> Table:
-    best = best_depths(results)
-    table = Table(title="per (depth, concurrency); * = best forced depth", box=None)
-    for name in ("series", "conc", "tok/s", "TTFT p50/p90 ms", "TPOT p50/p90 ms", "batch"):
-        table.add_column(name, justify="left" if name == "series" else "right", no_wrap=True)
-    table.add_column("accept", justify="right", no_wrap=True)
-    table.add_column("req", justify="right", no_wrap=True)
-    for r in results:
-        star = "*" if r.depth is not None and best.get(r.concurrency) == r.depth else " "
-        table.add_row(
-            r.series,
-            str(r.concurrency),
-            f"{r.output_tok_per_s:.1f}{star}",
-            _pair(r.ttft_p50_ms, r.ttft_p90_ms),
-            _pair(r.tpot_p50_ms, r.tpot_p90_ms),
-            _batch(r),
-            "-" if r.accept_length is None else f"{r.accept_length:.2f}",
-            f"{r.requests}" + (f" ({r.errors} err)" if r.errors else ""),
-        )
-    return table
-
-
-def prepare_out_dir(path: Path) -> str | None:
-    """Create the output folder and prove it is writable; why not, if it is not."""
+    if not items:
+        return None
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".specctl-write-check"
-        probe.touch()
-        probe.unlink()
-    except OSError as err:
-        return f"--out {path}: cannot write there ({err.strerror or err}); pick another folder"
-    return None
+        return parse_slo(items)
+    except SloError as err:
+        raise typer.BadParameter(str(err), param_hint="--goodput") from None
 
 
-def report(outcome: SweepOutcome, out_dir: Path, console: Console) -> None:
-    console.print(results_table(outcome.results))
-    foreign = [r for r in outcome.results if r.foreign_traffic]
-    if foreign:
-        levels = ", ".join(f"{r.series} c={r.concurrency}" for r in foreign)
-        console.print(
-            f"[yellow]![/yellow] {FOREIGN_NOTE} ({levels}); those levels measure more than this "
-            "sweep's load: rerun them on an idle server",
-            soft_wrap=True,
-        )
-    cross = crossovers(outcome.results)
-    console.print("crossovers: " + ("; ".join(c.describe() for c in cross) or "none measured"))
-    table = recommend_table(outcome.results, outcome.before.captured_depths)
-    if table is not None:
-        console.print(f"recommended table (batch size -> depth): [bold]{table.describe()}[/bold]")
+def _prompts(
+    dataset: Path | None, prompt_tokens: int, output_tokens: int | None
+) -> tuple[list[Prompt], str]:
+    """The prompts to send and how to describe them; a one-line error if the dataset is bad."""
+    from controller.bench.prompts import DatasetError, read_dataset, synthetic_prompts
+
+    if dataset is None:
+        out = output_tokens or DEFAULT_OUTPUT_TOKENS
+        prompts = synthetic_prompts(4096, prompt_tokens, out)
+        return prompts, f"synthetic, {prompt_tokens} prompt tokens, {out} output tokens"
     try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_json(outcome, out_dir / "bench.json")
-        write_csv(outcome.results, out_dir / "bench.csv")
-        plot(outcome, out_dir / "bench.png")
-    except OSError as err:
-        err_console.print(f"[red]error:[/red] cannot write the results to {out_dir}: {err}")
-        raise typer.Exit(2) from None
-    console.print(
-        f"wrote {out_dir / 'bench.csv'}, {out_dir / 'bench.json'}, {out_dir / 'bench.png'}"
-    )
+        data = read_dataset(dataset, DEFAULT_OUTPUT_TOKENS, fixed_output_tokens=output_tokens)
+    except DatasetError as err:
+        raise fail(f"--dataset: {err}") from None
+    source = data.describe()
+    if output_tokens is not None:
+        source += f", every output fixed at {output_tokens} tokens (--output-tokens)"
+    return data.prompts, source
+
+
+def _only_with_rate(request_rate: str | None, **given: object) -> None:
+    for option, value in given.items():
+        if value is not None and request_rate is None:
+            raise typer.BadParameter(
+                "applies to open-loop load only; add --request-rate RATES (requests/s), or "
+                "drop it to keep a fixed number of streams per level (--concurrency)",
+                param_hint=option,
+            )
 
 
 @app.command("bench")
@@ -170,8 +76,34 @@ def bench(
         ),
     ],
     concurrency: Annotated[
-        str, typer.Option(help="Comma-separated concurrency levels (streams kept in flight).")
-    ] = DEFAULT_CONCURRENCY,
+        str | None,
+        typer.Option(
+            help="Comma-separated concurrency levels: streams kept in flight, each sending its "
+            f"next request when one ends. Default {DEFAULT_CONCURRENCY}.",
+        ),
+    ] = None,
+    request_rate: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated request rates (requests/s), instead of --concurrency: "
+            "requests arrive at that rate whatever the server does (open loop).",
+        ),
+    ] = None,
+    burstiness: Annotated[
+        float | None,
+        typer.Option(
+            help="With --request-rate: shape of the gamma-distributed gaps between arrivals; "
+            "1 = Poisson (default), below 1 burstier, above 1 more regular.",
+        ),
+    ] = None,
+    max_concurrency: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="With --request-rate: at most this many requests in flight (an arrival then "
+            "waits for a free stream). Default: no cap.",
+        ),
+    ] = None,
     depths: Annotated[
         str | None,
         typer.Option(
@@ -193,29 +125,51 @@ def bench(
         ),
     ] = None,
     requests_per_level: Annotated[
-        int | None, typer.Option(min=1, help="End each level after this many completed requests.")
+        int | None,
+        typer.Option(min=1, help="End each level's window after this many completed requests."),
     ] = None,
     duration_per_level: Annotated[
         float | None,
         typer.Option(
             min=0.01,
-            help=f"End each level after this many seconds "
+            help=f"End each level's window after this many seconds "
             f"(default {DEFAULT_DURATION_S:g} unless --requests-per-level).",
+        ),
+    ] = None,
+    warmup_per_level: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            help="Seconds of unmeasured load before each level's window. Default: 10% of "
+            "--duration-per-level, or 1 s with --requests-per-level.",
+        ),
+    ] = None,
+    goodput: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Latency SLO in ms, e.g. ttft:500,tpot:50 (keys ttft, tpot, e2el; repeat or "
+            "comma-separate): adds goodput, the requests/s that met every bound.",
         ),
     ] = None,
     dataset: Annotated[
         Path | None,
         typer.Option(
-            help='JSONL prompts: one {"prompt": "...", "output_tokens": N} per line '
-            "(output_tokens optional).",
+            help='Prompts: JSONL lines {"prompt": "...", "output_tokens": N} (output_tokens '
+            "optional), or a ShareGPT dump (JSON array or JSONL of conversations; the reply "
+            "sets the output length).",
         ),
     ] = None,
     prompt_tokens: Annotated[
         int, typer.Option(min=1, help="Synthetic prompt length (tokens), when no --dataset.")
     ] = 256,
     output_tokens: Annotated[
-        int, typer.Option(min=1, help="Tokens generated per request (EOS ignored).")
-    ] = 256,
+        int | None,
+        typer.Option(
+            min=1,
+            help=f"Tokens generated per request, EOS ignored. Default {DEFAULT_OUTPUT_TOKENS}, "
+            "or each record's own length with --dataset; given, it fixes every request's.",
+        ),
+    ] = None,
     model: Annotated[
         str | None,
         typer.Option(help="Model name sent in requests. Default: the server's /v1/models."),
@@ -226,91 +180,83 @@ def bench(
         typer.Option(help="Folder for bench.csv, bench.json, bench.png. Default: ./bench-<time>."),
     ] = None,
 ) -> None:
-    """Measure tok/s, TTFT and TPOT per (speculation depth, concurrency) on a live server.
+    """Measure tok/s and latency per speculation depth and load level.
 
-    For each depth, forces it through the admin RPC (read back from /server_info), keeps N
-    streams in flight on /v1/completions for each concurrency level, and restores the
-    server's previous table at the end (also on errors, Ctrl-C and SIGTERM). Reports the
-    crossovers and the table it recommends; stop the specctl daemon first, or it will push
-    over the forced depths.
+    For each depth, forces it through the admin RPC (read back from /server_info), loads
+    /v1/completions at each level (N streams in flight, or requests arriving at a rate), and
+    restores the server's previous table at the end (also on errors, Ctrl-C and SIGTERM).
+    Each level has an unmeasured warm-up, then a measured window; it reports tok/s, TTFT,
+    TPOT and inter-token latency (p50/p99), goodput under --goodput, the crossovers and the
+    table it recommends. Stop the specctl daemon first, or it will push over the forced depths.
 
+    \b
     Examples:
-
       specctl bench --url http://127.0.0.1:30000 --admin-key $KEY
-
-      specctl bench --url http://gpu1:30000 --depths 0,1,3 --concurrency 1,4,16,64,256 \\
-          --no-spec-url http://gpu1:30001 --duration-per-level 60 --out bench-k2
-
-      specctl sim serve --profile kimi-k25-8x-rtxpro6000-pcie --port 30000 --admin-key k &
-      specctl bench --url http://127.0.0.1:30000 --admin-key k --concurrency 1,8,64 \\
-          --requests-per-level 64 --output-tokens 64
+      specctl bench --url http://gpu1:30000 --depths 0,1,3 \\
+          --concurrency 1,4,16,64,256 --no-spec-url http://gpu1:30001 \\
+          --duration-per-level 60 --warmup-per-level 10 --out bench-k2
+      specctl bench --url http://gpu1:30000 --request-rate 1,2,4,8 \\
+          --burstiness 0.5 --max-concurrency 128 --goodput ttft:500,tpot:50 \\
+          --dataset ShareGPT_V3_unfiltered_cleaned_split.json
+      specctl sim serve --profile h200-moe-eagle3 --port 30000 --admin-key k &
+      specctl bench --url http://127.0.0.1:30000 --admin-key k \\
+          --concurrency 1,8,64 --requests-per-level 64 --output-tokens 64
     """
+    from controller.daemon.config import url_problem
+
     for option, value in (("--url", url), ("--no-spec-url", no_spec_url)):
         if value is not None and (problem := url_problem(value)) is not None:
             raise typer.BadParameter(problem, param_hint=option)
-    levels = parse_int_list(concurrency, "--concurrency", 1)
+    if concurrency is not None and request_rate is not None:
+        raise typer.BadParameter(
+            "give --concurrency (streams in flight) or --request-rate (arrivals per second), "
+            "not both",
+            param_hint="--request-rate",
+        )
+    _only_with_rate(request_rate, **{"--burstiness": burstiness,
+                                     "--max-concurrency": max_concurrency})  # fmt: skip
+    if burstiness is not None and not burstiness > 0:
+        raise typer.BadParameter(
+            f"must be > 0 (1 = Poisson arrivals), got {burstiness:g}", param_hint="--burstiness"
+        )
+    rates = () if request_rate is None else parse_positive_list(request_rate, "--request-rate")
+    levels = () if rates else parse_int_list(concurrency or DEFAULT_CONCURRENCY, "--concurrency", 1)
     if requests_per_level is not None and duration_per_level is not None:
-        raise typer.BadParameter("give --requests-per-level or --duration-per-level, not both")
-    stop = (
-        StopRule(requests=requests_per_level)
-        if requests_per_level is not None
-        else StopRule(duration_s=duration_per_level or DEFAULT_DURATION_S)
-    )
-    try:
-        if dataset is not None:
-            prompts = load_dataset(dataset, output_tokens)
-            source = f"{dataset} ({len(prompts)} prompts)"
-        else:
-            prompts = synthetic_prompts(4096, prompt_tokens, output_tokens)
-            source = f"synthetic, {prompt_tokens} prompt tokens, {output_tokens} output tokens"
-        if depths is None:
+        raise typer.BadParameter(
+            "give --requests-per-level or --duration-per-level, not both",
+            param_hint="--requests-per-level",
+        )
+    forced = None if depths is None else parse_int_list(depths, "--depths", 0, MAX_DEPTH)
+    slo = _slo(goodput)
+    prompts, source = _prompts(dataset, prompt_tokens, output_tokens)
+
+    from controller.bench.loadgen import StopRule
+    from controller.bench.server_client import ServerClient, ServerError
+    from controller.bench.sweep import SweepPlan
+    from controller.cli.bench_run import prepare_out_dir, run_bench
+
+    if requests_per_level is not None:
+        stop = StopRule(requests=requests_per_level, warmup_s=warmup_per_level)
+    else:
+        duration_s = duration_per_level or DEFAULT_DURATION_S
+        stop = StopRule(duration_s=duration_s, warmup_s=warmup_per_level)
+    if forced is None:
+        try:
             with ServerClient(url) as probe:
                 forced = probe.state().captured_depths
-        else:
-            forced = parse_int_list(depths, "--depths", 0, MAX_DEPTH)
-    except (DatasetError, ServerError) as err:
-        err_console.print(f"[red]error:[/red] {err}")
-        raise typer.Exit(2) from None
+        except ServerError as err:
+            raise fail(str(err)) from None
     out_dir = out or Path(f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
     # Before the first push: a sweep whose results cannot be written is time lost.
     problem = prepare_out_dir(out_dir)
     if problem is not None:
-        err_console.print(f"[red]error:[/red] {problem}")
-        raise typer.Exit(2)
+        raise fail(problem)
     plan = SweepPlan(
         url=url, depths=tuple(forced), concurrencies=levels, stop=stop, prompts=prompts,
         prompt_source=source, admin_key=admin_key, no_spec_url=no_spec_url, model=model,
-        temperature=temperature,
+        temperature=temperature, request_rates=rates, burstiness=burstiness or 1.0,
+        max_concurrency=max_concurrency, slo=slo,
     )  # fmt: skip
-    console = Console()
-    console.print(
-        f"bench {url}: depths {list(forced)} x concurrency {list(levels)}, {stop.describe()}, "
-        f"prompts: {source}"
-    )
-    progress = Progress(
-        TextColumn("[bold]levels"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(), _LiveColumn(), console=console, transient=True,
-    )  # fmt: skip
-    observer = _ProgressObserver(progress, len(plan.levels()))
-    code = 0
-    try:
-        with progress:
-            outcome = run_sweep(plan, observer)
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        err_console.print("[yellow]interrupted[/yellow]: writing the levels that finished")
-        code = 130
-    except (ServerError, LoadError) as err:
-        err_console.print(f"[red]error:[/red] {err}")
-        code = 2
-    if observer.outcome is not None:
-        outcome = observer.outcome
-        if outcome.pushed and outcome.restored is not None:
-            console.print(f"server table restored: {outcome.restored}")
-        elif outcome.pushed:
-            err_console.print(
-                "[red]the previous table could not be restored[/red]; check the server"
-            )
-        if outcome.results:
-            report(outcome, out_dir, console)
+    code = run_bench(plan, out_dir)
     if code:
         raise typer.Exit(code)

@@ -3,63 +3,22 @@
 A simulated server (profile kimi-k25-8x-rtxpro6000-pcie, the ramp scenario: 1 -> 250 -> 1
 clients over 30 simulated minutes) runs in-process; the real daemon scrapes it, stores samples
 in SQLite, fits the learner and pushes tables through the admin RPC payloads, on an accelerated
-clock. At the end: the learned tok/s curves and the table it would freeze.
+clock. At the end: the learned tok/s curves and the table it would freeze. The samples stay in
+the demo's store (controller/cli/stores.py), where `specctl curves` and `specctl freeze` find
+them; controller/cli/demo_run.py does the work.
 """
 
 from __future__ import annotations
 
-import logging
-import tempfile
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
-import numpy as np
 import typer
-from rich.console import Console
-from rich.logging import RichHandler
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from controller.cli import app
-from controller.daemon.config import parse_config
-from controller.daemon.loop import Controller
-from controller.daemon.own_metrics import DaemonMetrics
-from controller.daemon.policy_file import PolicyFile, Provenance, dump, dumps
-from controller.daemon.runner import TickInfo, build_transports, run_simulated
-from controller.daemon.store import Store
-from sglang_hooks.contract import PolicyTable, Tier
-
-DEMO_PROFILE = "kimi-k25-8x-rtxpro6000-pcie"
-CURVE_BATCHES = (1, 2, 4, 8, 16, 24, 32, 48)
-
-
-def demo_config(store_path: Path, profile: str, scenario: str, seed: int) -> Any:
-    return parse_config(
-        {
-            "targets": [
-                {
-                    "name": "sim-kimi",
-                    "group": profile,
-                    "simulated": {"profile": profile, "scenario": scenario, "seed": seed},
-                }
-            ],
-            "schedule": {"clock": "simulated", "scrape_interval_s": 10.0},
-            "store": {"path": str(store_path)},
-            "metrics": {"enabled": False},
-            "seed": seed,
-        },
-        "demo config",
-    )
-
-
-def frozen_table(table: PolicyTable) -> PolicyTable:
-    """The table without exploration (a frozen deployment never probes), one tier per run of
-    equal depth."""
-    tiers: list[Tier] = []
-    for t in table.tiers:
-        if not tiers or tiers[-1].depth != t.depth:
-            tiers.append(Tier(t.min_batch, t.depth, t.hysteresis if tiers else 0))
-    return PolicyTable.build(tiers, version=table.version)
+from controller.cli.args import fail, output_file_problem
+from controller.cli.sim import scenario_option
+from controller.cli.stores import DEMO_STORE
 
 
 @app.command("demo")
@@ -67,108 +26,27 @@ def demo_command(
     scenario: Annotated[str, typer.Option(help="Workload scenario (name or YAML path)")] = "ramp",
     seed: Annotated[int, typer.Option(help="Seed of the simulator and the learner")] = 0,
     freeze: Annotated[
-        Path | None, typer.Option(help="Also write the frozen policy file here")
+        Path | None,
+        typer.Option(help="Also write the frozen policy file here (its folder must exist)"),
     ] = None,
 ) -> None:
-    """Watch specctl learn a simulated Kimi-K2.5 server and print the table it would freeze."""
-    console = Console()
-    handler = RichHandler(console=console, show_path=False, show_level=False, markup=False)
-    logger = logging.getLogger("specctl")
-    logger.handlers[:] = [handler]
-    logger.setLevel(logging.INFO)
-    logger.propagate = False
-    from sims.workload import load_scenario
+    """Watch specctl learn a simulated Kimi-K2.5 server.
 
-    duration = load_scenario(scenario).duration_s
-    with tempfile.TemporaryDirectory(prefix="specctl-demo-") as tmp:
-        cfg = demo_config(Path(tmp) / "demo.sqlite", DEMO_PROFILE, scenario, seed)
-        transports, sims = build_transports(cfg)
-        store = Store(cfg.store.resolved_path())
-        controller = Controller(cfg, store, transports, metrics=DaemonMetrics())
-        server: Any = sims["sim-kimi"]
-        console.print(
-            f"[bold]specctl demo[/bold]: simulated {DEMO_PROFILE}, scenario {scenario} "
-            f"({duration / 60:.0f} simulated minutes); the daemon scrapes every "
-            f"{cfg.schedule.scrape_interval_s:.0f} s, fits every {cfg.schedule.fit_interval_s:.0f}"
-            f" s and pushes at most every {cfg.guardrails.min_dwell_s:.0f} s"
-        )
-        with Progress(
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            TextColumn("{task.fields[info]}"),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress:
-            task = progress.add_task("simulated time", total=duration, info="")
+    The daemon learns an in-process simulated server on an accelerated clock; at the end it
+    prints the learned curves and the table it would freeze.
 
-            def on_tick(info: TickInfo) -> None:
-                st = controller.targets["sim-kimi"]
-                live = st.live.table.describe() if st.live and st.live.table else "-"
-                running = int(server.engine.gauges.num_running_reqs)
-                progress.update(
-                    task,
-                    completed=info.now,
-                    info=f"t={info.now:5.0f}s running={running:3d} table: {live}",
-                )
+    The samples are kept in ~/.local/state/specctl/demo.sqlite (replacing the previous
+    demo's), so `specctl curves` and `specctl freeze` work right after.
 
-            run_simulated(controller, sims, until_s=duration, speedup=None, on_tick=on_tick)
-        _summary(console, controller, server, freeze, scenario)
-        controller.close()
-        store.close()
+    \b
+    Examples:
+      specctl demo
+      specctl demo --scenario bursty --seed 1
+      specctl demo --freeze policy.yaml && specctl freeze --check policy.yaml
+    """
+    duration_s = scenario_option(scenario).duration_s
+    if freeze is not None and (problem := output_file_problem(freeze, "--freeze")) is not None:
+        raise fail(problem)
+    from controller.cli.demo_run import run_demo
 
-
-def _summary(
-    console: Console, controller: Controller, server: Any, freeze: Path | None, scenario: str
-) -> None:
-    group = controller.groups[DEMO_PROFILE]
-    learner: Any = group.learner
-    stats = server.stats()
-    console.print(
-        f"\n{controller.store.count_samples()} samples stored, "
-        f"{len(controller.store.pushes())} pushes, {controller.store.count_rollbacks()} rollbacks; "
-        f"server output {stats.tokens_generated / max(stats.now, 1e-9):.1f} tok/s over the run"
-    )
-    if learner is None:
-        console.print("[red]the learner never started (no /server_info answer)[/red]")
-        return
-    curves = learner.curves(np.asarray(CURVE_BATCHES, dtype=float))
-    t = Table(title="learned decode tok/s per depth (90% band)", header_style="bold")
-    t.add_column("batch", justify="right")
-    for d in sorted(curves):
-        t.add_column(f"d{d}" if d else "off (d0)", justify="right")
-    t.add_column("best", justify="right")
-    for i, b in enumerate(CURVE_BATCHES):
-        row = [str(b)]
-        for d in sorted(curves):
-            p = curves[d][i]
-            band = (p.hi - p.lo) / 2
-            row.append("-" if not np.isfinite(p.tok_per_s) else f"{p.tok_per_s:.0f} ±{band:.0f}")
-        row.append(f"d{learner.best_depth(b)}")
-        t.add_row(*row)
-    console.print(t)
-    st = controller.targets["sim-kimi"]
-    now = float(server.now)
-    hist = controller.batch_histogram(st, now)
-    live = st.live.table if st.live else None
-    proposal = learner.propose(now, live, hist or None)
-    table = frozen_table(proposal.table)
-    provenance = Provenance.model_validate(
-        dict(
-            created_by="specctl demo",
-            group=DEMO_PROFILE,
-            targets=["sim-kimi"],
-            samples=controller.store.count_samples(),
-            model_version=learner.version,
-            captured_depths=list(group.captured),
-            predicted_tok_per_s={
-                str(k): round(v, 1) for k, v in proposal.predicted_tok_per_s.items()
-            },
-            scenario=scenario,
-        )
-    )
-    policy = PolicyFile(table=table, provenance=provenance)
-    console.print(f"\n[bold]table it would freeze:[/bold] {table.describe()}")
-    console.print(dumps(policy), markup=False, highlight=False, soft_wrap=True)
-    if freeze is not None:
-        path = dump(policy, freeze)
-        console.print(f"written to {path}; use it with `frozen_policy: {path}` in controller.yaml")
+    run_demo(scenario, duration_s, seed, freeze, DEMO_STORE.expanduser())

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from controller.cli.sim import sim_app
-from sims.profile import ProfileError
-from sims.workload import ScenarioError
+from controller.cli.sim import _profile, scenario_option, sim_app
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 TRACE_KEYS = ("score_trace", "recent_score_trace", "tok_trace", "push_log")
 
@@ -36,8 +35,29 @@ def evaluate_command(
         ),
     ] = None,
 ) -> None:
-    """Run the daemon on an accelerated simulated clock; compare with the oracle and statics."""
+    """Run the daemon on an accelerated simulated clock; compare with the oracle and statics.
+
+    \b
+    Examples:
+      specctl sim evaluate
+      specctl sim evaluate --profile h200-moe-eagle3 --scenario bursty --seed 3
+      specctl sim evaluate --scenario drift --json | jq .ratio_to_oracle
+      specctl sim evaluate --http 50    # the daemon over loopback HTTP
+    """
+    if http_speedup is not None and not http_speedup > 0:
+        raise typer.BadParameter(
+            "the served simulator's clock must run > 0 times wall time (e.g. --http 50), "
+            f"got {http_speedup:g}",
+            param_hint="--http",
+        )
+    # Named in a usage error before the run (evaluate() would only say what is wrong).
+    _profile(profile)
+    scenario_option(scenario)
+    from rich.console import Console
+
     from controller.evaluation.evaluate import evaluate
+    from sims.profile import ProfileError
+    from sims.workload import ScenarioError
 
     console = Console(stderr=True)
     try:
@@ -60,6 +80,10 @@ def evaluate_command(
 
 
 def print_report(r: dict[str, Any], console: Console) -> None:
+    from rich.table import Table
+
+    from controller.cli.tables import print_table
+
     console.print(
         f"[bold]{r['profile']}[/bold] x [bold]{r['scenario']}[/bold] "
         f"({r['duration_s']:.0f} simulated s, seed {r['seed']}, {r['wall_s']:.1f} s wall)"
@@ -77,7 +101,7 @@ def print_report(r: dict[str, Any], console: Console) -> None:
     )
     for name, v in sorted(r["static"].items(), key=lambda kv: -kv[1]):
         t.add_row(name, f"{v:.1f}", f"{v / oracle:.3f}")
-    console.print(t)
+    print_table(console, t)
     ttg = r["time_to_good_table_s"]
     console.print(
         f"exploration share {r['exploration_share']:.1%}; "

@@ -10,25 +10,20 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import numpy as np
 import typer
-from rich.console import Console
 
-from controller.bench.server_client import ServerClient, ServerError
 from controller.cli import app
-from controller.cli.curves import DEFAULT_STORE, CurvesError, GroupModel, load_group_model
-from controller.daemon.config import url_problem
-from controller.daemon.policy_file import (
-    PolicyFile,
-    PolicyFileError,
-    Provenance,
-    TimeWindow,
-    dump,
-    load,
-)
+from controller.cli.args import fail, output_file_problem
+from controller.cli.curves import CONFIG_HELP, STORE_HELP, locate_store
 from sglang_hooks.contract import PolicyTable, Tier
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from controller.cli.learned import GroupModel
+    from controller.daemon.policy_file import PolicyFile
 
 
 def without_exploration(table: PolicyTable, version: int) -> PolicyTable:
@@ -43,6 +38,8 @@ def without_exploration(table: PolicyTable, version: int) -> PolicyTable:
 
 def predicted_by_policy(model: GroupModel, table: PolicyTable) -> dict[str, float]:
     """Decode tok/s on the observed load mix (iteration-weighted buckets) for each policy."""
+    import numpy as np
+
     hist = model.batch_histogram()
     reps = model.bucket_batches()
     buckets = [b for b in hist if b in reps]
@@ -67,6 +64,8 @@ def predicted_by_policy(model: GroupModel, table: PolicyTable) -> dict[str, floa
 
 
 def build_policy(model: GroupModel) -> PolicyFile:
+    from controller.daemon.policy_file import PolicyFile, Provenance, TimeWindow
+
     proposal = model.propose()
     version = (model.live_table.version + 1) if model.live_table else proposal.table.version
     table = without_exploration(proposal.table, version)
@@ -101,6 +100,9 @@ def _time(t: float) -> dt.datetime:
 
 
 def check(path: Path, url: str | None, console: Console) -> None:
+    from controller.bench.server_client import ServerClient
+    from controller.daemon.policy_file import load
+
     captured = None
     if url is not None:
         with ServerClient(url) as server:
@@ -121,11 +123,12 @@ def check(path: Path, url: str | None, console: Console) -> None:
 
 @app.command("freeze")
 def freeze(
-    store: Annotated[
-        Path, typer.Option(help="The daemon's SQLite store (store.path).")
-    ] = DEFAULT_STORE,
+    store: Annotated[Path | None, typer.Option(help=STORE_HELP)] = None,
+    config: Annotated[Path | None, typer.Option(help=CONFIG_HELP)] = None,
     group: Annotated[str | None, typer.Option(help="Target group (default: the only one).")] = None,
-    out: Annotated[Path, typer.Option(help="Policy file to write.")] = Path("policy.yaml"),
+    out: Annotated[
+        Path, typer.Option(help="Policy file to write (its folder must exist).")
+    ] = Path("policy.yaml"),
     check_file: Annotated[
         Path | None,
         typer.Option("--check", help="Validate this policy file instead of writing one."),
@@ -135,39 +138,48 @@ def freeze(
         typer.Option(help="With --check: also check every depth is captured by this server."),
     ] = None,
 ) -> None:
-    """Freeze the learned table into a policy file, or check a policy file.
+    """Write the learned table to a policy file, or check one.
 
     The plugin loads a policy file at server start-up (SPECCTL_POLICY_FILE=policy.yaml) and
     the daemon pushes it as-is in frozen mode; `table` is the only part either reads, the
     `provenance` says where it came from and what it is predicted to gain.
 
+    \b
     Examples:
-
-      specctl freeze --store ~/.local/state/specctl/specctl.sqlite --out policy.yaml
-
+      specctl demo && specctl freeze --out policy.yaml
+      specctl freeze --config controller.yaml --out policy.yaml
       specctl freeze --check policy.yaml
-
       specctl freeze --check policy.yaml --url http://127.0.0.1:30000
     """
-    # soft_wrap: each message stays one line when the output is a file or a pipe.
-    console = Console(soft_wrap=True)
-    err = Console(stderr=True, soft_wrap=True)
+    from controller.daemon.config import url_problem
+
     if url is not None and (problem := url_problem(url)) is not None:
         raise typer.BadParameter(problem, param_hint="--url")
+    if check_file is None and (problem := output_file_problem(out, "--out")) is not None:
+        raise fail(problem)
+    from rich.console import Console
+
+    from controller.bench.server_client import ServerError
+    from controller.cli.learned import CurvesError, load_group_model
+    from controller.daemon.policy_file import PolicyFileError, dump
+
+    # soft_wrap: each message stays one line when the output is a file or a pipe.
+    console = Console(soft_wrap=True)
     try:
         if check_file is not None:
             check(check_file, url, console)
             return
-        model = load_group_model(store, group)
+        path, why = locate_store(store, config)
+        model = load_group_model(path, group)
         policy = build_policy(model)
         dump(policy, out)
     except (PolicyFileError, CurvesError, ServerError) as e:
-        err.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(2) from None
+        raise fail(str(e)) from None
     except OSError as e:
-        err.print(f"[red]error:[/red] --out {out}: cannot write it ({e.strerror or e})")
-        raise typer.Exit(2) from None
+        raise fail(f"--out {out}: cannot write it ({e.strerror or e})") from None
     prov = policy.provenance
+    if why is not None:
+        console.print(f"store {path} ({why})", highlight=False)
     console.print(
         f"wrote {out}: [bold]{policy.table.describe()}[/bold] (version {policy.table.version})"
     )

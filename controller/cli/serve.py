@@ -51,7 +51,19 @@ def serve(
         bool, typer.Option("--dry-run", help="Print the command, do not run it.")
     ] = False,
 ) -> None:
-    """Launch SGLang with the specctl plugin: `specctl serve -- --model-path ... `."""
+    """Launch SGLang with the specctl plugin enabled.
+
+    `specctl serve [OPTIONS] -- <sglang.launch_server arguments>`: adds adaptive speculation
+    capturing --depths, the plugin and metrics, then prints the admin URL for the daemon.
+
+    \b
+    Examples:
+      specctl serve -- --model-path meta-llama/Llama-3.1-8B-Instruct \\
+          --speculative-algorithm EAGLE3 --speculative-draft-model-path ... \\
+          --admin-api-key "$KEY" --max-running-requests 128
+      specctl serve --depths 0,1,3 --policy-file policy.yaml -- --model-path ...
+      specctl serve --dry-run -- --model-path m --speculative-algorithm EAGLE3
+    """
     depth_list = list(parse_int_list(depths, "--depths", 0, MAX_DEPTH))
     own_config = launch.user_config(ctx.args)
     notes: list[str] = []

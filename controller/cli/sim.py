@@ -3,36 +3,68 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from controller.cli import app
 from controller.cli.args import parse_int_list
 from sglang_hooks.contract import MAX_DEPTH
-from sims.profile import Profile, ProfileError, builtin_profiles, load_profile
+
+if TYPE_CHECKING:
+    from sims.profile import Profile
+    from sims.workload import Scenario
 
 sim_app = typer.Typer(help="Simulated SGLang server: sweeps, a served stand-in, evaluations.")
 app.add_typer(sim_app, name="sim")
 
 
 def _profile(name_or_path: str) -> Profile:
+    from sims.profile import ProfileError, load_profile
+
     try:
         return load_profile(name_or_path)
     except ProfileError as err:
         raise typer.BadParameter(str(err), param_hint="--profile") from None
 
 
+def scenario_option(name_or_path: str, option: str = "--scenario") -> Scenario:
+    """A built-in scenario or a scenario YAML; a usage error naming `option` otherwise."""
+    from sims.workload import ScenarioError, load_scenario
+
+    try:
+        return load_scenario(name_or_path)
+    except ScenarioError as err:
+        raise typer.BadParameter(
+            f"{err}; pass a built-in scenario (specctl sim scenarios) or a scenario YAML",
+            param_hint=option,
+        ) from None
+
+
 @sim_app.command("profiles")
 def list_profiles() -> None:
-    """List the built-in profiles."""
+    """List the built-in profiles.
+
+    \b
+    Examples:
+      specctl sim profiles
+      specctl sim sweep --profile "$(specctl sim profiles | head -1)"
+    """
+    from sims.profile import builtin_profiles
+
     for name in builtin_profiles():
         typer.echo(name)
 
 
 @sim_app.command("scenarios")
 def list_scenarios() -> None:
-    """List the built-in scenarios with their duration."""
+    """List the built-in scenarios with their duration.
+
+    \b
+    Examples:
+      specctl sim scenarios
+      specctl sim evaluate --scenario bursty
+    """
     from sims.workload import builtin_scenarios, load_scenario
 
     for name in builtin_scenarios():
@@ -68,7 +100,14 @@ def sweep(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
     """Closed-loop throughput, step time and acceptance per (depth, concurrency), the no-spec
-    baseline and the oracle's best depth per concurrency."""
+    baseline and the oracle's best depth per concurrency.
+
+    \b
+    Examples:
+      specctl sim sweep --profile h200-llama8b-eagle3 --concurrency 1,16,256
+      specctl sim sweep --profile h200-moe-eagle3 --depths 0,1,3 --duration 120
+      specctl sim sweep --profile h200-moe-eagle3 --json | jq .warnings
+    """
     from sims.sweep import SweepSpec, render_table, run_sweep
 
     prof = _profile(profile)
@@ -115,12 +154,14 @@ def sweep(
     from rich.console import Console
     from rich.progress import Progress
 
+    from controller.cli.tables import print_table
+
     console = Console()
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task(f"sweeping {prof.name}", total=spec.points())
         result = run_sweep(prof, spec, on_point=lambda: progress.advance(task))
     for table in render_table(result):
-        console.print(table)
+        print_table(console, table)
     for warning in result.warnings():
         console.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
 
@@ -129,7 +170,7 @@ def sweep(
 def serve(
     profile: Annotated[str, typer.Option(help="Built-in profile name or path to a YAML file")],
     host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
-    port: Annotated[int, typer.Option(help="Port (0: pick a free one)")] = 30000,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: pick a free one)")] = 30000,
     speedup: Annotated[float, typer.Option(help="Simulated seconds per wall second")] = 1.0,
     admin_key: Annotated[
         str | None, typer.Option(help="Admin API key for /set_internal_state")
@@ -137,7 +178,7 @@ def serve(
     api_key: Annotated[str | None, typer.Option(help="API key for the other endpoints")] = None,
     seed: Annotated[int, typer.Option(help="Random seed")] = 0,
     concurrency: Annotated[
-        float, typer.Option(help="Background closed-loop clients (synthetic load)")
+        float, typer.Option(min=0.0, help="Background closed-loop clients (synthetic load)")
     ] = 0.0,
     scenario: Annotated[
         str | None,
@@ -147,19 +188,26 @@ def serve(
         bool, typer.Option("--speculative/--no-speculative", help="EAGLE-3 on, or a plain server")
     ] = True,
 ) -> None:
-    """Serve a simulated SGLang server (SGLang's HTTP API + the specctl plugin's contract)."""
+    """Serve a simulated SGLang server (SGLang's HTTP API + the specctl plugin's contract).
+
+    \b
+    Examples:
+      specctl sim serve --profile h200-moe-eagle3 --port 30000 --admin-key k
+      specctl sim serve --profile h200-moe-eagle3 --port 30001 --no-speculative
+      specctl sim serve --profile h200-llama8b-eagle3 --scenario ramp --speedup 10
+    """
     from sims.http import ServedSimulation
     from sims.server import SimulatedServer
-    from sims.workload import ScenarioError, Workload, load_scenario
+    from sims.workload import Workload
 
     prof = _profile(profile)
-    if speedup <= 0:
-        raise typer.BadParameter("must be > 0", param_hint="--speedup")
+    if not speedup > 0:
+        raise typer.BadParameter(
+            f"must be > 0 simulated seconds per wall second (1: real time), got {speedup:g}",
+            param_hint="--speedup",
+        )
     if scenario is not None:
-        try:
-            workload = load_scenario(scenario).workload
-        except ScenarioError as err:
-            raise typer.BadParameter(str(err), param_hint="--scenario") from None
+        workload = scenario_option(scenario).workload
     else:
         workload = Workload.closed(concurrency)
     server = SimulatedServer(

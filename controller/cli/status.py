@@ -11,19 +11,18 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import httpx
 import typer
-from prometheus_client.parser import text_string_to_metric_families
-from rich.console import Console, Group
-from rich.panel import Panel
-from rich.table import Table
 
-from controller.bench.metrics import Scrape, work_between
-from controller.bench.server_client import ADMIN_KEY_ENV, ServerClient, ServerError
 from controller.cli import app
-from controller.daemon.config import url_problem
+from controller.cli.args import ADMIN_KEY_ENV
+
+if TYPE_CHECKING:
+    from rich.panel import Panel
+
+    from controller.bench.metrics import Scrape
+    from controller.bench.server_client import ServerClient
 
 DAEMON_PREFIX = "specctl_daemon_"
 MIN_WINDOW_S = 0.5
@@ -59,10 +58,19 @@ class ServerStatus:
     queued_requests: float | None = None
     window_s: float | None = None
     depths: list[DepthActivity] = field(default_factory=list)
+    # Whether the server ran decode iterations during the window (None: not measured). The
+    # gauges above are SGLang's last published values: with nothing decoding they may be old.
+    decoding: bool | None = None
     metrics_note: str | None = None
+
+    @property
+    def gauges_busy(self) -> bool:
+        return bool(self.running_requests or self.queued_requests)
 
 
 def activity(before: Scrape, after: Scrape, window_s: float) -> list[DepthActivity]:
+    from controller.bench.metrics import work_between
+
     work = work_between(before, after)
     all_iters = sum(w.iterations for w in work.values())
     return [
@@ -82,6 +90,9 @@ def activity(before: Scrape, after: Scrape, window_s: float) -> list[DepthActivi
 
 def read_daemon(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
     """The daemon's own metrics by target: {target: {metric: value}} (+ an error if any)."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
     try:
         resp = httpx.get(url.rstrip("/") + "/metrics", timeout=timeout_s)
     except httpx.HTTPError as err:
@@ -113,6 +124,8 @@ def read_daemon(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
 
 
 def collect(urls: list[str], admin_key: str | None, window_s: float) -> list[ServerStatus]:
+    from controller.bench.server_client import ServerClient, ServerError
+
     statuses = [ServerStatus(url=u) for u in urls]
     clients = [ServerClient(u, admin_key) for u in urls]
     first: list[Scrape | None] = []
@@ -134,10 +147,11 @@ def collect(urls: list[str], admin_key: str | None, window_s: float) -> list[Ser
             st.window_s = round(elapsed, 2)
             st.depths = activity(before, after, elapsed)
             _gauges(st, after)
+            st.decoding = any(d.iterations > 0 for d in st.depths)
             if not after.has_contract_counters():
-                st.metrics_note = "no specctl_* counters on /metrics (plugin not loaded?)"
-            elif not st.depths:
-                st.metrics_note = f"no decode iterations in the last {elapsed:.1f} s (idle)"
+                # The plugin answered /server_info, so it is loaded: it exports its counters
+                # from the first decode iteration on.
+                st.metrics_note = "no specctl_* counters yet: nothing decoded since start-up"
     finally:
         for c in clients:
             c.close()
@@ -145,6 +159,8 @@ def collect(urls: list[str], admin_key: str | None, window_s: float) -> list[Ser
 
 
 def _read_state_and_scrape(st: ServerStatus, client: ServerClient) -> Scrape | None:
+    from controller.bench.server_client import ServerError
+
     try:
         state = client.state()
     except ServerError as err:
@@ -174,15 +190,36 @@ def _fmt(v: float | None, spec: str = ".1f") -> str:
     return "-" if v is None else format(v, spec)
 
 
+def now_line(st: ServerStatus) -> str:
+    """What the server does now. The gauges are trusted only while it decodes: SGLang publishes
+    them every `decode_log_interval` iterations, so with nothing decoding they can be old."""
+    gauges = (
+        f"depth {_fmt(st.depth_in_use, '.0f')}, running {_fmt(st.running_requests, '.0f')}, "
+        f"queued {_fmt(st.queued_requests, '.0f')}"
+    )
+    if st.decoding is None or st.decoding:
+        return gauges
+    quiet = f"no decode iterations in the last {st.window_s:g} s"
+    if not st.gauges_busy:
+        return f"idle ({quiet})"
+    return (
+        f"[yellow]stalled? {quiet}, yet SGLang's gauges last read {gauges} (a stuck "
+        "scheduler, or gauges not refreshed since the last decode)[/yellow]"
+    )
+
+
 def server_panel(st: ServerStatus) -> Panel:
+    from rich.console import Group
+    from rich.panel import Panel
+    from rich.table import Table
+
     if st.error:
         return Panel(f"[red]{st.error}[/red]", title=st.url, border_style="red")
     lines = [
         f"table      [bold]{st.table_text}[/bold]",
         f"source     {st.source}, version {st.version}, {st.ranks} DP rank(s), "
         f"captured depths {st.captured_depths}",
-        f"now        depth {_fmt(st.depth_in_use, '.0f')}, "
-        f"running {_fmt(st.running_requests, '.0f')}, queued {_fmt(st.queued_requests, '.0f')}",
+        f"now        {now_line(st)}",
     ]
     if st.inactive_reason:
         lines.insert(0, f"[red]inactive: {st.inactive_reason}[/red]")
@@ -221,6 +258,9 @@ def server_panel(st: ServerStatus) -> Panel:
 
 
 def daemon_panel(daemon: dict[str, Any]) -> Panel:
+    from rich.panel import Panel
+    from rich.table import Table
+
     if daemon.get("error"):
         return Panel(
             f"[red]{daemon['error']}[/red]", title=f"daemon {daemon['url']}", border_style="red"
@@ -252,18 +292,19 @@ def status(
     ] = 3.0,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON for scripts.")] = False,
 ) -> None:
-    """Show each server's live table, the depth in use and recent tok/s per depth.
+    """Show a server's live table, depth in use and tok/s per depth.
 
+    Exit status 1 if any server or the daemon could not be read, 2 on bad options.
+
+    \b
     Examples:
-
       specctl status --url http://127.0.0.1:30000
-
-      specctl status --url http://gpu1:30000 --url http://gpu2:30000 --daemon-url http://127.0.0.1:9465
-
-      specctl status --url http://127.0.0.1:30000 --json --window 10 | jq '.servers[0].depths'
-
-    Exit status 1 if any server or the daemon could not be read.
+      specctl status --url http://gpu1:30000 --url http://gpu2:30000 \\
+          --daemon-url http://127.0.0.1:9465
+      specctl status --url http://127.0.0.1:30000 --json | jq .servers[0].depths
     """
+    from controller.daemon.config import url_problem
+
     for option, value in [("--url", u) for u in url] + [("--daemon-url", daemon_url)]:
         problem = None if value is None else url_problem(value)
         if problem is not None:
@@ -275,6 +316,8 @@ def status(
         doc = {"servers": [asdict(s) for s in statuses], "daemon": daemon}
         typer.echo(json.dumps(doc, indent=2))
     else:
+        from rich.console import Console
+
         console = Console()
         for st in statuses:
             console.print(server_panel(st))

@@ -284,5 +284,14 @@ def load_config(path: str | Path | None = None) -> ControllerConfig:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"{origin}: not valid YAML: {err}") from None
+        raise ConfigError(f"{origin}: {yaml_problem(err)}") from None
     return parse_config(data, origin)
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """A YAML syntax error on one line, with its place in the file: PyYAML's own message
+    spans several lines and names the parsed string ("<unicode string>"), not the file."""
+    mark = getattr(err, "problem_mark", None)
+    where = "" if mark is None else f"line {mark.line + 1}, column {mark.column + 1}: "
+    problem = getattr(err, "problem", None) or " ".join(str(err).split())
+    return f"{where}not valid YAML: {problem}"

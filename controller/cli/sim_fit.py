@@ -12,7 +12,6 @@ from rich.console import Console
 from rich.table import Table
 
 from controller.cli.sim import sim_app
-from sims.profile import ProfileError, load_profile
 
 if TYPE_CHECKING:
     from sims.fit.report import Report
@@ -51,6 +50,7 @@ def fit(
             help="bench.json files from `specctl bench` against one server (several: e.g. two "
             "prompt lengths, which pins the context and prefill terms)",
             show_default=False,
+            metavar="BENCH.json...",
         ),
     ],
     out: Annotated[Path, typer.Option(help="Where to write the fitted profile (.yaml)")],
@@ -80,14 +80,13 @@ def fit(
     prefill and client costs by least squares, replays the bench on the fitted profile and
     prints measured against simulated tok/s and TPOT.
 
+    \b
     Examples:
-
-      specctl bench --url http://gpu1:30000 --no-spec-url http://gpu1:30001 --out bench-h200
-
-      specctl sim fit bench-h200/bench.json --out h200-mine.yaml
-
+      specctl bench --url http://gpu:30000 --no-spec-url http://gpu:30001 --out b
+      specctl sim fit b/bench.json --out h200-mine.yaml
       specctl sim sweep --profile h200-mine.yaml --concurrency 1,8,64
     """
+    from sims.profile import ProfileError, load_profile
     from sims.fit.bench_file import BenchFileError, load_bench
     from sims.fit.fitting import FitError, fit_profile
     from sims.fit.pool import Replayer

@@ -50,7 +50,7 @@ def fit(
             help="bench.json files from `specctl bench` against one server (several: e.g. two "
             "prompt lengths, which pins the context and prefill terms)",
             show_default=False,
-            metavar="BENCH.json...",
+            metavar="BENCH.json",
         ),
     ],
     out: Annotated[Path, typer.Option(help="Where to write the fitted profile (.yaml)")],
@@ -86,12 +86,12 @@ def fit(
       specctl sim fit b/bench.json --out h200-mine.yaml
       specctl sim sweep --profile h200-mine.yaml --concurrency 1,8,64
     """
-    from sims.profile import ProfileError, load_profile
     from sims.fit.bench_file import BenchFileError, load_bench
     from sims.fit.fitting import FitError, fit_profile
     from sims.fit.pool import Replayer
     from sims.fit.profile_file import with_provenance, write_profile
     from sims.fit.report import Report, render, replay_rows
+    from sims.profile import ProfileError, load_profile
 
     problem = _out_problem(out)
     if problem is not None:

@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from controller.cli.args import write_problem
 from controller.cli.sim import sim_app
 
 if TYPE_CHECKING:
@@ -33,13 +34,7 @@ def _out_problem(out: Path) -> str | None:
     folder = out.parent if str(out.parent) else Path(".")
     if not folder.is_dir():
         return f"--out {out}: folder {folder} does not exist; create it first"
-    try:
-        probe = folder / ".specctl-write-check"
-        probe.touch()
-        probe.unlink()
-    except OSError as err:
-        return f"--out {out}: cannot write there ({err.strerror or err}); pick another folder"
-    return None
+    return write_problem(folder, "--out", out)
 
 
 @sim_app.command("fit")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from controller.bench.prompts import DatasetError, load_dataset, synthetic_prompts
@@ -42,6 +44,16 @@ def test_crossovers_interpolate_between_levels_and_report_batch_sizes() -> None:
     assert cross[0].concurrency == pytest.approx(4 * 4**0.4, rel=1e-6)
     assert cross[0].batch == pytest.approx(4 + 0.4 * 12, rel=1e-6)
     assert 16 < cross[1].concurrency < 64 and 16 < cross[1].batch < 48
+
+
+def test_a_level_left_out_of_one_series_leaves_that_crossover_unplaced() -> None:
+    """d1 is best at 16 and only d3 finished a request at 64 (d1's level was too short): the
+    change of best depth between them cannot be interpolated, and is not guessed."""
+    too_short = dataclasses.replace(level(1, 64, 900, 8.0), too_short=True)
+    sweep = [level(3, 4, 300, 4.0), level(3, 16, 500, 16.0), level(3, 64, 520, 48.0),
+             level(1, 4, 200, 4.0), level(1, 16, 560, 16.0), too_short]  # fmt: skip
+    assert best_depths(sweep) == {4: 3, 16: 1, 64: 3}
+    assert [(c.from_series, c.to_series) for c in crossovers(sweep)] == [("d3", "d1")]
 
 
 def test_recommended_table_is_a_valid_contract_table_keyed_by_batch() -> None:

@@ -103,3 +103,25 @@ def test_errors_name_the_option(sim_server_factory, tmp_path, capsys):
     assert "write NAME=FILE" in capsys.readouterr().err
     assert trace.main(["compare", str(tmp_path / "empty")]) == 2
     assert "no trace results" in capsys.readouterr().err
+
+
+def test_a_warm_start_copy_keeps_samples_still_in_the_write_ahead_log(tmp_path):
+    """A daemon's store in WAL mode, its writer still open (nothing checkpointed): the copy
+    has every row; a plain copy of the main file would have none."""
+    import shutil
+    import sqlite3
+
+    source = tmp_path / "daemon.sqlite"
+    writer = sqlite3.connect(source)
+    writer.execute("PRAGMA journal_mode=WAL")
+    writer.execute("PRAGMA wal_autocheckpoint=0")
+    writer.execute("CREATE TABLE samples (t REAL)")
+    writer.executemany("INSERT INTO samples VALUES (?)", [(float(i),) for i in range(50)])
+    writer.commit()
+    shutil.copyfile(source, tmp_path / "plain-copy.sqlite")
+    trace._copy_store(source, tmp_path / "copy.sqlite")
+    writer.close()
+    with sqlite3.connect(tmp_path / "copy.sqlite") as copy:
+        assert copy.execute("SELECT count(*) FROM samples").fetchone() == (50,)
+    with sqlite3.connect(tmp_path / "plain-copy.sqlite") as plain:
+        assert plain.execute("SELECT count(*) FROM sqlite_master").fetchone() == (0,)

@@ -129,8 +129,10 @@ def crossovers(results: Sequence[LevelResult], min_gain: float = MIN_GAIN) -> li
     out = []
     for c_lo, c_hi in itertools.pairwise(cs):
         d_lo, d_hi = best[c_lo], best[c_hi]
-        if d_lo != d_hi:
-            a, b = series[series_name(d_lo)], series[series_name(d_hi)]
+        a, b = series[series_name(d_lo)], series[series_name(d_hi)]
+        # Interpolating needs both depths at both levels; a level left out (too short) of one
+        # series leaves that change of best depth unplaced rather than guessed.
+        if d_lo != d_hi and all(c in a and c in b for c in (c_lo, c_hi)):
             out.append(_crossover(a, b, c_lo, c_hi, series_name(d_hi)))
     envelope, nospec = _envelope(results, min_gain)
     ec = sorted(envelope)

@@ -27,6 +27,11 @@ def load_results(folder: Path) -> list[dict[str, Any]]:
     return runs
 
 
+def _name(run: dict[str, Any]) -> str:
+    """A run's row: its --name (e.g. daemon-warm), or its policy for results without one."""
+    return str(run.get("name") or run["policy"])
+
+
 def _cell(value: Any, fmt: str = "{:.1f}") -> str:
     return "-" if value is None else fmt.format(value)
 
@@ -38,7 +43,7 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run in runs:
         by_name = {p["name"]: p for p in run["phases"]}
-        cells = [run["policy"], _cell(run["total"]["tok_per_s"]),
+        cells = [_name(run), _cell(run["total"]["tok_per_s"]),
                  _cell(run["total"]["tpot_p50_ms"]), _cell(run["total"]["tpot_p90_ms"])]
         cells += [_cell(by_name.get(n, {}).get("tok_per_s")) for n in phases]
         cells += [f"{_cell(by_name.get(n, {}).get('tpot_p50_ms'))}/"
@@ -54,7 +59,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "trace": runs[0]["trace"],
         "policies": {
-            r["policy"]: {
+            _name(r): {
                 "total": r["total"],
                 "phases": {
                     p["name"]: {k: p.get(k) for k in _PHASE_KEYS} for p in r["phases"]
@@ -80,7 +85,7 @@ def plot(runs: list[dict[str, Any]], path: Path) -> None:
         by_name = {p["name"]: p for p in run["phases"]}
         xs = [j + i * width for j in range(len(phases))]
         ax_tok.bar(xs, [by_name.get(n, {}).get("tok_per_s") or 0 for n in phases], width,
-                   label=f"{run['policy']} ({run['total']['tok_per_s']:.0f} tok/s)")  # fmt: skip
+                   label=f"{_name(run)} ({run['total']['tok_per_s']:.0f} tok/s)")  # fmt: skip
         ax_tpot.bar(xs, [by_name.get(n, {}).get("tpot_p50_ms") or 0 for n in phases], width)
     ax_tok.set_ylabel("output tok/s")
     ax_tpot.set_ylabel("TPOT p50 (ms)")

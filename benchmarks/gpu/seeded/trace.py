@@ -18,7 +18,8 @@ bench's load generator (controller/bench/loadgen.py): `--seconds` scales the def
 
 Each run writes RESULTS/<policy>.json: output tok/s and TPOT p50/p90 for the whole trace and
 per phase, the table live after each phase, and for the daemon its pushes and final table.
-The table live before a run is pushed back after it.
+The table live before a run is pushed back after it. `--name` names a run's files and its row
+(e.g. `--name daemon-warm` for a second daemon run from the first one's store).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import argparse
 import asyncio
 import contextlib
 import json
-import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -201,21 +202,35 @@ class RunSpec:
     out: Path
     admin_key: str | None = None
     daemon_store: Path | None = None
+    name: str | None = None  # names the result files; default: the policy
+
+    @property
+    def label(self) -> str:
+        return self.name or self.policy.replace(":", "-")
+
+
+def _copy_store(source: Path, dest: Path) -> None:
+    """A consistent copy of a daemon's SQLite store, including what still sits in its
+    write-ahead log (a plain file copy of the main file would miss those samples)."""
+    dest.unlink(missing_ok=True)
+    with contextlib.closing(sqlite3.connect(f"file:{source}?mode=ro", uri=True)) as src, \
+            contextlib.closing(sqlite3.connect(dest)) as out:
+        src.backup(out)
 
 
 def _start_daemon(
     spec: RunSpec, admin_key: str, total_s: float
 ) -> tuple[subprocess.Popen[bytes], Path]:
-    store = spec.out / "daemon.sqlite"
+    store = spec.out / f"{spec.label}.sqlite"
     if spec.daemon_store is not None:
         if not spec.daemon_store.is_file():
             raise TraceError(f"--daemon-store {spec.daemon_store}: no such file")
-        shutil.copyfile(spec.daemon_store, store)
+        _copy_store(spec.daemon_store, store)
     else:
         store.unlink(missing_ok=True)
-    config = spec.out / "daemon.yaml"
+    config = spec.out / f"{spec.label}.yaml"
     write_config(config, daemon_config(spec.url, admin_key, store, total_s + 30.0))
-    log = spec.out / "daemon.log"
+    log = spec.out / f"{spec.label}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "controller.cli", "daemon", "--config", str(config)],
@@ -247,7 +262,7 @@ def run_policy(spec: RunSpec) -> dict[str, Any]:
         raise TraceError(str(err)) from None
     spec.out.mkdir(parents=True, exist_ok=True)
     admin_key = admin_key_from_env(spec.admin_key)
-    result: dict[str, Any] = {"policy": spec.policy, "url": spec.url,
+    result: dict[str, Any] = {"policy": spec.policy, "name": spec.name or spec.policy, "url": spec.url,
                               "trace": [asdict(p) for p in spec.phases],
                               "started_at": time.strftime("%Y-%m-%dT%H:%M:%S")}  # fmt: skip
     server = None if kind == "plain" else ServerClient(spec.url, admin_key)
@@ -291,7 +306,7 @@ def run_policy(spec: RunSpec) -> dict[str, Any]:
     finally:
         if daemon is not None:
             code = _stop_daemon(daemon)
-            pushes = [p for p in read_pushes(spec.out / "daemon.sqlite") if p["t"] >= t0 - 1]
+            pushes = [p for p in read_pushes(spec.out / f"{spec.label}.sqlite") if p["t"] >= t0 - 1]
             result["daemon"] = {
                 "exit_status": code,
                 "warm_start_store": str(spec.daemon_store) if spec.daemon_store else None,
@@ -302,10 +317,10 @@ def run_policy(spec: RunSpec) -> dict[str, Any]:
             with contextlib.suppress(ServerError):
                 server.push(before)
             server.close()
-    path = spec.out / f"{spec.policy.replace(':', '-')}.json"
+    path = spec.out / f"{spec.label}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     total = result["total"]
-    print(f"{spec.policy}: {total['tok_per_s']} tok/s, TPOT p50 {total['tpot_p50_ms']} ms, "
+    print(f"{spec.label}: {total['tok_per_s']} tok/s, TPOT p50 {total['tpot_p50_ms']} ms, "
           f"p90 {total['tpot_p90_ms']} ms -> {path}", flush=True)  # fmt: skip
     return result
 
@@ -333,6 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--admin-key", default=None, help="or SPECCTL_ADMIN_KEY")
     run.add_argument("--daemon-store", type=Path, default=None,
                      help="daemon: start from a copy of this store")  # fmt: skip
+    run.add_argument("--name", default=None,
+                     help="names this run's files (NAME.json; the daemon's NAME.sqlite, .yaml, "
+                     ".log) and its row in compare; default: the policy, e.g. static-3")
     cmp = sub.add_parser("compare", help="put every policy of a results folder side by side")
     cmp.add_argument("results", type=Path)
     args = parser.parse_args(argv)
@@ -342,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         phases = parse_phases(args.phases) if args.phases else default_trace(args.seconds)
         run_policy(RunSpec(args.policy, args.url, phases, _datasets(args.dataset), args.out,
-                           args.admin_key, args.daemon_store))  # fmt: skip
+                           args.admin_key, args.daemon_store, args.name))  # fmt: skip
     except (TraceError, ServerError, CompareError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# One measurement session of the seeded model pair on one GPU, in steps that each fit one
+# command of at most ten minutes, run back to back while the machine (and its servers) stay up:
+#
+#   bash benchmarks/gpu/seeded/h200_session.sh setup OUT     # build, both servers, acceptance
+#   bash benchmarks/gpu/seeded/h200_session.sh measure OUT   # bench, off modes, 1,000 switches
+#   bash benchmarks/gpu/seeded/h200_session.sh traces OUT "static:3 static:1 sglang daemon"
+#   bash benchmarks/gpu/seeded/h200_session.sh traces OUT "daemon-warm plain static:0" final
+#
+# Every step leaves its files under $R (default /tmp/gpu-run) and packs the whole folder into
+# OUT/run.tar.gz (weights left out), so each step's results come back even if a later one fails.
+# SGLang must be importable (../shared/gpu/README.md: `source .gpu/stage.sh .gpu env`).
+set -uo pipefail
+
+STEP=${1:?usage: h200_session.sh setup|measure|traces OUT [POLICIES] [final]}
+OUT=${2:?give the folder to pack the results into}
+R=${R:-/tmp/gpu-run}
+PY=${PY:-python3}
+# The trace: low load, a ramp into saturation on the easy family, then the hard family at low
+# load and at saturation (where the best depth changes), then low load again.
+PHASES=${PHASES:-10:2:a,12:16:a,15:128:a,15:4:b,20:128:b,10:4:b}
+LEVEL_S=${LEVEL_S:-5}  # seconds per bench level, after a 1.5 s warm-up
+# HARNESS_EXTRA: more harness options. A dry run of every step on a CPU, against
+# `specctl sim serve` stand-ins and the tiny seeded pair (about 8 minutes; python with torch):
+#   R=/tmp/dry PY=.venv-sglang/bin/python LEVEL_S=0.5 PHASES=2:2:a,2:16:a,2:4:b \
+#   HARNESS_EXTRA="--backend sim --tiny --seeded-args=--tiny --sim-speedup 20" \
+#   bash benchmarks/gpu/seeded/h200_session.sh setup|measure|traces ...
+read -r -a EXTRA <<<"${HARNESS_EXTRA:-}"
+HARNESS_OPTS=(--run-dir "$R" --models seeded --depths 0,1,3 --bench-duration "$LEVEL_S"
+              --smoke-seconds 4 --greedy-prompts 4 --greedy-tokens 128 --switches 1000
+              --switch-interval 0.02 "${EXTRA[@]}")
+
+key() { "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['admin_key'])" "$R/state.json"; }
+url_of() {  # url_of spec|plain: from the harness's state
+    "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['servers'][sys.argv[2]]['url'])" \
+        "$R/state.json" "$1"
+}
+spec_url() { url_of spec; }
+plain_url() { url_of plain; }
+stamp() { echo "== $(date +%H:%M:%S) $*"; }
+
+off_mode() {  # off_mode CODE: 0 = sglang, 1 = skip-extend (the plugin's default)
+    curl -sS -X POST "$(spec_url)/set_internal_state" -H "Authorization: Bearer $(key)" \
+        -H 'Content-Type: application/json' -d "{\"server_args\": {\"specctl_off_mode\": $1}}"
+    echo
+}
+
+bench() {  # bench OUTDIR EXTRA...: the harness bench's workload (family a, 128-token outputs)
+    local dir=$1; shift
+    "$PY" -m controller.cli bench --url "$(spec_url)" --admin-key "$(key)" \
+        --dataset "$R/models/seeded/family_a.jsonl" --output-tokens 128 \
+        --concurrency 1,4,16,64,128 --duration-per-level "$LEVEL_S" --warmup-per-level 1.5 \
+        --out "$dir" "$@"
+}
+
+pack() {
+    "$PY" -m benchmarks.gpu.harness summary ${FINAL:+stop} --run-dir "$R" \
+        --out-tar "$OUT/run.tar.gz" >"$R/pack_$STEP.txt" 2>&1 || tail -5 "$R/pack_$STEP.txt"
+    ls -la "$OUT"
+}
+
+case "$STEP" in
+setup)
+    stamp "models and servers"
+    "$PY" -m benchmarks.gpu.harness models start "${HARNESS_OPTS[@]}" --budget 430
+    stamp "acceptance per family and depth, then the off spell in each off mode"
+    A="$R/acceptance"; mkdir -p "$A"
+    DS=(--dataset "$R/models/seeded/family_a.jsonl" --dataset "$R/models/seeded/family_b.jsonl")
+    "$PY" -m benchmarks.gpu.seeded.acceptance --url "$(spec_url)" --admin-key "$(key)" \
+        "${DS[@]}" --depths 1,3 --requests 32 --concurrency 8 --off-spell 64 \
+        --out "$A/skip-extend.json" 2>&1 | tee "$A/skip-extend.txt"
+    off_mode 0
+    "$PY" -m benchmarks.gpu.seeded.acceptance --url "$(spec_url)" --admin-key "$(key)" \
+        --dataset "$R/models/seeded/family_a.jsonl" --depths 3 --requests 32 --concurrency 8 \
+        --off-spell 64 --out "$A/sglang.json" 2>&1 | tee "$A/sglang.txt"
+    off_mode 1
+    ;;
+measure)
+    stamp "warm pass (not reported): every series at 16 and 128 streams"
+    bench "$R/bench_warm" --depths 0,1,3 --no-spec-url "$(plain_url)" --concurrency 16,128 \
+        --duration-per-level 2 --warmup-per-level 0.5 >"$R/bench_warm.txt" 2>&1
+    stamp "bench: d0 (skip-extend), d1, d3, plain"
+    bench "$R/bench" --depths 0,1,3 --no-spec-url "$(plain_url)" 2>&1 | tee "$R/bench.txt"
+    stamp "depth 0 again, off mode sglang, then skip-extend"
+    off_mode 0
+    bench "$R/bench_d0_sglang" --depths 0 2>&1 | tail -12 | tee "$R/bench_d0_sglang.txt"
+    off_mode 1
+    bench "$R/bench_d0_skip" --depths 0 2>&1 | tail -12 | tee "$R/bench_d0_skip.txt"
+    stamp "1,000 on/off switches under load, greedy after"
+    "$PY" -m benchmarks.gpu.harness switch "${HARNESS_OPTS[@]}" --budget 200
+    ;;
+traces)
+    POLICIES=${3:?give the policies, e.g. "static:3 sglang daemon"}
+    FINAL=${4:-}
+    T="$R/trace"; mkdir -p "$T"
+    DS=(--dataset "a=$R/models/seeded/family_a.jsonl" --dataset "b=$R/models/seeded/family_b.jsonl")
+    for name in $POLICIES; do
+        stamp "trace under $name"
+        policy=$name; url=$(spec_url); extra=()
+        case "$name" in
+        plain) url=$(plain_url) ;;
+        daemon) policy=daemon; name=daemon-cold ;;
+        daemon-warm)  # the daemon again, from the store it learned in the cold run
+            policy=daemon; extra=(--daemon-store "$T/daemon-cold.sqlite") ;;
+        esac
+        "$PY" -m benchmarks.gpu.seeded.trace run --policy "$policy" --name "${name//:/-}" \
+            --url "$url" --admin-key "$(key)" "${DS[@]}" --phases "$PHASES" --out "$T" \
+            "${extra[@]}" 2>&1 | tee -a "$T/trace.txt"
+    done
+    "$PY" -m benchmarks.gpu.seeded.trace compare "$T" 2>&1 | tee "$T/compare.txt"
+    ;;
+*)
+    echo "unknown step $STEP: setup, measure or traces" >&2; exit 2 ;;
+esac
+pack

@@ -84,8 +84,14 @@ def build_policy(model: GroupModel) -> PolicyFile:
         batch_histogram={b: round(w, 4) for b, w in model.batch_histogram().items()},
         predicted_tok_per_s=predicted,
         predicted_gain=gains,
+        fingerprint=table.fingerprint,
     )
     return PolicyFile(table=table, provenance=provenance)
+
+
+def _version(table: PolicyTable) -> str:
+    # Version numbers can repeat across stores and runs; the fingerprint names the tiers.
+    return f"version {table.version}, fingerprint #{table.fingerprint}"
 
 
 def _time(t: float) -> dt.datetime:
@@ -99,9 +105,7 @@ def check(path: Path, url: str | None, console: Console) -> None:
         with ServerClient(url) as server:
             captured = server.state().captured_depths
     policy = load(path, captured_depths=captured)
-    console.print(
-        f"[green]ok[/green] {path}: {policy.table.describe()} (version {policy.table.version})"
-    )
+    console.print(f"[green]ok[/green] {path}: {policy.table.describe()} ({_version(policy.table)})")
     if captured is not None:
         console.print(f"every depth is captured by {url} (captured: {list(captured)})")
     prov = policy.provenance
@@ -161,9 +165,7 @@ def freeze(
         err.print(f"[red]error:[/red] --out {out}: cannot write it ({e.strerror or e})")
         raise typer.Exit(2) from None
     prov = policy.provenance
-    console.print(
-        f"wrote {out}: [bold]{policy.table.describe()}[/bold] (version {policy.table.version})"
-    )
+    console.print(f"wrote {out}: [bold]{policy.table.describe()}[/bold] ({_version(policy.table)})")
     console.print(
         f"from {prov.samples} samples of group {prov.group} ({', '.join(prov.targets)}), "
         f"{prov.iterations:,.0f} decode iterations"

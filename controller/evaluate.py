@@ -35,6 +35,7 @@ from controller.guardrails import decision_runs
 from controller.own_metrics import DaemonMetrics
 from controller.runner import TickInfo, run_simulated
 from controller.store import Store
+from controller.table_lag import LagTracker, decision_score
 from controller.transport import HttpTransport, InProcessTransport, ServerTransport
 from models.samples import Sample
 from sglang_hooks.contract import PolicyTable, Tier, parse_table
@@ -258,6 +259,8 @@ class DaemonRun:
     tok_trace: list[tuple[float, float]] = field(default_factory=list)
     push_log: list[dict[str, Any]] = field(default_factory=list)
     samples: int = 0
+    lag: dict[str, Any] = field(default_factory=dict)
+    lag_trace: list[tuple[float, float | None]] = field(default_factory=list)
 
 
 def eval_config(scenario: Scenario, store_path: Path, seed: int) -> ControllerConfig:
@@ -403,11 +406,14 @@ def run_daemon_eval(
                     "kind": p.kind,
                     "outcome": p.outcome,
                     "table": p.table,
+                    "label": None if p.table is None else parse_table(p.table).label(),
                     "reason": p.reason,
                 }
                 for p in pushes
             ],
             samples=store.count_samples(),
+            lag=tracker.lag.report(scenario.duration_s),
+            lag_trace=tracker.lag.trace,
         )
         controller.close()
         store.close()
@@ -437,6 +443,8 @@ class _Tracker:
         self.scores: list[tuple[float, float | None]] = []
         self.recent_scores: list[tuple[float, float | None]] = []
         self.tok_trace: list[tuple[float, float]] = []
+        self.lag = LagTracker()
+        self._mix_ema: dict[str, float] = {}
         self._last_stats: Any = None
 
     def observe(self, now: float, server: SimulatedServer) -> None:
@@ -455,6 +463,38 @@ class _Tracker:
             self.first_good = now
         recent = LoadSeen.from_samples([s for s in samples if s.t_end > now - self.RECENT_S])
         self.recent_scores.append((now, table_score(self.oracle, self.live_table, recent, mix)))
+        # The load of the moment: the last scrape interval only, so a change shows at once.
+        last = [s for s in samples if s.t_end > now - self.scenario.sample_interval_s + 1e-6]
+        table = self.live_table
+        running = self._running_mix(server, mix)
+        self.lag.observe(
+            now,
+            decision_score(
+                last,
+                lambda batch: self.oracle.tok(running, batch),
+                None if table is None else table.depth_for,
+            ),
+        )
+
+    def _running_mix(self, server: SimulatedServer, arrival: dict[str, float]) -> dict[str, float]:
+        """Acceptance phases of the requests the server is running (what its decisions are
+        worth now: a request keeps the phase it arrived with), smoothed over ~30 s of ticks;
+        the arrival mix while nothing runs."""
+        counts = server.engine.phase_counts()
+        names = list(self.profile.acceptance.phases)
+        total = sum(counts)
+        now_mix = (
+            {n: c / total for n, c in zip(names, counts, strict=True) if c}
+            if total
+            else dict(arrival)
+        )
+        alpha = min(1.0, self.scenario.sample_interval_s / 30.0)
+        prev = self._mix_ema or now_mix
+        keys = set(prev) | set(now_mix)
+        self._mix_ema = {
+            k: (1 - alpha) * prev.get(k, 0.0) + alpha * now_mix.get(k, 0.0) for k in keys
+        }
+        return {k: v for k, v in self._mix_ema.items() if v > 0}
 
     def drift_recovery(self) -> float | None:
         """Seconds from the drift's start until the live table scores >= 0.95 on the recent
@@ -477,30 +517,23 @@ class _Tracker:
 # ----------------------------------------------------------------------------- the report
 
 
-def evaluate(
-    profile_name: str,
-    scenario_name: str,
-    seed: int = 0,
-    *,
-    http_speedup: float | None = None,
-    on_progress: Callable[[str], None] | None = None,
+def baselines(
+    profile: Profile,
+    scenario: Scenario,
+    seed: int,
+    say: Callable[[str], None] = lambda _msg: None,
 ) -> dict[str, Any]:
-    """One JSON-ready report for a profile x scenario. `http_speedup`: run the daemon over
-    loopback HTTP against a served simulator whose clock runs that many times wall time."""
-    t0 = time.monotonic()
-    say = on_progress or (lambda _msg: None)
-    # The daemon's own log lines would interleave with the report; keep only errors.
-    logging.getLogger("specctl").setLevel(logging.ERROR)
-    profile = load_profile(profile_name)
-    scenario = load_scenario(scenario_name)
+    """Everything the daemon is compared with on this seed, none of which depends on the
+    daemon: the static policies, the two-tier grid, a server without speculation, the oracle.
+    JSON-ready, so a benchmark can keep it between runs of an unchanged simulator."""
     say("static policies")
     static: dict[str, float] = {}
     for name, make_kwargs in static_policies(profile).items():
         static[name] = run_static(profile, scenario, seed, **make_kwargs())
     max_batch = profile.max_running(True)
-    two_tier: dict[int, float] = {}
+    two_tier: dict[str, float] = {}
     for thr in (t for t in TWO_TIER_GRID if t <= max_batch):
-        two_tier[thr] = run_static(
+        two_tier[str(thr)] = run_static(
             profile, scenario, seed, table=two_tier_table(profile.full_depth, thr)
         )
     best_thr = max(two_tier, key=lambda k: two_tier[k])
@@ -512,6 +545,31 @@ def evaluate(
     nospec = run_static(profile, scenario, seed, speculative=False)
     say("oracle")
     oracle = oracle_tok_per_s(profile, scenario, seed)
+    return {"static": static, "two_tier": two_tier, "nospec": nospec, "oracle": oracle}
+
+
+def evaluate(
+    profile_name: str,
+    scenario_name: str,
+    seed: int = 0,
+    *,
+    http_speedup: float | None = None,
+    on_progress: Callable[[str], None] | None = None,
+    precomputed: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One JSON-ready report for a profile x scenario. `http_speedup`: run the daemon over
+    loopback HTTP against a served simulator whose clock runs that many times wall time.
+    `precomputed`: `baselines(...)` of the same profile, scenario and seed (else run here)."""
+    t0 = time.monotonic()
+    say = on_progress or (lambda _msg: None)
+    # The daemon's own log lines would interleave with the report; keep only errors.
+    logging.getLogger("specctl").setLevel(logging.ERROR)
+    profile = load_profile(profile_name)
+    scenario = load_scenario(scenario_name)
+    base = precomputed or baselines(profile, scenario, seed, say)
+    static: dict[str, float] = dict(base["static"])
+    two_tier: dict[str, float] = dict(base["two_tier"])
+    nospec, oracle = float(base["nospec"]), float(base["oracle"])
     say("daemon")
     if http_speedup is None:
         run = run_daemon_eval(profile, scenario, seed)
@@ -543,7 +601,8 @@ def evaluate(
         "best_static": best_static_name,
         "best_static_tok_per_s": round(static[best_static_name], 2),
         "beats_every_static": all(run.achieved_tok_per_s > v for v in static.values()),
-        "two_tier_grid": {str(k): round(v, 2) for k, v in two_tier.items()},
+        "vs_best_static": round(run.achieved_tok_per_s / static[best_static_name] - 1.0, 5),
+        "two_tier_grid": {k: round(v, 2) for k, v in two_tier.items()},
         "nospec_server": {
             "tok_per_s": round(nospec, 2),
             "ratio_to_oracle": round(nospec / oracle, 4) if oracle > 0 else None,
@@ -569,6 +628,8 @@ def evaluate(
             [t, None if v is None else round(v, 4)] for t, v in run.recent_score_trace
         ],
         "tok_trace": [[t, round(v, 2)] for t, v in run.tok_trace],
+        "table_lag": run.lag,
+        "lag_score_trace": [[t, None if v is None else round(v, 4)] for t, v in run.lag_trace],
         "push_log": run.push_log,
         "wall_s": round(time.monotonic() - t0, 2),
     }

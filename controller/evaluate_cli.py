@@ -13,7 +13,7 @@ from sims.cli import sim_app
 from sims.profile import ProfileError
 from sims.workload import ScenarioError
 
-TRACE_KEYS = ("score_trace", "recent_score_trace", "tok_trace", "push_log")
+TRACE_KEYS = ("score_trace", "recent_score_trace", "tok_trace", "push_log", "lag_score_trace")
 
 
 @sim_app.command("evaluate")
@@ -83,6 +83,12 @@ def print_report(r: dict[str, Any], console: Console) -> None:
         f"exploration share {r['exploration_share']:.1%}; "
         f"time to first good table {'never' if ttg is None else f'{ttg:.0f} s'}; "
         f"{r['pushes']} pushes, {r['rollbacks']} rollbacks"
+    )
+    lag = r["table_lag"]
+    console.print(
+        f"not within 2% of the oracle on the load of the moment: cold start "
+        f"{lag['cold_start_s']:.0f} s, longest after a change {lag['worst_change_lag_s']:.0f} s, "
+        f"{lag['bad_time_share']:.1%} of the run"
     )
     if "drift_at_s" in r:
         rec = r.get("drift_recovery_s")

@@ -400,14 +400,19 @@ class Controller:
         if st.quarantine.get(key, float("-inf")) > now:
             return None
         learner = gm.learner
-        gate = decide_push(
-            table,
-            live.table,
-            {"recent": hist, "current": current},
-            lambda a, b, h, probes: learner.predicted_gain(a, b, dict(h), probes=probes),
-            g.push_min_gain,
-            float(getattr(getattr(gm.learner, "config", None), "exploration_cap", 0.03)),
-        )
+        try:
+            with gm.lock:
+                gate = decide_push(
+                    table,
+                    live.table,
+                    {"recent": hist, "current": current},
+                    lambda a, b, h, probes: learner.predicted_gain(a, b, dict(h), probes=probes),
+                    g.push_min_gain,
+                    float(getattr(getattr(learner, "config", None), "exploration_cap", 0.03)),
+                )
+        except Exception as err:  # a learner bug must not stop the loop
+            log.exception("%s: learner could not weigh the table: %s", st.name, err)
+            return None
         if not gate.push:
             log.debug("%s: not pushing: %s", st.name, gate.why)
             return None

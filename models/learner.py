@@ -35,8 +35,8 @@ from sglang_hooks.contract import (
 )
 
 MODEL_VERSION = (
-    "specctl-models/2 (roofline-bayes step, ew-gamma acceptance cut at change points, "
-    "thompson neighbour probes, sticky decisions)"
+    "specctl-models/3 (roofline-bayes step, ew-gamma acceptance cut at change points and "
+    "level-shifted while it settles, thompson probes of neighbours and off, sticky decisions)"
 )
 LOAD_HALF_LIFE_S = 120.0  # memory of where the load sits in each bucket (representative batch)
 FOCUS_SHARE = 0.05  # a bucket with this share of a `focus` load is probed eagerly

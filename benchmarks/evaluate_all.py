@@ -18,7 +18,7 @@ Targets (checked and printed, never enforced here), over every run:
 - better than every static policy on >= 80% of runs, and never more than 0.5% below one;
 - a good table (within 2% of the oracle on the load of the moment) within 60 simulated seconds
   of any change of load or acceptance: the longest bad episode after the cold start
-  (`table_lag.worst_change_lag_s`, controller/table_lag.py) <= 60 s;
+  (`table_lag.worst_change_lag_s`, controller/evaluation/table_lag.py) <= 60 s;
 - exploration share <= 3%.
 """
 
@@ -36,7 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from controller.evaluate import TWO_TIER_GRID, baselines, evaluate  # noqa: E402
+from controller.evaluation.evaluate import TWO_TIER_GRID, baselines, evaluate  # noqa: E402
 from sims.profile import builtin_profiles, load_profile  # noqa: E402
 from sims.workload import builtin_scenarios, load_scenario  # noqa: E402
 

@@ -74,7 +74,13 @@ class SimStats:
     completed_requests: int = 0
     completed_output_tokens: int = 0  # output tokens of completed requests
     rejected_requests: int = 0
+    aborted_requests: int = 0  # dropped because their client went away
     latency_sum_s: float = 0.0  # queueing + prefill + decode, per completed request
+    # Of completed requests, as SGLang's latency histograms sum them: time to the first token,
+    # time from it to the last, and the tokens after the first.
+    ttft_sum_s: float = 0.0
+    decode_sum_s: float = 0.0
+    tokens_after_first: int = 0
 
     def copy(self) -> SimStats:
         out = SimStats(**{k: v for k, v in self.__dict__.items()})
@@ -101,7 +107,10 @@ class SimStats:
 
 @dataclass
 class Gauges:
-    """SGLang's scheduler gauges, refreshed every DECODE_LOG_INTERVAL decode iterations."""
+    """SGLang's scheduler gauges, refreshed every DECODE_LOG_INTERVAL decode iterations (the
+    request counts also at every prefill), and at once when the scheduler goes idle (SGLang
+    >= 0.5.17 publishes the idle values as soon as the running gauge disagrees with the empty
+    batch)."""
 
     num_running_reqs: float = 0.0
     num_queue_reqs: float = 0.0
@@ -139,12 +148,13 @@ class Engine:
         self.speculative = speculative
         self.max_running = max_running or profile.max_running(speculative)
         self.full_depth = profile.full_depth if speculative else 0
-        seeds = np.random.SeedSequence(seed).spawn(5)
+        seeds = np.random.SeedSequence(seed).spawn(6)  # children by index: older streams kept
         self._rng_accept = np.random.default_rng(seeds[0])
         self._rng_noise = np.random.default_rng(seeds[1])
         self._rng_lengths = np.random.default_rng(seeds[2])
         self._rng_arrivals = np.random.default_rng(seeds[3])
         self.policy_rng = random.Random(int(seeds[4].generate_state(1)[0]))
+        self._rng_overhead = np.random.default_rng(seeds[5])
         if policy is None and speculative:
             policy = SGLangAdaptivePolicy(
                 initial_steps=profile.full_depth,
@@ -171,7 +181,8 @@ class Engine:
 
         # Workload state.
         self._queue: deque[_Waiting] = deque()
-        self._arrivals: list[tuple[float, int]] = []  # heap of closed-loop client arrivals
+        # Heap of closed-loop client arrivals: (enters the queue, seq, sent by the client).
+        self._arrivals: list[tuple[float, int, float]] = []
         self._heap_seq = 0
         self._clients = 0
         self._conc_trace = workload.concurrency_trace()
@@ -188,7 +199,19 @@ class Engine:
         self._listeners: dict[int, RequestListener] = {}
         self._arrival_time: dict[int, float] = {}
         self._overhead_s = profile.scheduler.request_overhead_ms / 1000.0
+        cv = profile.scheduler.request_overhead_cv
+        self._overhead_sigma = math.sqrt(math.log1p(cv * cv))
         self._think_s = workload.think_time_s
+        self._frontend_s = profile.scheduler.frontend_ms / 1000.0
+        self._untimed_s = profile.scheduler.untimed_ms / 1000.0
+        self._frontend_free = 0.0
+        # Closed-loop clients stop sending once this many requests were sent (None: never).
+        self.request_limit: int | None = None
+        # (sent by the client, queued, first token, finish, output tokens) per finished
+        # request, when a list (sent = queued unless a front end delays requests).
+        self.request_log: list[tuple[float, float, float, float, int]] | None = None
+        self._first_token_at: dict[int, float] = {}
+        self._sent_at: dict[int, float] = {}
         self._gi_start = self._decode_totals()
         self._gi_t0 = 0.0
         self._gi_first_tokens = 0
@@ -338,6 +361,32 @@ class Engine:
             self._listeners[self._next_rid] = listener
         return self._enqueue(max(prompt_tokens, 1), max(max_new_tokens, 1), False)
 
+    def abort(self, rid: int) -> bool:
+        """Drop a queued or running request, as SGLang aborts one whose stream the client
+        closed. False if it is not there (already finished, or never submitted)."""
+        self._listeners.pop(rid, None)
+        for i, w in enumerate(self._queue):
+            if w[0] == rid:
+                del self._queue[i]
+                self._st.aborted_requests += 1
+                return True
+        n = self.n
+        rows = np.flatnonzero(self._req[:n, _RID] == rid)
+        if not len(rows):
+            return False
+        i = int(rows[0])
+        _, rem, prompt, out, phase, _closed = self._req[i].tolist()
+        self._phase_count[phase] -= 1
+        self._ctx_total -= prompt + out - rem
+        self._reserved_total -= prompt + out
+        self._arrival_time.pop(rid, None)
+        # Keep the other rows in order, so the random draws stay tied to the same requests.
+        self._req[i : n - 1] = self._req[i + 1 : n].copy()
+        self.n = n - 1
+        self._rem_floor = int(self._req[: n - 1, _REM].min()) if n > 1 else _NO_FLOOR
+        self._st.aborted_requests += 1
+        return True
+
     # ------------------------------------------------------------------ arrivals
 
     def _draw_lengths(self) -> tuple[int, int]:
@@ -371,16 +420,34 @@ class Engine:
                     return self._phase_names.index(name)
         return self._phase_names.index(names[-1])
 
-    def _enqueue(self, prompt: int, output: int, closed_loop: bool) -> int:
+    def _enqueue(
+        self,
+        prompt: int,
+        output: int,
+        closed_loop: bool,
+        sent: float | None = None,
+        arrived: float | None = None,
+    ) -> int:
+        """Queue a request that reached the scheduler at `arrived` (default: now; the
+        scheduler sees it at this iteration boundary) after its client sent it at `sent`."""
         rid = self._next_rid
         self._next_rid += 1
-        self._queue.append((rid, prompt, output, self._draw_phase(), self.now, closed_loop))
+        if sent is not None and self.request_log is not None:
+            self._sent_at[rid] = sent
+        at = self.now if arrived is None else arrived
+        self._queue.append((rid, prompt, output, self._draw_phase(), at, closed_loop))
         self._st.submitted_requests += 1
         return rid
 
-    def _new_workload_request(self, closed_loop: bool) -> None:
+    def _new_workload_request(
+        self, closed_loop: bool, sent: float | None = None, arrived: float | None = None
+    ) -> None:
         prompt, output = self._draw_lengths()
-        self._enqueue(prompt, output, closed_loop)
+        self._enqueue(prompt, output, closed_loop, sent, arrived)
+
+    def _may_send(self) -> bool:
+        limit = self.request_limit
+        return limit is None or self._st.submitted_requests < limit
 
     def _open_rate_trace(self) -> Trace | None:
         """Arrival rate in requests/s (a `capacity` trace scaled by the profile's capacity)."""
@@ -420,16 +487,19 @@ class Engine:
         now = self.now
         if now >= self._next_check:
             target = self.target_concurrency()
-            while self._clients < target:
+            while self._clients < target and self._may_send():
                 self._clients += 1
-                self._new_workload_request(True)
+                if self._frontend_s > 0.0:
+                    self._send(now)
+                else:
+                    self._new_workload_request(True)
             self._next_check = now + _EVENT_CHECK_S
         while self._arrivals and self._arrivals[0][0] <= now:
-            heapq.heappop(self._arrivals)
-            if self._clients > self.target_concurrency():
+            arrived, _, sent = heapq.heappop(self._arrivals)
+            if self._clients > self.target_concurrency() or not self._may_send():
                 self._clients -= 1  # the client leaves instead of sending again
             else:
-                self._new_workload_request(True)
+                self._new_workload_request(True, sent, arrived)
         while self._next_open <= now:
             self._new_workload_request(False)
             self._next_open = self._draw_open_arrival(self._next_open)
@@ -447,6 +517,7 @@ class Engine:
             if self.n > 0:
                 self._decode()
                 continue
+            self._publish_idle_gauges()
             self.now = min(self._next_event, t_end)  # idle: jump to the next arrival
         if self._pending_policy is not None and self.n == 0:
             self._apply_pending_policy()
@@ -501,6 +572,9 @@ class Engine:
         st.prefill_seconds += dt
         for w in admitted:
             self._start(w)
+        # SGLang refreshes the request gauges at every prefill too, not only every 40 decodes.
+        self.gauges.num_running_reqs = float(self.n)
+        self.gauges.num_queue_reqs = float(len(self._queue))
         return True
 
     def _reject(self, w: _Waiting) -> None:
@@ -517,6 +591,7 @@ class Engine:
         self._st.tokens_generated += 1
         self._gi_first_tokens += 1
         self._arrival_time[rid] = arrival
+        self._first_token_at[rid] = self.now
         listener = self._listeners.get(rid)
         if listener is not None:
             listener.on_tokens(1, self.now)
@@ -535,17 +610,36 @@ class Engine:
         st = self._st
         st.completed_requests += 1
         st.completed_output_tokens += output
-        st.latency_sum_s += self.now - self._arrival_time.pop(rid, self.now)
+        arrival = self._arrival_time.pop(rid, self.now)
+        first = self._first_token_at.pop(rid, self.now)
+        st.latency_sum_s += self.now - arrival
+        st.ttft_sum_s += first - arrival
+        st.decode_sum_s += self.now - first
+        st.tokens_after_first += max(output - 1, 0)
+        if self.request_log is not None:
+            sent = self._sent_at.pop(rid, arrival)
+            self.request_log.append((sent, arrival, first, self.now, output))
         listener = self._listeners.pop(rid, None)
         if listener is not None:
             listener.on_done(self.now, "length")
         if closed_loop:
-            self._schedule_client(self.now + self._overhead_s)
+            overhead = self._overhead_s
+            if self._overhead_sigma > 0.0:
+                s = self._overhead_sigma
+                overhead *= float(self._rng_overhead.lognormal(-s * s / 2, s))
+            self._schedule_client(self.now + overhead)
 
     def _schedule_client(self, t: float) -> None:
-        t += self._think_s
+        self._send(t + self._think_s)
+
+    def _send(self, sent: float) -> None:
+        """A closed-loop client sends at `sent`; it reaches the queue past the front end."""
+        t = sent
+        if self._frontend_s > 0.0:  # one request at a time through the front end
+            t = max(t, self._frontend_free) + self._frontend_s
+            self._frontend_free = t
         self._heap_seq += 1
-        heapq.heappush(self._arrivals, (t, self._heap_seq))
+        heapq.heappush(self._arrivals, (t, self._heap_seq, sent))
         if t < self._next_event:
             self._next_event = t
 
@@ -593,7 +687,8 @@ class Engine:
             rem -= 1
         self._ctx_total += tokens
 
-        dt = self.iteration_ms(depth, n) * self._noise_factor() / 1000.0
+        noise = self._noise_factor()
+        dt = self.iteration_ms(depth, n) * noise / 1000.0
         self.now += dt
         self.forward_ct += 1
         self.last_depth = depth
@@ -605,7 +700,7 @@ class Engine:
         c[0] += 1
         c[1] += n
         c[2] += tokens
-        c[3] += dt
+        c[3] += dt - self._untimed_s * noise  # what the server's GPU timer sees
         if explore:
             c[4] += 1
         if self.policy.wants_feedback:
@@ -647,6 +742,20 @@ class Engine:
         req[:k] = req[:n][keep]
         self.n = k
         self._rem_floor = int(req[:k, _REM].min()) if k else _NO_FLOOR
+
+    def _publish_idle_gauges(self) -> None:
+        g = self.gauges
+        if g.num_running_reqs == 0 and g.num_queue_reqs == 0 and g.gen_throughput == 0:
+            return
+        g.num_running_reqs = 0.0
+        g.num_queue_reqs = float(len(self._queue))
+        g.gen_throughput = 0.0
+        g.token_usage = self._ctx_total / self.profile.scheduler.max_total_tokens
+        # The next busy refresh measures from here, not across the idle gap.
+        self._gi_start = self._decode_totals()
+        self._gi_first_tokens = 0
+        self._gi_iters = 0
+        self._gi_t0 = self.now
 
     def _refresh_gauges(self) -> None:
         g = self.gauges

@@ -7,20 +7,25 @@ so a load generator sees realistic TTFT, inter-token latency and throughput agai
 concurrency (divided by `speedup` in wall time). Generated text is synthetic.
 
 Endpoints: /metrics, /server_info (+ deprecated /get_server_info), /set_internal_state (POST,
-PUT), /health, /health_generate, /ready, /generate, /v1/completions (streaming or not, with
-usage), /v1/models. Auth follows SGLang 0.5.23: /health*, /ready and /metrics are open;
-/set_internal_state is ADMIN_OPTIONAL; everything else needs the API key when one is set.
+PUT), /health, /health_generate, /ready, /generate (`text` or `input_ids`; answers with
+`output_ids` that depend on the prompt and position only, like a greedy decode),
+/v1/completions (streaming or not, with usage), /v1/models. Auth follows SGLang 0.5.23:
+/health*, /ready and /metrics are open; /set_internal_state is ADMIN_OPTIONAL; everything
+else needs the API key when one is set.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+import zlib
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +46,17 @@ _OPEN_PATHS = ("/health", "/ready", "/metrics")
 def synthetic_text(start: int, count: int) -> str:
     """Deterministic filler text for output tokens [start, start + count)."""
     return "".join(_WORDS[i % len(_WORDS)] for i in range(start, start + count))
+
+
+SYNTHETIC_VOCAB = 32000
+
+
+def synthetic_output_ids(prompt: Any, start: int, count: int) -> list[int]:
+    """Token ids for output positions [start, start + count): a function of the prompt and
+    the position only, as a greedy decode is, so every depth (and a server without
+    speculation) answers a prompt with the same ids."""
+    seed = zlib.crc32(json.dumps(prompt, separators=(",", ":")).encode())
+    return [(seed + 2654435761 * i) % SYNTHETIC_VOCAB for i in range(start, start + count)]
 
 
 def prompt_token_count(prompt: Any) -> int:
@@ -76,9 +92,15 @@ class SimClock:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
+    def wall_time_of(self, sim_time: float) -> float:
+        """The `time.monotonic()` at which the simulated clock reaches `sim_time`."""
+        return self._wall0 + (sim_time - self._sim0) / self.speedup
+
     def _run(self) -> None:
         wall0 = time.monotonic()
         sim0 = self.server.now
+        self._wall0, self._sim0 = wall0, sim0
+        self.server.wall_time_of = self.wall_time_of
         try:
             while not self._stop.wait(self.tick_s):
                 target = sim0 + (time.monotonic() - wall0) * self.speedup
@@ -89,19 +111,44 @@ class SimClock:
 
 
 class _Stream:
-    """Bridges the engine's callbacks (clock thread) to an asyncio queue (request handler)."""
+    """Bridges the engine's callbacks (clock thread) to an asyncio queue (request handler).
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    The engine computes an iteration whole, when it starts, and reports its tokens at the
+    simulated time it ends; a served clock (`server.wall_time_of`) holds each event back
+    until that time comes on the wall clock, so a client sees tokens when a real server would
+    send them. Events are handed over in order (a deque, flushed by timers)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, server: SimulatedServer) -> None:
         self.loop = loop
         self.queue: asyncio.Queue[tuple[str, int, float]] = asyncio.Queue()
+        self._wall_time_of = server.wall_time_of
+        self._pending: deque[tuple[float, tuple[str, int, float]]] = deque()
+        self._lock = threading.Lock()
 
     def on_tokens(self, count: int, sim_time: float) -> None:
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, ("tokens", count, sim_time))
+        self._push(("tokens", count, sim_time))
 
     def on_done(self, sim_time: float, finish_reason: str) -> None:
-        self.loop.call_soon_threadsafe(
-            self.queue.put_nowait, ("done:" + finish_reason, 0, sim_time)
-        )
+        self._push(("done:" + finish_reason, 0, sim_time))
+
+    def _push(self, item: tuple[str, int, float]) -> None:
+        due = self._wall_time_of(item[2]) if self._wall_time_of is not None else 0.0
+        with self._lock:
+            self._pending.append((due, item))
+        self.loop.call_soon_threadsafe(self._schedule, due)
+
+    def _schedule(self, due: float) -> None:
+        delay = due - time.monotonic()
+        if delay > 0:
+            self.loop.call_later(delay, self._flush)
+        else:
+            self._flush()
+
+    def _flush(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            while self._pending and self._pending[0][0] <= now:
+                self.queue.put_nowait(self._pending.popleft()[1])
 
 
 @dataclass
@@ -110,24 +157,40 @@ class _Progress:
     text: str
     finished: str | None
     sim_time: float
+    ttft_s: float = 0.0  # on the finish record: submission to first token (simulated)
+    latency_s: float = 0.0  # on the finish record: submission to finish (simulated)
 
 
 async def _generate(
     server: SimulatedServer, prompt_tokens: int, max_tokens: int
-) -> AsyncIterator[_Progress]:
-    """Submit a request to the simulation and yield its progress as tokens arrive."""
-    stream = _Stream(asyncio.get_running_loop())
-    server.submit(prompt_tokens, max_tokens, stream)
+) -> AsyncGenerator[_Progress, None]:
+    """Submit a request to the simulation and yield its progress as tokens arrive.
+
+    A client that disconnects closes this generator: the request is aborted, as SGLang aborts
+    a request whose stream is closed, so it stops taking a slot in the batch."""
+    stream = _Stream(asyncio.get_running_loop(), server)
+    submitted = server.now
+    rid = server.submit(prompt_tokens, max_tokens, stream)
     produced = 0
-    while True:
-        kind, count, sim_time = await stream.queue.get()
-        if kind == "tokens":
-            text = synthetic_text(produced, count)
-            produced += count
-            yield _Progress(produced, text, None, sim_time)
-        else:
-            yield _Progress(produced, "", kind.split(":", 1)[1], sim_time)
-            return
+    first: float | None = None
+    finished = False
+    try:
+        while True:
+            kind, count, sim_time = await stream.queue.get()
+            if kind == "tokens":
+                first = sim_time if first is None else first
+                text = synthetic_text(produced, count)
+                produced += count
+                yield _Progress(produced, text, None, sim_time)
+            else:
+                finished = True
+                ttft = (sim_time if first is None else first) - submitted
+                reason = kind.split(":", 1)[1]
+                yield _Progress(produced, "", reason, sim_time, ttft, sim_time - submitted)
+                return
+    finally:
+        if not finished:
+            server.abort(rid)
 
 
 async def _collect(
@@ -136,9 +199,10 @@ async def _collect(
     """A whole (non-streamed) generation: its text and its final progress record."""
     text = ""
     last: _Progress | None = None
-    async for p in _generate(server, prompt_tokens, max_tokens):
-        text += p.text
-        last = p
+    async with contextlib.aclosing(_generate(server, prompt_tokens, max_tokens)) as progress:
+        async for p in progress:
+            text += p.text
+            last = p
     assert last is not None  # _generate always ends with a finish record
     return text, last
 
@@ -278,17 +342,24 @@ def create_app(server: SimulatedServer) -> FastAPI:
 
             async def events() -> AsyncIterator[bytes]:
                 text = ""
-                async for p in _generate(server, prompt_tokens, max_tokens):
-                    text += p.text
-                    if p.finished is not None:
-                        server.record_streaming_finished(p.tokens)
-                    yield _sse({"text": text, "meta_info": meta(p)})
+                # aclosing: a client that goes away mid-stream aborts the request at once.
+                async with contextlib.aclosing(
+                    _generate(server, prompt_tokens, max_tokens)
+                ) as progress:
+                    async for p in progress:
+                        text += p.text
+                        if p.finished is not None:
+                            server.record_streaming_finished(p.tokens, p.ttft_s, p.latency_s)
+                        # Cumulative, as SGLang streams without incremental_streaming_output.
+                        yield _sse({"text": text, "output_ids": synthetic_output_ids(
+                            prompt, 0, p.tokens), "meta_info": meta(p)})
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")
 
         text, last = await _collect(server, prompt_tokens, max_tokens)
-        return JSONResponse({"text": text, "meta_info": meta(last)})
+        return JSONResponse({"text": text, "output_ids": synthetic_output_ids(
+            prompt, 0, last.tokens), "meta_info": meta(last)})
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:
@@ -327,17 +398,20 @@ def create_app(server: SimulatedServer) -> FastAPI:
             include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
 
             async def events() -> AsyncIterator[bytes]:
-                async for p in _generate(server, prompt_tokens, max_tokens):
-                    if p.finished is None:
-                        yield _sse(chunk(p.text, None))
-                        continue
-                    server.record_streaming_finished(p.tokens)
-                    yield _sse(chunk("", p.finished))
-                    if include_usage:
-                        final = chunk("", None)
-                        final["choices"] = []
-                        final["usage"] = usage(p.tokens)
-                        yield _sse(final)
+                async with contextlib.aclosing(
+                    _generate(server, prompt_tokens, max_tokens)
+                ) as progress:
+                    async for p in progress:
+                        if p.finished is None:
+                            yield _sse(chunk(p.text, None))
+                            continue
+                        server.record_streaming_finished(p.tokens, p.ttft_s, p.latency_s)
+                        yield _sse(chunk("", p.finished))
+                        if include_usage:
+                            final = chunk("", None)
+                            final["choices"] = []
+                            final["usage"] = usage(p.tokens)
+                            yield _sse(final)
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")
@@ -371,6 +445,7 @@ class ServedSimulation:
     ) -> None:
         self.server = server
         self.clock = SimClock(server, speedup)
+        server.speedup = speedup
         self.host = host
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

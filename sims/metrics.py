@@ -7,16 +7,40 @@ scrape time, so the text is exactly what prometheus_client renders for a real pr
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from sglang_hooks import contract
+from sims.engine import Engine
+from sims.profile import Profile
 
-if TYPE_CHECKING:
-    from sims.server import SimulatedServer
+
+class ExposedServer(Protocol):
+    """What the exposition reads from a `sims.server.SimulatedServer` (which owns the registry:
+    naming the class here would make the two modules import each other)."""
+
+    engine: Engine
+    profile: Profile
+    speculative: bool
+    model_name: str
+
+    @property
+    def policy_version(self) -> int: ...
+
+    def base_label_values(self) -> list[str]: ...
+
+    def finished_by_streaming(self) -> dict[bool, tuple[int, int]]: ...
+
+    def latency_by_streaming(self) -> dict[bool, tuple[int, float, float]]: ...
+
 
 _COUNTER_HELP = {
     contract.METRIC_ITERATIONS: "Decode iterations run at this depth and batch-size bucket",
@@ -38,7 +62,7 @@ _GAUGE_HELP = {
 
 
 class SimulatedServerCollector(Collector):
-    def __init__(self, server: SimulatedServer) -> None:
+    def __init__(self, server: ExposedServer) -> None:
         self.server = server
 
     def collect(self) -> Iterator[Metric]:
@@ -100,9 +124,42 @@ class SimulatedServerCollector(Collector):
             req.add_metric([server.model_name, "unified", flag], requests)
         yield gen
         yield req
+        yield from _latency_histograms(server, tok_labels)
 
 
-def new_registry(server: SimulatedServer) -> CollectorRegistry:
+def _latency_histograms(server: ExposedServer, tok_labels: list[str]) -> Iterator[Metric]:
+    """SGLang's latency histograms, summed over finished requests on the simulated clock.
+
+    Sums and counts are exact; the simulator keeps no distribution, so each histogram has
+    only its +Inf bucket (a valid exposition: every observation is below +Inf)."""
+    ttft = HistogramMetricFamily(
+        "sglang:time_to_first_token_seconds",
+        "Histogram of time to first token in seconds.",
+        labels=tok_labels,
+    )
+    e2e = HistogramMetricFamily(
+        "sglang:e2e_request_latency_seconds",
+        "Histogram of End-to-end request latency in seconds",
+        labels=tok_labels,
+    )
+    for streaming, (requests, ttft_s, latency_s) in sorted(server.latency_by_streaming().items()):
+        values = [server.model_name, "unified", "true" if streaming else "false"]
+        ttft.add_metric(values, [("+Inf", requests)], ttft_s)
+        e2e.add_metric(values, [("+Inf", requests)], latency_s)
+    st = server.engine.stats
+    itl = HistogramMetricFamily(
+        "sglang:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        labels=tok_labels[:2],
+    )
+    itl.add_metric([server.model_name, "unified"], [("+Inf", st.tokens_after_first)],
+                   st.decode_sum_s)  # fmt: skip
+    yield ttft
+    yield e2e
+    yield itl
+
+
+def new_registry(server: ExposedServer) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SimulatedServerCollector(server))
     return registry

@@ -6,8 +6,10 @@ The cost model turns it into the time of one decode iteration at batch size B an
     t_iter(s, B)  = t_target(B, n=s+1) + t_extend(B, n=s+1) + s * t_draft(B) + sched + spec_sched
     t_iter(0, B)  = t_target(B, n=1)   + t_extend(B, n=1)                    + sched + spec_sched
     t_nospec(B)   = t_target(B, n=1)                                         + sched
+    (sched = sched_ms + untimed_ms; the server's GPU timer sees an iteration less untimed_ms)
 
-    t_target(B, n) = fixed + comm + comm_per_token*T + smoothmax(t_mem, t_compute),  T = B*n
+    t_target(B, n) = fixed + comm + comm_per_token*T + smoothmax(t_mem, t_compute)
+                     + per_req*B,                                     T = B*n
     t_mem          = weight_read + moe_read(T) + kv_read(B, context)
     moe_read(T)    = expert_read * (1 - (1 - top_k/experts) ** T)   (experts touched by T tokens)
     t_compute      = compute_per_token * T
@@ -63,6 +65,11 @@ class TargetCost(_Strict):
         description="KV cache read per request per 1k tokens of context"
     )
     compute_us_per_token: NonNeg = Field(description="Compute-bound slope per batch token")
+    per_req_us: NonNeg = Field(
+        0.0,
+        description="Per request per forward, however many tokens it verifies (sampling, "
+        "per-sequence attention and batch bookkeeping); outside the roofline",
+    )
     roofline_sharpness: Annotated[float, Field(ge=1.0, le=16.0)] = 4.0
     kv_in_roofline: bool = Field(
         True,
@@ -89,6 +96,12 @@ class DraftCost(_Strict):
 
 class SchedulerCost(_Strict):
     sched_ms: NonNeg = Field(description="CPU scheduling work per decode iteration")
+    untimed_ms: NonNeg = Field(
+        0.0,
+        description="Per decode iteration, host time outside what the server's GPU timer "
+        "measures (scheduling that does not overlap the forward): in every iteration, not in "
+        "specctl_decode_gpu_seconds_total",
+    )
     prefill_fixed_ms: NonNeg = Field(description="Fixed cost of one prefill batch")
     prefill_us_per_token: NonNeg = Field(description="Prefill cost per prompt token")
     max_running_requests_spec: Annotated[int, Field(ge=1)] = Field(
@@ -97,6 +110,25 @@ class SchedulerCost(_Strict):
     max_running_requests_nospec: Annotated[int, Field(ge=1)] = 256
     request_overhead_ms: NonNeg = Field(
         0.0, description="Per-request latency outside the GPU (HTTP, tokenize, detokenize)"
+    )
+    request_overhead_cv: Annotated[float, Field(ge=0.0, le=2.0)] = Field(
+        0.0,
+        description="Coefficient of variation of that latency per request (lognormal); "
+        "spreads a closed loop's arrivals, so new requests' prefills interleave with decoding",
+    )
+    frontend_ms: NonNeg = Field(
+        0.0,
+        description="Per-request time in the server's one front-end process (HTTP parsing, "
+        "tokenising) before the scheduler sees it, one request at a time: requests sent "
+        "together wait for each other (closed-loop clients; counted in their TTFT)",
+    )
+    ttft_overhead_ms: NonNeg = Field(
+        0.0,
+        description="What a client sees in its time to first token beyond queueing and "
+        "prefill (HTTP, tokenising, the first chunk's way back); charged no GPU time",
+    )
+    context_length: Annotated[int, Field(ge=1)] = Field(
+        131072, description="The model's context length, as /server_info reports it"
     )
     max_prefill_tokens: Annotated[int, Field(ge=1)] = Field(
         16384, description="Prompt tokens one prefill batch may admit (SGLang's default)"
@@ -192,7 +224,10 @@ class Profile(_Strict):
         core = (mem**p + compute**p) ** (1.0 / p)
         if not c.kv_in_roofline:
             core = core + kv
-        return np.asarray(c.fixed_ms + c.comm_ms + c.comm_us_per_token * t / 1000.0 + core)
+        per_req = c.per_req_us * b / 1000.0
+        return np.asarray(
+            c.fixed_ms + c.comm_ms + c.comm_us_per_token * t / 1000.0 + core + per_req
+        )
 
     def _draft_kv_ms(self, b: np.ndarray, context: Any) -> Any:
         ctx = self.context_tokens if context is None else np.asarray(context, dtype=float)
@@ -214,7 +249,7 @@ class Profile(_Strict):
 
     def iteration_ms(self, depth: int | None, batch: Any, context: Any = None) -> np.ndarray:
         """Mean time (ms) of one decode iteration; depth None = a server without speculation."""
-        sched = self.scheduler.sched_ms
+        sched = self.scheduler.sched_ms + self.scheduler.untimed_ms
         if depth is None:
             return self.target_ms(batch, 1, context) + sched
         n = depth + 1

@@ -15,6 +15,7 @@ import json
 import logging
 import secrets
 import threading
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
@@ -73,8 +74,14 @@ class SimulatedServer:
         self._last_rejection: str | None = None
         self._applied_iteration: int | None = None
         self._live_version = 0
-        self._streaming_finished = [0, 0]  # tokens, requests of finished streaming requests
+        # Of finished streaming requests: tokens, requests, TTFT seconds, latency seconds.
+        self._streaming_finished = [0.0, 0.0, 0.0, 0.0]
         self._target = 0.0
+        # Simulated seconds per wall second when served over HTTP (sims.http sets it), so that
+        # a client can convert what it timed back to the simulation's clock.
+        self.speedup: float | None = None
+        # When served: the wall-clock time (time.monotonic) at which simulated time t comes.
+        self.wall_time_of: Callable[[float], float] | None = None
         if table is not None:
             self._table = table
             self._source = "startup"
@@ -138,17 +145,37 @@ class SimulatedServer:
         with self._lock:
             return self.engine.submit(prompt_tokens, max_new_tokens, listener)
 
-    def record_streaming_finished(self, tokens: int) -> None:
+    def abort(self, rid: int) -> bool:
+        """Drop a request whose client went away (False if it had finished already)."""
         with self._lock:
-            self._streaming_finished[0] += tokens
-            self._streaming_finished[1] += 1
+            return self.engine.abort(rid)
+
+    def record_streaming_finished(
+        self, tokens: int, ttft_s: float = 0.0, latency_s: float = 0.0
+    ) -> None:
+        with self._lock:
+            done = self._streaming_finished
+            done[0] += tokens
+            done[1] += 1
+            done[2] += ttft_s
+            done[3] += latency_s
 
     def finished_by_streaming(self) -> dict[bool, tuple[int, int]]:
+        """(output tokens, requests) of finished requests, streaming or not."""
         st = self.engine.stats
-        s_tok, s_req = self._streaming_finished
+        s_tok, s_req = int(self._streaming_finished[0]), int(self._streaming_finished[1])
         return {
             False: (st.completed_output_tokens - s_tok, st.completed_requests - s_req),
             True: (s_tok, s_req),
+        }
+
+    def latency_by_streaming(self) -> dict[bool, tuple[int, float, float]]:
+        """(requests, TTFT seconds, latency seconds) summed over finished requests."""
+        st = self.engine.stats
+        _, req, ttft, lat = self._streaming_finished
+        return {
+            False: (st.completed_requests - int(req), st.ttft_sum_s - ttft, st.latency_sum_s - lat),
+            True: (int(req), ttft, lat),
         }
 
     # ------------------------------------------------------------------ auth
@@ -277,6 +304,7 @@ class SimulatedServer:
                         str(k): v for k, v in adaptive.slot_steps().items()
                     }
             p = self.profile
+            sched = p.scheduler
             return {
                 "model_path": self.model_name,
                 "served_model_name": self.model_name,
@@ -286,14 +314,30 @@ class SimulatedServer:
                 "speculative_num_draft_tokens": p.full_depth + 1 if self.speculative else None,
                 "speculative_adaptive": self.speculative,
                 "max_running_requests": engine.max_running,
-                "max_prefill_tokens": p.scheduler.max_prefill_tokens,
-                "max_total_num_tokens": p.scheduler.max_total_tokens,
+                "max_prefill_tokens": sched.max_prefill_tokens,
+                # The engine runs a long prompt's chunks back to back in one prefill iteration.
+                "chunked_prefill_size": sched.max_prefill_tokens,
+                "max_total_num_tokens": sched.max_total_tokens,
+                "context_length": sched.context_length,
+                # SGLang's rule (tp_worker): min(context - 1, pool - 1) - 5.
+                "max_req_input_len": min(sched.context_length, sched.max_total_tokens) - 6,
+                "page_size": 1,
+                "cuda_graph_max_bs_decode": engine.max_running,
+                "schedule_policy": "fcfs",
+                "enable_mixed_chunk": False,
+                "tp_size": 1,
+                "dp_size": 1,
                 "enable_metrics": True,
                 "decode_log_interval": 40,
                 "internal_states": [internal],
                 "version": SGLANG_VERSION,
                 "frontend": "python",
-                "simulated": {"profile": p.name, "now_s": engine.now, "policy": self.policy_name},
+                "simulated": {
+                    "profile": p.name,
+                    "now_s": engine.now,
+                    "policy": self.policy_name,
+                    "speedup": self.speedup,
+                },
             }
 
     def metrics_text(self) -> str:

@@ -4,16 +4,16 @@ the closed loop is exercised at the end on a short simulated flash crowd."""
 
 from __future__ import annotations
 
-from controller.config import parse_config
-from controller.daemon import Controller
-from controller.own_metrics import DaemonMetrics
-from controller.push_gate import decide_push, missing_probes, probe_share
-from controller.reaction import acceptance_surprise, decode_time_histogram, novel_share
-from controller.runner import run_simulated
-from controller.store import Store
-from controller.table_lag import LagTracker, decision_score
-from controller.takeover import measured_choice
-from controller.transport import InProcessTransport
+from controller.daemon.config import parse_config
+from controller.daemon.loop import Controller
+from controller.daemon.own_metrics import DaemonMetrics
+from controller.daemon.push_gate import decide_push, missing_probes, probe_share
+from controller.daemon.reaction import acceptance_surprise, decode_time_histogram, novel_share
+from controller.daemon.runner import run_simulated
+from controller.daemon.store import Store
+from controller.daemon.takeover import measured_choice
+from controller.daemon.transport import InProcessTransport
+from controller.evaluation.table_lag import LagTracker, decision_score
 from models.samples import Sample
 from sglang_hooks.contract import PolicyTable, Tier
 from sims.profile import load_profile

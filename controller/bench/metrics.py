@@ -7,11 +7,11 @@ a delta between two scrapes is the server's total work at that depth and bucket 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.scrape import ScrapeError, parse_counters, split_key
+from controller.daemon.scrape import ScrapeError, parse_counters, split_key
 from sglang_hooks.contract import (
     METRIC_EXPLORE_ITERATIONS,
     METRIC_GPU_SECONDS,
@@ -27,6 +27,13 @@ _FIELD_BY_FAMILY = {
     METRIC_GPU_SECONDS: "gpu_seconds",
     METRIC_EXPLORE_ITERATIONS: "explore_iterations",
 }
+
+
+# Server-side latencies SGLang's tokenizer manager observes (count: requests; for the
+# inter-token latency: tokens after each request's first, sum: the intervals between them).
+TTFT_HISTOGRAM = "sglang:time_to_first_token_seconds"
+ITL_HISTOGRAM = "sglang:inter_token_latency_seconds"
+LATENCY_HISTOGRAMS = (TTFT_HISTOGRAM, ITL_HISTOGRAM)
 
 
 class MetricsFormatError(ValueError):
@@ -84,6 +91,9 @@ class Scrape:
 
     counters: Mapping[tuple[int, int], DepthWork]
     gauges: Mapping[str, float]
+    # SGLang's latency histograms (`LATENCY_HISTOGRAMS`): (sum of seconds, count), summed over
+    # label sets. Measured inside the server, so free of the client's and the network's time.
+    histograms: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
     def by_depth(self) -> dict[int, DepthWork]:
         out: dict[int, DepthWork] = {}
@@ -114,14 +124,27 @@ def parse_scrape(text: str) -> Scrape:
         field = _FIELD_BY_FAMILY[family]
         slot[field] = slot.get(field, 0.0) + value
     gauges: dict[str, float] = {}
+    histograms: dict[str, tuple[float, float]] = {}
     for metric in families:
+        if metric.type == "histogram" and metric.name in LATENCY_HISTOGRAMS:
+            total_s = sum(x.value for x in metric.samples if x.name == metric.name + "_sum")
+            count = sum(x.value for x in metric.samples if x.name == metric.name + "_count")
+            histograms[metric.name] = (total_s, count)
         if metric.type != "gauge":
             continue
         for sample in metric.samples:
             # Several ranks report the same gauge; keep the largest (e.g. running reqs).
             gauges[sample.name] = max(gauges.get(sample.name, float("-inf")), sample.value)
     counters = {key: DepthWork(**fields) for key, fields in sums.items()}
-    return Scrape(counters=counters, gauges=gauges)
+    return Scrape(counters=counters, gauges=gauges, histograms=histograms)
+
+
+def mean_between(before: Scrape, after: Scrape, histogram: str) -> float | None:
+    """Mean of one latency histogram's observations between two scrapes (seconds)."""
+    if histogram not in before.histograms or histogram not in after.histograms:
+        return None
+    (s0, n0), (s1, n1) = before.histograms[histogram], after.histograms[histogram]
+    return (s1 - s0) / (n1 - n0) if n1 > n0 else None
 
 
 def work_between(before: Scrape, after: Scrape) -> dict[int, DepthWork]:

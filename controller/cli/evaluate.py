@@ -120,6 +120,15 @@ def print_report(r: dict[str, Any], console: Console) -> None:
             f"drift at {r['drift_at_s']:.0f} s; recovery "
             f"{'not within the run' if rec is None else f'{rec:.0f} s'}"
         )
+    if "served_clock_lead_s" in r:
+        lead = r["served_clock_lead_s"]
+        # A lead past one scrape interval: the daemon saw longer intervals than it scheduled.
+        style = "yellow" if lead > r["scrape_interval_s"] else ""
+        console.print(
+            f"served clock at {r['served_clock_speedup']:g}x wall time, at most {lead:.0f} "
+            f"simulated s ahead of the daemon's ticks",
+            style=style,
+        )
     console.print(f"table at 10 min: {r['table_at_10min_text']}")
     console.print(f"final table:     {r['final_table_text']}")
     for e in r["thresholds_vs_oracle_at_10min"]:

@@ -3,7 +3,9 @@
 The daemon under test is the real one: it reads the simulator's Prometheus text with the real
 parser, stores samples in a (temporary) SQLite file, fits the real learner and pushes through
 `/set_internal_state` payloads (in-process calls by default, loopback HTTP with `--http`).
-Only the clock is simulated: each tick advances the simulator by one scrape interval.
+Only the clock is simulated: each tick advances the simulator by one scrape interval (with
+`--http`, the served simulator's clock runs on its own at a speedup instead; the report says
+how far it got ahead of the daemon's ticks).
 
 Scores
 - achieved tok/s: output tokens per simulated second after the scenario's warm-up, for the
@@ -261,6 +263,7 @@ class DaemonRun:
     samples: int = 0
     lag: dict[str, Any] = field(default_factory=dict)
     lag_trace: list[tuple[float, float | None]] = field(default_factory=list)
+    served_clock_lead_s: float = 0.0  # the most a free-running served clock was ahead
 
 
 def eval_config(scenario: Scenario, store_path: Path, seed: int) -> ControllerConfig:
@@ -317,18 +320,24 @@ class NominalClock:
 
 
 class FollowClock:
-    """A served simulator's clock runs on its own thread: `advance` waits for it instead."""
+    """A served simulator's clock runs on its own thread: `advance` waits for it instead.
+
+    It never waits for the daemon: while a fit or a slow HTTP answer holds the daemon up, the
+    served clock runs on, and the next tick finds it ahead (`lead_s`, the most seen). A lead of
+    more than a scrape interval means the daemon saw longer intervals than it scheduled."""
 
     def __init__(self, server: SimulatedServer, poll_s: float = 0.005) -> None:
         self.server = server
         self.poll_s = poll_s
         self._target = server.now
+        self.lead_s = 0.0
 
     @property
     def now(self) -> float:
         return self.server.now
 
     def advance(self, seconds: float) -> None:
+        self.lead_s = max(self.lead_s, self.server.now - self._target)
         self._target += seconds
         while self.server.now < self._target:
             time.sleep(self.poll_s)
@@ -352,17 +361,19 @@ def run_daemon_eval(
     *,
     base_url: str | None = None,
     server: SimulatedServer | None = None,
+    follow_clock: bool = False,
     on_progress: Callable[[float], None] | None = None,
 ) -> DaemonRun:
     """The daemon through the scenario; in-process calls, or HTTP to `base_url` (a served
-    simulator whose clock runs on its own: then `server` must be the one it serves)."""
+    simulator: then `server` must be the one it serves). `follow_clock`: the served clock runs
+    on its own and the ticks wait for it; otherwise each tick advances the simulator."""
     if base_url is not None and server is None:
-        raise ValueError("base_url needs the served SimulatedServer (to follow its clock)")
+        raise ValueError("base_url needs the served SimulatedServer (to read and drive its clock)")
     server = server or SimulatedServer(profile, scenario.workload, seed=seed)
     transport: ServerTransport = (
         InProcessTransport(server) if base_url is None else HttpTransport(base_url, 10.0)
     )
-    clocked: Any = NominalClock(server) if base_url is None else FollowClock(server)
+    clocked: Any = FollowClock(server) if follow_clock else NominalClock(server)
     with tempfile.TemporaryDirectory(prefix="specctl-eval-") as tmp:
         cfg = eval_config(scenario, Path(tmp) / "eval.sqlite", seed)
         store = Store(cfg.store.resolved_path())
@@ -414,6 +425,7 @@ def run_daemon_eval(
             samples=store.count_samples(),
             lag=tracker.lag.report(scenario.duration_s),
             lag_trace=tracker.lag.trace,
+            served_clock_lead_s=clocked.lead_s if follow_clock else 0.0,
         )
         controller.close()
         store.close()
@@ -554,12 +566,17 @@ def evaluate(
     seed: int = 0,
     *,
     http_speedup: float | None = None,
+    http_stepped: bool = False,
     on_progress: Callable[[str], None] | None = None,
     precomputed: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One JSON-ready report for a profile x scenario. `http_speedup`: run the daemon over
     loopback HTTP against a served simulator whose clock runs that many times wall time.
+    `http_stepped`: over loopback HTTP too, but each tick advances the served simulator (as
+    in-process), so the run does not depend on how fast this machine answers.
     `precomputed`: `baselines(...)` of the same profile, scenario and seed (else run here)."""
+    if http_stepped and http_speedup is not None:
+        raise ValueError("http_stepped drives the served clock itself: give no http_speedup")
     t0 = time.monotonic()
     say = on_progress or (lambda _msg: None)
     # The daemon's own log lines would interleave with the report; keep only errors.
@@ -571,14 +588,22 @@ def evaluate(
     two_tier: dict[str, float] = dict(base["two_tier"])
     nospec, oracle = float(base["nospec"]), float(base["oracle"])
     say("daemon")
-    if http_speedup is None:
+    over_http = http_stepped or http_speedup is not None
+    if not over_http:
         run = run_daemon_eval(profile, scenario, seed)
     else:
         from sims.http import ServedSimulation
 
         server = SimulatedServer(profile, scenario.workload, seed=seed)
         with ServedSimulation(server, speedup=http_speedup) as served:
-            run = run_daemon_eval(profile, scenario, seed, base_url=served.base_url, server=server)
+            run = run_daemon_eval(
+                profile,
+                scenario,
+                seed,
+                base_url=served.base_url,
+                server=server,
+                follow_clock=http_speedup is not None,
+            )
     best_static_name = max(static, key=lambda k: static[k])
     curves = OracleCurves(profile, typical_context(scenario.workload))
     default = profile.acceptance.default_phase
@@ -590,7 +615,7 @@ def evaluate(
         "profile": profile.name,
         "scenario": scenario.name,
         "seed": seed,
-        "transport": "in-process" if http_speedup is None else "http",
+        "transport": "http" if over_http else "in-process",
         "duration_s": scenario.duration_s,
         "warmup_s": scenario.warmup_s,
         "achieved_tok_per_s": round(run.achieved_tok_per_s, 2),
@@ -633,6 +658,10 @@ def evaluate(
         "push_log": run.push_log,
         "wall_s": round(time.monotonic() - t0, 2),
     }
+    if http_speedup is not None:
+        report["served_clock_speedup"] = http_speedup
+        report["served_clock_lead_s"] = round(run.served_clock_lead_s, 1)
+        report["scrape_interval_s"] = scenario.sample_interval_s
     t_drift = drift_time(scenario)
     if t_drift is not None:
         rec = run.drift_recovery_s

@@ -31,7 +31,7 @@ from models.evidence import Cells
 
 _Q_GRID = np.linspace(0.01, 0.99, 99)
 _RHO_GRID = np.linspace(0.70, 1.05, 36)
-_RHO_PENALTY = 20.0  # pulls rho toward the prior when few depths have evidence
+_RHO_PENALTY = 2000.0  # pulls rho toward the prior unless several depths have much evidence
 
 
 def chain_accepted(q: np.ndarray | float, rho: np.ndarray | float, depth: int) -> np.ndarray:

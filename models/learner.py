@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from models.acceptance import AcceptanceModel
 from models.drift import ChangePoint, last_change
 from models.evidence import Cells, aggregate, sample_arrays
+from models.level_shift import rescale_to_now
 from models.samples import Sample
 from models.step_model import RooflineStepModel, roofline_features
 from models.tiers import Run, crossovers, hysteresis_for, merge_small_gain_runs, runs_of
@@ -34,10 +35,12 @@ from sglang_hooks.contract import (
 )
 
 MODEL_VERSION = (
-    "specctl-models/2 (roofline-bayes step, ew-gamma acceptance cut at change points, "
-    "thompson neighbour probes, sticky decisions)"
+    "specctl-models/3 (roofline-bayes step, ew-gamma acceptance cut at change points and "
+    "level-shifted while it settles, thompson probes of neighbours and off, sticky decisions)"
 )
 LOAD_HALF_LIFE_S = 120.0  # memory of where the load sits in each bucket (representative batch)
+FOCUS_SHARE = 0.05  # a bucket with this share of a `focus` load is probed eagerly
+FOCUS_THRESHOLD_FACTOR = 0.25  # ...for alternatives with a quarter of the usual chance to win
 
 
 class LearnerConfig(BaseModel):
@@ -56,6 +59,17 @@ class LearnerConfig(BaseModel):
         gt=0.0,
         description="Memory of acceptance between detected changes of workload (long enough to "
         "make rarely probed depths certain; a change point cuts it, see drift_z_threshold)",
+    )
+    acceptance_settle_s: float = Field(
+        default=600.0,
+        ge=0.0,
+        description="For this long after a change point, acceptance evidence is remembered "
+        "with acceptance_settle_half_life_s instead (a change is often a transition)",
+    )
+    acceptance_settle_half_life_s: float = Field(
+        default=120.0,
+        gt=0.0,
+        description="Memory of acceptance while a change settles",
     )
     step_half_life_s: float = Field(
         default=86400.0, gt=0.0, description="Memory of step cost (a hardware property, stable)"
@@ -90,7 +104,7 @@ class LearnerConfig(BaseModel):
         description="Probability that an alternative wins at which a tier explores at the cap",
     )
     min_evidence_iterations: float = Field(
-        default=10.0,
+        default=2.0,
         ge=0.0,
         description="Below this many iterations a depth is cold: explored, not run",
     )
@@ -118,7 +132,7 @@ class LearnerConfig(BaseModel):
         description="Per-position decay of acceptance assumed until several depths have evidence",
     )
     acceptance_prior_strength: float = Field(
-        default=20.0,
+        default=100.0,
         gt=0.0,
         description="Weight of the cross-depth acceptance prior, in request-steps",
     )
@@ -140,6 +154,19 @@ class LearnerConfig(BaseModel):
         default=True,
         description="Past cold start, probe only the captured depths next to a tier's depth "
         "(a far depth costs 20-50% per probe; the pooled model places it from its neighbours)",
+    )
+    probe_off: bool = Field(
+        default=True,
+        description="Past cold start, depth 0 is a probe candidate in every tier besides the "
+        "neighbours: it is the alternative that matters where drafting stops paying",
+    )
+    cheap_probe_loss: float = Field(
+        default=0.05,
+        ge=0.0,
+        lt=1.0,
+        description="An alternative predicted to lose at most this fraction of the chosen "
+        "depth's tok/s is probed at a quarter of the cap even when the model is sure (near ties "
+        "cost little to measure, and their evidence follows acceptance drifts at crossovers)",
     )
     switch_margin: float = Field(
         default=0.01,
@@ -240,7 +267,9 @@ class Learner:
         if self.change is not None:
             keep = arrays["t_end"] > self.change.t
             current = {k: v[keep] for k, v in arrays.items()}
-        self.acceptance.fit(aggregate(current, now, c.acceptance_half_life_s))
+            if now - self.change.t < c.acceptance_settle_s:
+                current = self._level_adjusted(current, now)
+        self.acceptance.fit(aggregate(current, now, self._acceptance_memory(now)))
         self._evidence = {
             (int(d), int(b)): float(n)
             for d, b, n in zip(
@@ -251,16 +280,51 @@ class Learner:
         self._max_batch_seen = float(step_cells.mean_batch.max()) if len(step_cells) else 0.0
         self.fitted_at = now
 
+    def _level_adjusted(self, arrays: dict[str, np.ndarray], now: float) -> dict[str, np.ndarray]:
+        """Post-change evidence of the depths that are not running, rescaled to the acceptance
+        level the running depth shows now (models/level_shift.py)."""
+        recent = (arrays["t_end"] > now - 60.0) & (arrays["depth"] > 0)
+        if not np.any(recent):
+            return arrays
+        steps = np.bincount(
+            arrays["depth"][recent],
+            weights=arrays["request_steps"][recent],
+            minlength=MAX_DEPTH + 1,
+        )
+        reference = int(np.argmax(steps))
+        return rescale_to_now(arrays, reference, self.config.acceptance_prior_decay, now)
+
+    def _acceptance_memory(self, now: float) -> float:
+        """Half-life of acceptance evidence: short for `acceptance_settle_s` after a change
+        point (a change of workload is often a transition: the batch's mix keeps moving while
+        old requests finish, and evidence a depth collected early in it, before it stopped
+        running, would otherwise outweigh the chain prior the running depth keeps current),
+        long otherwise."""
+        c = self.config
+        if self.change is not None and now - self.change.t < c.acceptance_settle_s:
+            return min(c.acceptance_half_life_s, c.acceptance_settle_half_life_s)
+        return c.acceptance_half_life_s
+
     def evidence(self, depth: int) -> float:
         """Decayed iterations (step memory) of `depth` over all buckets."""
         return sum(n for (d, _), n in self._evidence.items() if d == depth)
 
     def warm_depths(self) -> list[int]:
-        """Captured depths with enough evidence to be run (the rest are only explored)."""
+        """Captured depths that may be run: enough evidence of their own, or both captured
+        neighbours have it (the pooled step model interpolates between them, and the chain
+        prior places acceptance between theirs). The rest are only explored."""
         if not self.step.fitted:
             return []
-        floor = self.config.min_evidence_iterations
-        return [d for d in self.captured if self.evidence(d) >= floor and self.evidence(d) > 0]
+        # Evidence decays (one day's half-life): an iteration counted a minute ago must still
+        # count as one.
+        floor = self.config.min_evidence_iterations * (1.0 - 1e-3)
+        measured = [self.evidence(d) >= floor and self.evidence(d) > 0 for d in self.captured]
+        return [
+            d
+            for i, d in enumerate(self.captured)
+            if measured[i]
+            or (0 < i < len(self.captured) - 1 and measured[i - 1] and measured[i + 1])
+        ]
 
     # ------------------------------------------------------------------ prediction
 
@@ -330,17 +394,32 @@ class Learner:
         now: float,
         live: PolicyTable | None,
         batch_histogram: Mapping[int, float] | None = None,
+        *,
+        max_batch: int | None = None,
+        incumbent: PolicyTable | None = None,
+        incumbent_margin: float | None = None,
+        focus: Mapping[int, float] | None = None,
     ) -> Proposal:
-        """The table to run next, with exploration where the model is unsure (<= the cap)."""
+        """The table to run next, with exploration where the model is unsure (<= the cap).
+
+        `max_batch`: the server's running cap; the table's decisions cover every batch size up
+        to it (beyond the load seen, from the pooled step model's prediction), so a batch range
+        reached for the first time gets the model's depth instead of the last tier's.
+        `incumbent`: what the server runs when that is not a specctl table (SGLang's own choice
+        as measured); its depth at a batch size stays unless beaten by `incumbent_margin`.
+        `focus`: batch buckets (share of the load) the load has just moved to: there every
+        alternative with a fraction of the usual chance of winning is probed at the cap, so
+        that the evidence the new load needs arrives as fast as the cap allows.
+        """
         c = self.config
         warm = self.warm_depths()
         cold = [d for d in self.captured if d not in warm]
         version = (live.version + 1) if live is not None else 1
         hist = self._histogram(batch_histogram)
         if not warm:
-            return self._cold_start(live, cold, version, hist)
+            return self._cold_start(live or incumbent, cold, version, hist)
 
-        top = self._grid_top(hist)
+        top = self._grid_top(hist, max_batch)
         grid = np.arange(1, top + 1, dtype=float)
         tok = {d: self._mean_tok(d, grid) for d in warm}
         # Runs that win by less than the exploration margin are noise in a flat region: they
@@ -348,12 +427,16 @@ class Learner:
         resolved = merge_small_gain_runs(runs_of(_argmax_depth(tok, warm)), tok, c.explore_margin)
         raw_crossovers = crossovers(resolved, tok)
         # Decisions: the live depth at a batch size keeps it unless beaten by switch_margin.
-        sticky = self._incumbent_bonus(tok, warm, live, grid)
+        if live is None and incumbent is not None:
+            margin = c.switch_margin if incumbent_margin is None else incumbent_margin
+            sticky = self._incumbent_bonus(tok, warm, incumbent, grid, margin)
+        else:
+            sticky = self._incumbent_bonus(tok, warm, live, grid, c.switch_margin)
         runs = merge_small_gain_runs(runs_of(_argmax_depth(sticky, warm)), sticky, c.explore_margin)
         runs = merge_small_gain_runs(runs, sticky, c.min_gain)
         runs = _limit_runs(runs, sticky, MAX_TIERS // 2)
 
-        segments = self._explore_segments(runs, warm, cold, top)
+        segments = self._explore_segments(runs, warm, cold, top, focus or {})
         tiers = _to_tiers(segments, c.hysteresis_fraction)
         table = PolicyTable.build(tiers, version=version, captured_depths=self.captured)
         share = _expected_share(table, hist)
@@ -367,10 +450,10 @@ class Learner:
         warm: list[int],
         live: PolicyTable | None,
         grid: np.ndarray,
+        margin: float,
     ) -> dict[int, np.ndarray]:
-        """Predicted tok/s with the live table's depth at each batch size raised by
-        `switch_margin`: a challenger must beat it by that much to replace it."""
-        margin = self.config.switch_margin
+        """Predicted tok/s with the live table's depth at each batch size raised by `margin`
+        (`switch_margin`): a challenger must beat it by that much to replace it."""
         if live is None or margin <= 0:
             return dict(tok)
         incumbent = np.asarray([live.depth_for(int(b)) for b in grid])
@@ -379,17 +462,25 @@ class Learner:
             for d in tok
         }
 
-    def _probe_candidates(self, depth: int, warm: list[int]) -> list[int]:
-        """Depths a tier running `depth` may probe: its captured neighbours, or every warm one."""
+    def _probe_candidates(self, depth: int, warm: Sequence[int]) -> list[int]:
+        """Depths a tier running `depth` may probe: its captured neighbours and off, or every
+        one of `warm`."""
         others = [d for d in warm if d != depth]
         if not self.config.probe_neighbours_only:
             return others
         i = self.captured.index(depth)
         near = set(self.captured[max(i - 1, 0) : i + 2])
+        if self.config.probe_off:
+            near.add(0)
         return [d for d in others if d in near]
 
     def _explore_segments(
-        self, runs: list[Run], warm: list[int], cold: list[int], top: int
+        self,
+        runs: list[Run],
+        warm: list[int],
+        cold: list[int],
+        top: int,
+        focus: Mapping[int, float],
     ) -> list[_Segment]:
         """Split runs at bucket edges and decide each piece's exploration from the posterior."""
         c = self.config
@@ -405,14 +496,33 @@ class Learner:
         draws = self._draw_tok(warm, reps, np.random.default_rng(self.seed))
         for i, p in enumerate(pieces):
             chosen = draws[p.depth][:, i] * (1.0 + c.explore_margin)
-            p_beat = {
-                d: float(np.mean(draws[d][:, i] > chosen))
-                for d in self._probe_candidates(p.depth, warm)
-            }
+            candidates = self._probe_candidates(p.depth, warm)
+            p_beat = {d: float(np.mean(draws[d][:, i] > chosen)) for d in candidates}
             uncertain = max(p_beat.values(), default=0.0)
-            alts = [d for d, pb in p_beat.items() if pb >= c.explore_threshold]
-            if cold:
-                p.explore_depths = tuple(sorted(set(alts) | set(cold)))
+            focused = focus.get(bs_bucket(p.lo), 0.0) >= FOCUS_SHARE
+            bar = c.explore_threshold * (FOCUS_THRESHOLD_FACTOR if focused else 1.0)
+            alts = [d for d, pb in p_beat.items() if pb >= bar]
+            if focused and alts:
+                uncertain = c.explore_saturation  # probe at the cap where the load just went
+            # Near ties are cheap to keep measuring: a quarter of the cap on a depth that loses
+            # at most cheap_probe_loss costs at most cap/4 x that, and keeps its acceptance
+            # measured where a drift would move the crossover (no other signal exists for a
+            # depth that does not run, least of all beside a tier that runs off).
+            base = float(np.mean(draws[p.depth][:, i]))
+            cheap = [
+                d
+                for d in candidates
+                if d not in alts
+                and float(np.mean(draws[d][:, i])) >= base * (1 - c.cheap_probe_loss)
+            ]
+            if cheap:
+                alts = alts + cheap
+                uncertain = max(uncertain, c.explore_saturation / 4.0)
+            # A cold candidate has no evidence to judge it by: probe it at the cap. Far cold
+            # depths wait until a tier runs one of their neighbours.
+            unmeasured = [d for d in self._probe_candidates(p.depth, cold) if d not in warm]
+            if unmeasured:
+                p.explore_depths = tuple(sorted(set(alts) | set(unmeasured)))
                 p.explore_share = c.exploration_cap
             elif alts:
                 p.explore_depths = tuple(sorted(alts))
@@ -436,7 +546,7 @@ class Learner:
         tiers = []
         for t in base:
             depth = t.depth if t.depth in self.captured else max(self.captured)
-            alts = tuple(d for d in cold if d != depth)
+            alts = tuple(self._probe_candidates(depth, cold))
             tiers.append(
                 Tier(t.min_batch, depth, t.hysteresis, cap if alts else 0.0, alts if alts else ())
             )
@@ -460,13 +570,35 @@ class Learner:
         total = sum(raw.values())
         return {b: v / total for b, v in raw.items() if v > 0} if total > 0 else {}
 
-    def _grid_top(self, hist: Mapping[int, float]) -> int:
+    def _grid_top(self, hist: Mapping[int, float], max_batch: int | None = None) -> int:
         seen = max([self._max_batch_seen, *(float(b) for b in hist)], default=1.0)
         top = int(np.ceil(self.config.extrapolation_factor * seen))
+        if max_batch is not None and max_batch > 0:
+            top = max(top, int(max_batch))
         return int(min(max(top, 16), BS_BUCKET_EDGES[-1]))
 
+    def predicted_gain(
+        self,
+        candidate: PolicyTable,
+        live: PolicyTable | None,
+        batch_histogram: Mapping[int, float],
+        *,
+        probes: bool = True,
+    ) -> float | None:
+        """Predicted decode tok/s of `candidate` over the histogram, relative to `live` (0.01:
+        1% more). `probes=False` compares the plain decisions only (what the table is worth
+        once its probes stop). None: no model, no live table or no load to weigh."""
+        hist = self._histogram(batch_histogram)
+        if live is None or not hist or not self.warm_depths():
+            return None
+        top = max(hist)
+        new = self._predicted(candidate, hist, top, probes=probes)
+        old = self._predicted(live, hist, top, probes=probes)
+        den = sum(w * old[b] for b, w in hist.items())
+        return sum(w * new[b] for b, w in hist.items()) / den - 1.0 if den > 0 else None
+
     def _predicted(
-        self, table: PolicyTable, hist: Mapping[int, float], top: int
+        self, table: PolicyTable, hist: Mapping[int, float], top: int, *, probes: bool = True
     ) -> dict[int, float]:
         """Decode tok/s per bucket under `table`, probes included (tokens over time)."""
         buckets = sorted(set(hist) | {b for b in BS_BUCKET_EDGES if b <= top})
@@ -474,8 +606,9 @@ class Learner:
         for b in buckets:
             batch = np.asarray([self._bucket_batch(b)])
             tier = table.tiers[_tier_index(table, int(batch[0]))]
-            mix = [(1.0 - tier.explore_share, tier.depth)]
-            mix += [(tier.explore_share / len(tier.explore_depths), d) for d in tier.explore_depths]
+            share = tier.explore_share if probes else 0.0
+            mix = [(1.0 - share, tier.depth)]
+            mix += [(share / len(tier.explore_depths), d) for d in tier.explore_depths if share]
             tokens = time = 0.0
             for p, d in mix:
                 step_ms, _ = self.step.predict(np.asarray([d]), batch)

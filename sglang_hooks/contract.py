@@ -28,6 +28,7 @@ Metrics
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import math
 import random
@@ -115,6 +116,18 @@ class PolicyTable:
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version, "tiers": [t.to_json() for t in self.tiers]}
+
+    @property
+    def fingerprint(self) -> str:
+        """Eight hex digits naming the tiers (not the version): two tables with the same
+        fingerprint decide alike, whoever numbered them. Shown beside the version (`label`),
+        because version numbers come from whoever pushes or freezes and can repeat."""
+        canonical = json.dumps([t.to_json() for t in self.tiers], sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:8]
+
+    def label(self) -> str:
+        """`v12 #1a2b3c4d`: the version with the fingerprint."""
+        return f"v{self.version} #{self.fingerprint}"
 
     def describe(self) -> str:
         """One line a person can read: `1-7: d3 | 8-31: d1 (probes) | 32+: off`.

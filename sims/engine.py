@@ -30,6 +30,7 @@ from typing import Protocol
 import numpy as np
 
 from sglang_hooks.contract import bs_bucket
+from sims.capacity import saturated_request_rate
 from sims.policies import (
     DepthPolicy,
     FixedDepthPolicy,
@@ -39,7 +40,7 @@ from sims.policies import (
     spec_cuda_graph_batch_sizes,
 )
 from sims.profile import Profile
-from sims.workload import Workload
+from sims.workload import Trace, Workload
 
 DECODE_LOG_INTERVAL = 40  # SGLang's default: gauges refresh every 40 decode iterations
 _CTX_GRID = np.geomspace(16, 2**21, 72)  # context lengths the cost table is tabulated at
@@ -186,7 +187,7 @@ class Engine:
         self._clients = 0
         self._conc_trace = workload.concurrency_trace()
         self._conc_override: float | None = None
-        self._rate_trace = workload.rate_trace() if workload.mode == "open" else None
+        self._rate_trace = self._open_rate_trace()
         self._next_open = self._draw_open_arrival(0.0)
         self._next_check = 0.0
         self._next_event = 0.0
@@ -447,6 +448,19 @@ class Engine:
     def _may_send(self) -> bool:
         limit = self.request_limit
         return limit is None or self._st.submitted_requests < limit
+
+    def _open_rate_trace(self) -> Trace | None:
+        """Arrival rate in requests/s (a `capacity` trace scaled by the profile's capacity)."""
+        if self.workload.mode != "open":
+            return None
+        trace = self.workload.rate_trace()
+        if self.workload.rate_unit == "capacity":
+            scale = saturated_request_rate(self.profile, self.workload)
+            trace = Trace(
+                points=[(t, v * scale) for t, v in trace.points],
+                interpolation=trace.interpolation,
+            )
+        return trace
 
     def _draw_open_arrival(self, t: float) -> float:
         trace = self._rate_trace

@@ -431,7 +431,9 @@ class ServedSimulation:
     """A SimulatedServer behind uvicorn on a loopback port, its clock running in a thread.
 
     `start()` returns once the socket accepts connections; `stop()` shuts both down.
-    `port=0` picks a free port (read `base_url` after `start()`).
+    `port=0` picks a free port (read `base_url` after `start()`). `speedup=None`: no clock
+    thread; the caller advances the server (`advance_to`), so a client that is slow to answer
+    (a loaded machine) sees the same simulated run as a fast one.
     """
 
     def __init__(
@@ -440,11 +442,11 @@ class ServedSimulation:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
-        speedup: float = 1.0,
+        speedup: float | None = 1.0,
         log_level: str = "warning",
     ) -> None:
         self.server = server
-        self.clock = SimClock(server, speedup)
+        self.clock = None if speedup is None else SimClock(server, speedup)
         server.speedup = speedup
         self.host = host
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -466,7 +468,8 @@ class ServedSimulation:
         return f"http://{self.host}:{self.port}"
 
     def start(self, timeout_s: float = 10.0) -> str:
-        self.clock.start()
+        if self.clock is not None:
+            self.clock.start()
         self._thread = threading.Thread(
             target=self.uvicorn.run, kwargs={"sockets": [self._sock]}, daemon=True
         )
@@ -481,6 +484,8 @@ class ServedSimulation:
 
     def serve_forever(self) -> None:
         """Blocking: serve until interrupted (Ctrl-C), for `specctl sim serve`."""
+        if self.clock is None:
+            raise ValueError("serve_forever needs a running clock: pass a speedup > 0")
         self.clock.start()
         try:
             self.uvicorn.run(sockets=[self._sock])
@@ -491,7 +496,8 @@ class ServedSimulation:
         self.uvicorn.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self.clock.stop()
+        if self.clock is not None:
+            self.clock.stop()
         self._sock.close()
 
     def __enter__(self) -> ServedSimulation:

@@ -181,6 +181,11 @@ class Workload(_Strict):
     rate_per_s: float | Trace | None = Field(
         None, description="Open loop: Poisson arrival rate in requests/s (number or trace)"
     )
+    rate_unit: Literal["per_s", "capacity"] = Field(
+        "per_s",
+        description="Open loop: `capacity` reads rate_per_s as multiples of the profile's "
+        "saturated request rate (sims/capacity.py), so a scenario loads every profile alike",
+    )
     prompt_tokens: LengthDist = Field(
         default_factory=lambda: LognormalLength(mean=1024, cv=0.5, min=16, max=32768)
     )
@@ -195,6 +200,8 @@ class Workload(_Strict):
         if self.mode == "closed":
             if self.rate_per_s is not None:
                 raise ValueError("rate_per_s is for mode: open; a closed loop uses concurrency")
+            if self.rate_unit != "per_s":
+                raise ValueError("rate_unit is for mode: open; a closed loop uses concurrency")
             if isinstance(self.concurrency, float) and self.concurrency < 0:
                 raise ValueError("concurrency must be >= 0")
         else:

@@ -185,3 +185,12 @@ def test_rejection_body_round_trips_in_both_shapes() -> None:
         assert (back.field, back.message) == (err.field, err.message)
     assert parse_rejection({"object": "error", "message": "Bad Request", "code": 400}) is None
     assert parse_rejection([False]) is None
+
+
+def test_fingerprint_names_the_tiers_not_the_version():
+    a = PolicyTable.build([Tier(1, 3), Tier(16, 1, hysteresis=2)], version=7)
+    b = PolicyTable.build([Tier(1, 3), Tier(16, 1, hysteresis=2)], version=12)
+    c = PolicyTable.build([Tier(1, 3), Tier(17, 1, hysteresis=2)], version=7)
+    assert a.fingerprint == b.fingerprint != c.fingerprint
+    assert len(a.fingerprint) == 8 and int(a.fingerprint, 16) >= 0
+    assert a.label() == f"v7 #{a.fingerprint}"

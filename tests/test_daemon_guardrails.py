@@ -107,10 +107,13 @@ class ScriptedLearner:
     def fit(self, samples: Any, now: float) -> None:
         return None
 
-    def propose(self, now: float, live: Any, batch_histogram: Any = None) -> Any:
+    def propose(self, now: float, live: Any, batch_histogram: Any = None, **_: Any) -> Any:
         t = self.tables[min(self.calls, len(self.tables) - 1)]
         self.calls += 1
         return Proposal(t, {16: 1000.0}, [], 0.0, f"scripted {t.describe()}")
+
+    def predicted_gain(self, candidate: Any, live: Any, hist: Any, *, probes: bool = True) -> float:
+        return 0.2  # the script claims every table is better: the after-push check must catch it
 
     def best_depth(self, batch: int) -> int:
         return 1

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from controller.cli import app
-from controller.evaluation.evaluate import evaluate
+from controller.evaluation.evaluate import baselines, evaluate
+from sims.profile import load_profile
+from sims.workload import load_scenario
 
 REQUIRED = (
     "achieved_tok_per_s",
@@ -85,12 +88,37 @@ def test_unknown_profile_is_a_clear_error(tmp_path):
 def test_evaluate_over_loopback_http_matches_the_contract(tmp_path):
     """The daemon reaches the simulator over real loopback HTTP (the FastAPI app and uvicorn
     server `specctl sim serve` runs, started in this process so that the evaluation can read
-    the simulator's own stats for scoring); its clock runs at 400x wall time. 12 simulated
-    minutes: past the daemon's takeover wait, so at least one table is pushed over HTTP."""
+    the simulator's own stats for scoring). Each tick advances the served simulator, as
+    in-process, so a loaded machine changes only how long this takes: the HTTP run must then
+    be the in-process run, push for push (same seed, same request stream), which holds only
+    if every scrape, read and push means the same over HTTP. 12 simulated minutes: past the
+    first fit, so tables are pushed over HTTP."""
     scenario = _scenario(tmp_path, duration_s=720)
-    report = evaluate("kimi-k25-8x-rtxpro6000-pcie", scenario, 0, http_speedup=400.0)
+    profile = "kimi-k25-8x-rtxpro6000-pcie"
+    pre = baselines(load_profile(profile), load_scenario(scenario), 0)
+    report = evaluate(profile, scenario, 0, http_stepped=True, precomputed=pre)
     assert report["transport"] == "http"
     assert report["samples_stored"] > 10
     assert report["pushes"] >= 1
     assert report["achieved_tok_per_s"] > 0
     assert report["final_table"] is not None
+    local = evaluate(profile, scenario, 0, precomputed=pre)
+    assert local["transport"] == "in-process"
+    pushed = [(p["t"], p["outcome"], p["table"]) for p in report["push_log"]]
+    assert pushed == [(p["t"], p["outcome"], p["table"]) for p in local["push_log"]]
+    for key in ("samples_stored", "pushes", "rollbacks", "final_table", "exploration_share"):
+        assert report[key] == local[key], key
+    assert report["achieved_tok_per_s"] == pytest.approx(local["achieved_tok_per_s"], rel=1e-9)
+
+
+def test_evaluate_over_a_free_running_served_clock_reports_its_lead(tmp_path):
+    """`--http SPEEDUP`: the served clock runs on its own; the daemon still pushes over HTTP,
+    and the report says how far that clock got ahead of the daemon's ticks (never behind: each
+    tick waits for it; and ahead by at least the part of an iteration it ran past the tick)."""
+    scenario = _scenario(tmp_path, duration_s=360)
+    profile = "kimi-k25-8x-rtxpro6000-pcie"
+    pre = baselines(load_profile(profile), load_scenario(scenario), 0)
+    report = evaluate(profile, scenario, 0, http_speedup=50.0, precomputed=pre)
+    assert report["transport"] == "http" and report["served_clock_speedup"] == 50.0
+    assert report["samples_stored"] > 10 and report["pushes"] >= 1
+    assert report["served_clock_lead_s"] > 0

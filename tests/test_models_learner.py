@@ -84,7 +84,7 @@ def test_curves_bracket_the_true_throughput(learned: Learner) -> None:
             assert point.evidence_iterations > 0
 
 
-def test_cold_start_probes_every_unseen_depth_at_the_cap() -> None:
+def test_cold_start_probes_off_and_the_neighbours_at_the_cap() -> None:
     server = SyntheticServer(DENSE, single_depth_table(3), seed=1)
     samples = server.run(20.0, lambda t: 8)
     learner = Learner(DEPTHS)
@@ -92,8 +92,21 @@ def test_cold_start_probes_every_unseen_depth_at_the_cap() -> None:
     proposal = learner.propose(server.now, live=single_depth_table(3))
     for tier in proposal.table.tiers:
         assert tier.explore_share == pytest.approx(0.03)
-        assert {0, 1, 2, 4} <= set(tier.explore_depths) | {tier.depth}
+        # Depth 1 is neither a neighbour of 3 nor off: the pooled model places it once its
+        # neighbours 0 and 2 are measured.
+        assert set(tier.explore_depths) == {0, 2, 4}
     assert proposal.exploration_share <= 0.03 + 1e-12
+
+
+def test_a_depth_between_two_measured_ones_may_be_run_without_evidence_of_its_own() -> None:
+    table = PolicyTable.build(
+        [Tier(1, 3, explore_share=0.3, explore_depths=(0, 2))], captured_depths=DEPTHS
+    )
+    server = SyntheticServer(DENSE, table, seed=1)
+    learner = Learner(DEPTHS)
+    learner.fit(server.run(30.0, lambda t: 8), now=server.now)
+    assert learner.evidence(1) == 0
+    assert learner.warm_depths() == [0, 1, 2, 3]  # 4 has no neighbour above it: cold
 
 
 def test_cold_start_without_any_samples_keeps_the_live_table_and_probes() -> None:
@@ -105,12 +118,16 @@ def test_cold_start_without_any_samples_keeps_the_live_table_and_probes() -> Non
 
 
 def test_no_exploration_where_the_model_is_certain(learned: Learner) -> None:
-    proposal = learned.propose(now=learned.fitted_at or 0.0, live=None)
-    table = proposal.table
-    # Far from every crossover, inside the measured range, the posterior leaves no doubt.
-    for batch in (8, 36, 62, 130, 250):
-        tier = table.tiers[max(i for i, t in enumerate(table.tiers) if t.min_batch <= batch)]
-        assert tier.explore_share == 0.0, (batch, table.describe())
+    # Far from every crossover, inside the measured range, the posterior leaves no doubt:
+    # only the cheap floor remains (a quarter of the cap, on near ties), and none without it.
+    strict = Learner.from_json(
+        {**learned.to_json(), "config": {**learned.config.model_dump(), "cheap_probe_loss": 0.0}}
+    )
+    for model, most in ((learned, learned.config.exploration_cap / 4), (strict, 0.0)):
+        table = model.propose(now=learned.fitted_at or 0.0, live=None).table
+        for batch in (8, 36, 62, 130, 250):
+            tier = table.tiers[max(i for i, t in enumerate(table.tiers) if t.min_batch <= batch)]
+            assert tier.explore_share <= most + 1e-12, (batch, table.describe())
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -233,10 +250,12 @@ def test_probes_past_cold_start_only_reach_neighbouring_depths(learned: Learner)
     proposal = learned.propose(now=learned.fitted_at or 0.0, live=live)
     for tier in proposal.table.tiers:
         i = DEPTHS.index(tier.depth)
-        assert set(tier.explore_depths) <= set(DEPTHS[max(i - 1, 0) : i + 2]), tier
+        assert set(tier.explore_depths) <= {0, *DEPTHS[max(i - 1, 0) : i + 2]}, tier
     wide = Learner(DEPTHS, LearnerConfig(probe_neighbours_only=False))
     assert wide._probe_candidates(2, DEPTHS) == [0, 1, 3, 4]
-    assert learned._probe_candidates(2, DEPTHS) == [1, 3]
+    assert learned._probe_candidates(3, DEPTHS) == [0, 2, 4]  # off is always a candidate
+    near = Learner(DEPTHS, LearnerConfig(probe_off=False))
+    assert near._probe_candidates(3, DEPTHS) == [2, 4]
 
 
 def test_live_depth_kept_unless_beaten_by_the_switch_margin(learned: Learner) -> None:

@@ -20,7 +20,7 @@ from sims.workload import (
 
 def test_builtin_scenarios_load_and_last_tens_of_minutes():
     names = builtin_scenarios()
-    assert {"ramp", "diurnal", "bursty", "drift"} <= set(names)
+    assert {"ramp", "diurnal", "bursty", "drift", "double-drift", "flash-crowd"} <= set(names)
     for name in names:
         sc = load_scenario(name)
         assert 10 * 60 <= sc.duration_s <= 60 * 60
@@ -111,3 +111,31 @@ def test_closed_loop_concurrency_follows_the_trace():
     assert engine.n + engine.queue_length <= 2
     engine.run_until(90)
     assert engine.n + engine.queue_length >= 30
+
+
+def test_capacity_rates_load_every_profile_alike():
+    """An open loop in units of capacity: 0.5x keeps up, 2x builds a queue, on a slow and on a
+    fast profile alike (their absolute capacities differ ~10x)."""
+    from sims.capacity import saturated_request_rate
+
+    rates = {}
+    for name in ("kimi-k25-8x-rtxpro6000-pcie", "h200-llama8b-eagle3"):
+        profile = load_profile(name)
+        for level in (0.5, 2.0):
+            wl = Workload.model_validate(
+                {"mode": "open", "rate_unit": "capacity", "rate_per_s": level}
+            )
+            rates[name] = saturated_request_rate(profile, wl)
+            engine = Engine(profile, wl, seed=0, policy=FixedDepthPolicy(profile.full_depth))
+            engine.run_until(240)
+            if level < 1:
+                assert engine.queue_length <= 5, (name, engine.queue_length)
+            else:
+                assert engine.n >= profile.max_running(True) - 2  # pinned at the cap
+                assert engine.queue_length > 0.3 * rates[name] * 240, (name, engine.queue_length)
+    assert rates["h200-llama8b-eagle3"] > 5 * rates["kimi-k25-8x-rtxpro6000-pcie"]
+
+
+def test_rate_unit_is_for_open_loops_only():
+    with pytest.raises(ScenarioError, match="rate_unit"):
+        load_workload({"concurrency": 4, "rate_unit": "capacity"})

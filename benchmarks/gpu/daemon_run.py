@@ -32,9 +32,8 @@ def daemon_config(url: str, admin_key: str, store: Path, duration_s: float) -> d
         "schedule": {"clock": "wall", "duration_s": duration_s, "scrape_interval_s": 2.0,
                      "fit_interval_s": 6.0, "decide_interval_s": 6.0, "backoff_max_s": 10.0},
         "guardrails": {"min_dwell_s": 12.0, "rollback_window_s": 10.0,
-                       "rollback_min_iterations": 50,
-                       "takeover_max_wait_s": min(20.0, duration_s / 3),
-                       "refused_backoff_s": 20.0},
+                       # takeover_max_wait_s stays at its default: the first fit takes over
+                       "rollback_min_iterations": 50, "refused_backoff_s": 20.0},
         "metrics": {"enabled": False},
         "store": {"path": str(store)},
     }

@@ -166,7 +166,9 @@ class _Progress:
 def _table_status(st: TargetState) -> str:
     """What the target runs, as far as the daemon knows between two reads of /server_info."""
     if st.live is not None:
-        return "SGLang's own choice" if st.live.table is None else st.live.table.describe()
+        if st.live.table is None:
+            return "SGLang's own choice"
+        return f"{st.live.table.label()} {st.live.table.describe()}"
     if st.pending is not None:
-        return f"{st.pending.new.describe()} (pushed, under check)"
+        return f"{st.pending.new.label()} {st.pending.new.describe()} (pushed, under check)"
     return "not read yet"

@@ -12,7 +12,7 @@ from controller.cli.sim import _profile, scenario_option, sim_app
 if TYPE_CHECKING:
     from rich.console import Console
 
-TRACE_KEYS = ("score_trace", "recent_score_trace", "tok_trace", "push_log")
+TRACE_KEYS = ("score_trace", "recent_score_trace", "tok_trace", "push_log", "lag_score_trace")
 
 
 @sim_app.command("evaluate")
@@ -108,11 +108,26 @@ def print_report(r: dict[str, Any], console: Console) -> None:
         f"time to first good table {'never' if ttg is None else f'{ttg:.0f} s'}; "
         f"{r['pushes']} pushes, {r['rollbacks']} rollbacks"
     )
+    lag = r["table_lag"]
+    console.print(
+        f"not within 2% of the oracle on the load of the moment: cold start "
+        f"{lag['cold_start_s']:.0f} s, longest after a change {lag['worst_change_lag_s']:.0f} s, "
+        f"{lag['bad_time_share']:.1%} of the run"
+    )
     if "drift_at_s" in r:
         rec = r.get("drift_recovery_s")
         console.print(
             f"drift at {r['drift_at_s']:.0f} s; recovery "
             f"{'not within the run' if rec is None else f'{rec:.0f} s'}"
+        )
+    if "served_clock_lead_s" in r:
+        lead = r["served_clock_lead_s"]
+        # A lead past one scrape interval: the daemon saw longer intervals than it scheduled.
+        style = "yellow" if lead > r["scrape_interval_s"] else ""
+        console.print(
+            f"served clock at {r['served_clock_speedup']:g}x wall time, at most {lead:.0f} "
+            f"simulated s ahead of the daemon's ticks",
+            style=style,
         )
     console.print(f"table at 10 min: {r['table_at_10min_text']}")
     console.print(f"final table:     {r['final_table_text']}")

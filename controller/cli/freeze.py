@@ -90,8 +90,14 @@ def build_policy(model: GroupModel) -> PolicyFile:
         batch_histogram={b: round(w, 4) for b, w in model.batch_histogram().items()},
         predicted_tok_per_s=predicted,
         predicted_gain=gains,
+        fingerprint=table.fingerprint,
     )
     return PolicyFile(table=table, provenance=provenance)
+
+
+def _version(table: PolicyTable) -> str:
+    # Version numbers can repeat across stores and runs; the fingerprint names the tiers.
+    return f"version {table.version}, fingerprint #{table.fingerprint}"
 
 
 def _time(t: float) -> dt.datetime:
@@ -108,9 +114,7 @@ def check(path: Path, url: str | None, console: Console) -> None:
         with ServerClient(url) as server:
             captured = server.state().captured_depths
     policy = load(path, captured_depths=captured)
-    console.print(
-        f"[green]ok[/green] {path}: {policy.table.describe()} (version {policy.table.version})"
-    )
+    console.print(f"[green]ok[/green] {path}: {policy.table.describe()} ({_version(policy.table)})")
     if captured is not None:
         console.print(f"every depth is captured by {url} (captured: {list(captured)})")
     prov = policy.provenance
@@ -180,9 +184,7 @@ def freeze(
     prov = policy.provenance
     if why is not None:
         console.print(f"store {path} ({why})", highlight=False)
-    console.print(
-        f"wrote {out}: [bold]{policy.table.describe()}[/bold] (version {policy.table.version})"
-    )
+    console.print(f"wrote {out}: [bold]{policy.table.describe()}[/bold] ({_version(policy.table)})")
     console.print(
         f"from {prov.samples} samples of group {prov.group} ({', '.join(prov.targets)}), "
         f"{prov.iterations:,.0f} decode iterations"

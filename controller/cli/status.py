@@ -48,6 +48,7 @@ class ServerStatus:
     table_text: str | None = None
     source: str | None = None
     version: int | None = None
+    fingerprint: str | None = None  # of the live table: versions can repeat, this cannot
     captured_depths: list[int] = field(default_factory=list)
     last_rejection: str | None = None
     active: bool | None = None  # whether the plugin steers this server (None: not read)
@@ -169,6 +170,7 @@ def _read_state_and_scrape(st: ServerStatus, client: ServerClient) -> Scrape | N
     st.table = None if state.table is None else state.table.to_json()
     st.table_text = state.describe()
     st.source, st.version = state.source, state.version
+    st.fingerprint = None if state.table is None else state.table.fingerprint
     st.captured_depths = list(state.captured_depths)
     st.last_rejection, st.ranks = state.last_rejection, state.ranks
     st.active, st.inactive_reason = state.inactive_reason is None, state.inactive_reason
@@ -217,7 +219,9 @@ def server_panel(st: ServerStatus) -> Panel:
         return Panel(f"[red]{st.error}[/red]", title=st.url, border_style="red")
     lines = [
         f"table      [bold]{st.table_text}[/bold]",
-        f"source     {st.source}, version {st.version}, {st.ranks} DP rank(s), "
+        f"source     {st.source}, version {st.version}"
+        + ("" if st.fingerprint is None else f" #{st.fingerprint}")
+        + f", {st.ranks} DP rank(s), "
         f"captured depths {st.captured_depths}",
         f"now        {now_line(st)}",
     ]

@@ -7,7 +7,10 @@
 - `scrape`, `sources`: `/metrics` text (or Prometheus) to counter deltas to `Sample`s.
 - `store`: SQLite: samples, counter snapshots, pushes, rollbacks, learner snapshots.
 - `model`: one learner per group of targets.
+- `takeover`: the server's own measured choice, which the first table keeps unless beaten.
+- `reaction`: whether a scrape shows load or acceptance moving (re-decide at once).
 - `guardrails`: the proposed table restricted and bounded; after-push check and rollback.
+- `push_gate`: whether a proposal is worth pushing (a stated gain, or evidence it would add).
 - `push`: the table sent with `/set_internal_state` and read back.
 - `loop`: `Controller`, which ties the stages together per target (clock-free).
 - `runner`: the drivers of the loop, on real time or a simulated clock.

@@ -170,10 +170,33 @@ class GuardrailConfig(_Strict):
         description="Replace the server's own (non-specctl) choice only when the model predicts "
         "this much more tok/s than measured under it at the same batch buckets",
     )
-    takeover_max_wait_s: PosFloat = Field(
-        600.0,
+    takeover_max_wait_s: Annotated[float, Field(ge=0.0)] = Field(
+        0.0,
         description="Take over anyway after this long with a fitted model, so that depths the "
-        "server never runs get probed",
+        "server never runs get probed (0: with the first fitted model; the first table keeps "
+        "the server's measured choice except where the model predicts takeover_min_gain)",
+    )
+    push_min_gain: Annotated[float, Field(ge=0.0)] = Field(
+        0.005,
+        description="Push a learned table only when the model predicts at least this much more "
+        "decode tok/s than the live table, over the recent or the current load (or when it "
+        "adds probes the model needs at a loaded batch size)",
+    )
+    react_window_s: Annotated[float, Field(ge=0.0)] = Field(
+        120.0,
+        description="After the load or acceptance moves, refit and decide after every scrape "
+        "for this long, without the dwell time (0: never react, scheduled decisions only)",
+    )
+    react_acceptance_z: PosFloat = Field(
+        3.0,
+        description="A depth's acceptance over one scrape interval this many standard errors "
+        "from the model's starts a reaction (the learner's own change-point test, which cuts "
+        "the old evidence, then runs after every scrape)",
+    )
+    novel_load_share: Fraction = Field(
+        0.3,
+        description="Share of one scrape interval's decode time in batch buckets the live table "
+        "was not decided on that counts as a change of load",
     )
     refused_backoff_s: PosFloat = Field(
         300.0, description="After a refused push, wait this long before pushing to that target"

@@ -35,9 +35,12 @@ from controller.daemon.push import (
     send_table,
     verify_table,
 )
+from controller.daemon.push_gate import decide_push
+from controller.daemon.reaction import acceptance_surprise, decode_time_histogram, novel_share
 from controller.daemon.scrape import ScrapeError, build_samples, counter_deltas
 from controller.daemon.sources import CounterSource, MetricsPageSource, PrometheusSource
 from controller.daemon.store import Store
+from controller.daemon.takeover import measured_choice
 from controller.daemon.transport import ServerTransport
 from models.samples import Sample
 from sglang_hooks.contract import PolicyError, PolicyTable, parse_table
@@ -45,6 +48,7 @@ from sglang_hooks.contract import PolicyError, PolicyTable, parse_table
 log = logging.getLogger("specctl.daemon")
 
 RECENT_LOAD_S = 600.0  # window of the batch histogram handed to the learner
+CURRENT_LOAD_S = 60.0  # "the load of the moment": weighs a push after the load moved
 
 
 @dataclass
@@ -76,6 +80,11 @@ class TargetState:
     recent: list[Sample] = field(default_factory=list)  # this target's samples, for checks
     predicted: dict[int, float] = field(default_factory=dict)
     first_fit_seen: float | None = None  # first decision with a fitted model (takeover clock)
+    decided_hist: dict[int, float] = field(default_factory=dict)  # load the last decision saw
+    react_until: float = float("-inf")  # re-decide after every scrape until then
+    react_since: float = float("-inf")  # when the current reaction started
+    react_kind: str = ""  # "first" (first evidence), "load" or "acceptance"
+    react_reason: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -279,17 +288,20 @@ class Controller:
 
     # ------------------------------------------------------------------ table -> push
 
-    def decide(self, name: str, now: float) -> PushEvent | None:
-        """Check the last push, then maybe push a new table. Never raises for server trouble."""
+    def decide(self, name: str, now: float, *, urgent: bool = False) -> PushEvent | None:
+        """Check the last push, then maybe push a new table. Never raises for server trouble.
+
+        `urgent` (a reaction to a change of load or acceptance): the after-push check of a push
+        still in its window is settled on the evidence so far and the dwell time is waived."""
         st = self.targets[name]
         with st.lock:
             if self.frozen is not None:
                 return self._keep_frozen(st, now)
             if st.pending is not None:
-                event = self._check_pending(st, now)
+                event = self._check_pending(st, now, early=urgent)
                 if event is not None or st.pending is not None:
                     return event
-            return self._maybe_push(st, now)
+            return self._maybe_push(st, now, urgent=urgent)
 
     def _keep_frozen(self, st: TargetState, now: float) -> PushEvent | None:
         assert self.frozen is not None
@@ -313,13 +325,28 @@ class Controller:
             if st.last_push_t is not None
             else "frozen policy"
         )
+        clash = self._version_clash(st, table)
+        if clash:
+            reason += f"; {clash}"
+            log.warning("%s: %s", st.name, clash)
         return self._push(st, now, table, kind="frozen", reason=reason, predicted=None)
 
-    def _maybe_push(self, st: TargetState, now: float) -> PushEvent | None:
+    def _version_clash(self, st: TargetState, table: PolicyTable) -> str:
+        """A sentence if this store already pushed another table under the same version."""
+        for record in self.store.pushes(st.name):
+            old = None if record.table is None else _table(record.table)
+            if old is not None and old.version == table.version and not same_tiers(old, table):
+                return (
+                    f"version {table.version} also named {old.label()} pushed at "
+                    f"t={record.t:.0f}; tell them apart by fingerprint (#{table.fingerprint})"
+                )
+        return ""
+
+    def _maybe_push(self, st: TargetState, now: float, *, urgent: bool = False) -> PushEvent | None:
         g = self.config.guardrails
         if now < st.refused_until:
             return None
-        if st.last_push_t is not None and now - st.last_push_t < g.min_dwell_s:
+        if not urgent and st.last_push_t is not None and now - st.last_push_t < g.min_dwell_s:
             return None
         gm = self.groups[st.cfg.group]
         if gm.learner is None or gm.fitted_at is None:
@@ -328,13 +355,26 @@ class Controller:
         if live is None:
             return None
         hist = self.batch_histogram(st, now)
+        current = self.batch_histogram(st, now, window_s=CURRENT_LOAD_S)
+        # The server's own choice, as measured: the first table keeps it unless the model
+        # predicts takeover_min_gain more (controller/daemon/takeover.py).
+        incumbent = measured_choice(st.recent) if live.table is None else None
         try:
             with gm.lock:
-                proposal = gm.learner.propose(now, live.table, hist or None)
+                proposal = gm.learner.propose(
+                    now,
+                    live.table,
+                    hist or None,
+                    max_batch=live.max_running,
+                    incumbent=incumbent,
+                    incumbent_margin=g.takeover_min_gain,
+                    focus=current if urgent else None,
+                )
         except Exception as err:
             log.exception("%s: learner could not propose a table: %s", st.name, err)
             return None
         self._note_prediction(st, proposal.predicted_tok_per_s, proposal.exploration_share, hist)
+        st.decided_hist = {b: max(hist.get(b, 0.0), current.get(b, 0.0)) for b in hist | current}
         if not proposal.predicted_tok_per_s:
             # The model cannot predict yet (no depth has enough evidence): a table now would be
             # a guess. Keep what runs; its per-depth counters are the evidence that warms it up.
@@ -346,7 +386,11 @@ class Controller:
             return None
         try:
             table = restrict_to_captured(proposal.table, live.captured_depths)
-            table, clamped = bound_change(live.table, table, g.max_boundary_move)
+            # A reaction follows the load to where the live table had no evidence: the
+            # boundary clamp (there against one bad fit) would only hold the old thresholds.
+            table, clamped = (
+                (table, False) if urgent else bound_change(live.table, table, g.max_boundary_move)
+            )
         except (PolicyError, ValueError) as err:
             log.warning("%s: proposal dropped by guardrails: %s", st.name, err)
             return None
@@ -355,9 +399,30 @@ class Controller:
         key = _tiers_key(table)
         if st.quarantine.get(key, float("-inf")) > now:
             return None
+        learner = gm.learner
+        try:
+            with gm.lock:
+                gate = decide_push(
+                    table,
+                    live.table,
+                    {"recent": hist, "current": current},
+                    lambda a, b, h, probes: learner.predicted_gain(a, b, dict(h), probes=probes),
+                    g.push_min_gain,
+                    float(getattr(getattr(learner, "config", None), "exploration_cap", 0.03)),
+                )
+        except Exception as err:  # a learner bug must not stop the loop
+            log.exception("%s: learner could not weigh the table: %s", st.name, err)
+            return None
+        if not gate.push:
+            log.debug("%s: not pushing: %s", st.name, gate.why)
+            return None
         version = max(st.pushed_version, live.table.version if live.table else 0) + 1
         table = PolicyTable.build(table.tiers, version=version)
         reason = proposal.reason + (" (boundary move clamped)" if clamped else "")
+        if live.table is not None:
+            reason += f"; push: {gate.why}"
+        if urgent and st.react_reason:
+            reason += f"; reacting: {st.react_reason}"
         predicted = {str(k): round(v, 3) for k, v in proposal.predicted_tok_per_s.items()}
         return self._push(st, now, table, kind="learned", reason=reason, predicted=predicted)
 
@@ -404,7 +469,7 @@ class Controller:
         desc = "release (SGLang's own choice)" if table is None else table.describe()
         # A learned reason already opens with the table's summary: say it once.
         why = reason[len(desc) :].lstrip("; ") if reason.startswith(desc) else reason
-        version = "" if table is None else f" v{table.version}"
+        version = "" if table is None else f" {table.label()}"
         log.info(
             "push %s [%s]%s %s -> %s; %s | %s", st.name, kind, version, desc, outcome, why, detail
         )
@@ -422,13 +487,18 @@ class Controller:
             self.config.guardrails.refused_backoff_s,
         )
 
-    def _check_pending(self, st: TargetState, now: float) -> PushEvent | None:
+    def _check_pending(self, st: TargetState, now: float, early: bool = False) -> PushEvent | None:
+        """Settle the after-push check once its window is over. `early` (a reaction): settle
+        it now if the evidence so far already decides it (matched buckets with
+        `rollback_min_iterations` on both sides), or if the push predates the change of load or
+        acceptance being reacted to (its before/after comparison is then moot); otherwise it
+        stays pending and nothing new is pushed."""
         g = self.config.guardrails
         p = st.pending
         assert p is not None
-        if now < p.t + g.rollback_window_s:
+        in_window = now < p.t + g.rollback_window_s
+        if in_window and not early:
             return None
-        st.pending = None
         before = [s for s in st.recent if p.t - g.rollback_window_s < s.t_end <= p.t]
         # The first interval after a push mixes both tables; skip it.
         after = [
@@ -438,12 +508,17 @@ class Controller:
             before, after, changed_buckets(p.old, p.new), g.rollback_min_iterations
         )
         drop = cmp.drop
+        moot = st.react_kind in ("load", "acceptance") and p.t < st.react_since
+        if in_window and drop is None and not moot:
+            return None  # too early to call and not superseded: keep waiting
+        st.pending = None
         if drop is None or drop <= g.rollback_drop:
-            note = (
-                "no matched buckets to compare"
-                if drop is None
-                else f"measured change {-drop:+.1%} at buckets {list(cmp.matched_buckets)}"
-            )
+            if drop is None:
+                note = "no matched buckets to compare"
+            else:
+                note = f"measured change {-drop:+.1%} at buckets {list(cmp.matched_buckets)}"
+            if in_window:
+                note += f" (settled early: {st.react_reason})"
             self.store.set_push_outcome(p.push_id, "good", note)
             return None
         reason = (
@@ -478,7 +553,7 @@ class Controller:
         if st.first_fit_seen is None:
             st.first_fit_seen = now
         if now - st.first_fit_seen >= g.takeover_max_wait_s:
-            return True
+            return True  # at once by default: the learner's probes need a table to run in
         window = [s for s in st.recent if s.t_end > now - 2 * g.rollback_window_s]
         measured = bucket_rates(window)
         common = [b for b in hist if b in predicted and b in measured]
@@ -498,11 +573,13 @@ class Controller:
 
     # ------------------------------------------------------------------ load and gauges
 
-    def batch_histogram(self, st: TargetState, now: float) -> dict[int, float]:
+    def batch_histogram(
+        self, st: TargetState, now: float, window_s: float = RECENT_LOAD_S
+    ) -> dict[int, float]:
         """Share of decode time per batch bucket over the recent window (the load seen)."""
         acc: dict[int, float] = {}
         for s in st.recent:
-            if s.t_end > now - RECENT_LOAD_S:
+            if s.t_end > now - window_s:
                 acc[s.bs_bucket] = acc.get(s.bs_bucket, 0.0) + s.gpu_seconds
         total = sum(acc.values())
         return {b: v / total for b, v in sorted(acc.items())} if total > 0 else {}
@@ -531,19 +608,80 @@ class Controller:
     # ------------------------------------------------------------------ simulated-clock driver
 
     def step(self, now: float, *, fit_due: bool, decide_due: bool) -> list[PushEvent]:
-        """One tick of the simulated clock: scrape every target, then fit and decide if due."""
-        for name in self.targets:
-            self.scrape(name, now)
-        if fit_due:
-            for group in self.groups:
+        """One tick of the simulated clock: scrape every target, then fit and decide if due
+        (at once, for a target whose load or acceptance just moved: `react`)."""
+        reacting = [
+            name for name in self.targets if self.needs_reaction(name, now, self.scrape(name, now))
+        ]
+        groups = {self.targets[name].cfg.group for name in reacting}
+        for group in self.groups:
+            if fit_due or group in groups:
                 self.fit(group, now)
         events = []
-        if decide_due:
-            for name in self.targets:
-                event = self.decide(name, now)
+        for name in self.targets:
+            if decide_due or name in reacting:
+                event = self.decide(name, now, urgent=name in reacting)
                 if event is not None:
                     events.append(event)
         return events
+
+    def react(self, name: str, now: float, samples: Sequence[Sample]) -> PushEvent | None:
+        """After a scrape on real time: refit and decide at once if the load or acceptance
+        moved (see controller/daemon/reaction.py)."""
+        if not self.needs_reaction(name, now, samples):
+            return None
+        self.fit(self.targets[name].cfg.group, now)
+        return self.decide(name, now, urgent=True)
+
+    def needs_reaction(self, name: str, now: float, samples: Sequence[Sample]) -> bool:
+        """Whether this scrape starts (or falls inside) a reaction window."""
+        st = self.targets[name]
+        g = self.config.guardrails
+        if self.frozen is not None or g.react_window_s <= 0:
+            return False
+        if not samples:
+            return now < st.react_until
+        gm = self.groups[st.cfg.group]
+        if gm.learner is None and st.decided_hist:
+            return False
+        kind, why = "", ""
+        current = decode_time_histogram(samples)
+        if not st.decided_hist:
+            kind, why = "first", "first evidence"
+        elif novel_share(current, st.decided_hist) >= g.novel_load_share:
+            kind, why = "load", "load moved to batch buckets the live table was not decided on"
+        else:
+            why = self._acceptance_moved(gm, samples)
+            kind = "acceptance" if why else ""
+        if why:
+            if now >= st.react_until:
+                log.info(
+                    "%s: %s; re-deciding after every scrape for %.0f s",
+                    st.name,
+                    why,
+                    g.react_window_s,
+                )
+            if now >= st.react_until or kind != st.react_kind:
+                st.react_since = now
+            st.react_until = now + g.react_window_s
+            st.react_kind, st.react_reason = kind, why
+        return now < st.react_until
+
+    def _acceptance_moved(self, gm: GroupModel, samples: Sequence[Sample]) -> str:
+        acceptance = getattr(gm.learner, "acceptance", None)
+        config = getattr(gm.learner, "config", None)
+        if acceptance is None or config is None:
+            return ""
+        z = acceptance_surprise(
+            samples,
+            acceptance.mean_length,
+            acceptance.std_length,
+            config.acceptance_dispersion,
+            config.drift_min_shift,
+        )
+        if z < self.config.guardrails.react_acceptance_z:
+            return ""
+        return f"acceptance moved ({z:.1f} standard errors from the model)"
 
     def close(self) -> None:
         for st in self.targets.values():

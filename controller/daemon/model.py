@@ -36,7 +36,21 @@ class LearnerLike(Protocol):
         now: float,
         live: PolicyTable | None,
         batch_histogram: dict[int, float] | None = None,
+        *,
+        max_batch: int | None = None,
+        incumbent: PolicyTable | None = None,
+        incumbent_margin: float | None = None,
+        focus: dict[int, float] | None = None,
     ) -> Any: ...
+
+    def predicted_gain(
+        self,
+        candidate: PolicyTable,
+        live: PolicyTable | None,
+        batch_histogram: dict[int, float],
+        *,
+        probes: bool = True,
+    ) -> float | None: ...
 
     def best_depth(self, batch: int) -> int: ...
 

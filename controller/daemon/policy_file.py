@@ -78,6 +78,7 @@ class Provenance(BaseModel):
     captured_depths: list[Annotated[int, Field(ge=0, le=15)]] | None = None
     batch_histogram: dict[int, Annotated[float, Field(ge=0)]] | None = None
     predicted_tok_per_s: dict[str, Annotated[float, Field(ge=0)]] | None = None
+    fingerprint: str | None = None  # `PolicyTable.fingerprint` of the table when written
     predicted_gain: dict[str, float] | None = None
 
 
@@ -149,7 +150,7 @@ def dumps(policy: PolicyFile) -> str:
     header = (
         "# specctl policy file: the plugin loads `table` at start-up (SPECCTL_POLICY_FILE),\n"
         "# the daemon pushes it as-is in frozen mode. Check edits: specctl freeze --check FILE\n"
-        f"# table: {policy.table.describe()}\n"
+        f"# table: {policy.table.describe()} ({policy.table.label()})\n"
     )
     return header + yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=100)
 

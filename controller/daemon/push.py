@@ -32,6 +32,7 @@ class LiveState:
     source: str
     last_rejection: str | None
     ranks_agree: bool
+    max_running: int | None = None  # the server's running-request cap, when it reports one
 
 
 class ServerStateError(RuntimeError):
@@ -64,7 +65,22 @@ def read_live(transport: ServerTransport) -> LiveState:
         source=str(first.get("source", "none")),
         last_rejection=first.get("last_rejection"),
         ranks_agree=agree,
+        max_running=_max_running(info),
     )
+
+
+def _max_running(info: Any) -> int | None:
+    """SGLang's `max_running_requests` (per DP rank when it reports the effective value)."""
+    if not isinstance(info, dict):
+        return None
+    states = info.get("internal_states")
+    values = [info.get("max_running_requests")]
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        values.insert(0, states[0].get("effective_max_running_requests_per_dp"))
+    for v in values:
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+            return v
+    return None
 
 
 @dataclass(frozen=True)

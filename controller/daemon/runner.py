@@ -2,7 +2,8 @@
 
 Wall clock: a BackgroundScheduler runs one scrape job and one decide job per target and one fit
 job per group, each `coalesce=True, max_instances=1` on a thread pool wide enough for every job,
-so a target whose calls hang until their timeout only delays its own jobs.
+so a target whose calls hang until their timeout only delays its own jobs. A scrape that shows a
+change of load or acceptance refits and decides at once, in the scrape job (`Controller.react`).
 
 Simulated clock: in-process `SimulatedServer`s advance by one scrape interval per tick and the
 controller is called directly; `speedup` paces ticks against the wall clock (None: as fast as
@@ -188,9 +189,14 @@ def run_wall(
 
         return job
 
+    def scrape_and_react(name: str, now: float) -> None:
+        # A change of load or acceptance is decided on right after the scrape that shows it,
+        # on this target's own thread (controller/daemon/reaction.py).
+        controller.react(name, now, controller.scrape(name, now))
+
     for name in controller.targets:
         scheduler.add_job(
-            guarded(controller.scrape, name),
+            guarded(scrape_and_react, name),
             "interval",
             seconds=sched.scrape_interval_s,
             id=f"scrape:{name}",

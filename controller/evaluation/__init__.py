@@ -2,6 +2,8 @@
 
 - `synthetic`: counter samples straight from a profile's cost model (no scheduler).
 - `sim_loop`: the learner in closed loop with the simulator engine, without the daemon.
+- `table_lag`: how long the daemon's table trails a good one after a change of load or
+  acceptance (the reaction target).
 - `evaluate`: the whole daemon against a simulated server, scored against the oracle and
   static policies (`specctl sim evaluate`).
 

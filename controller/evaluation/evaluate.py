@@ -3,7 +3,9 @@
 The daemon under test is the real one: it reads the simulator's Prometheus text with the real
 parser, stores samples in a (temporary) SQLite file, fits the real learner and pushes through
 `/set_internal_state` payloads (in-process calls by default, loopback HTTP with `--http`).
-Only the clock is simulated: each tick advances the simulator by one scrape interval.
+Only the clock is simulated: each tick advances the simulator by one scrape interval (with
+`--http`, the served simulator's clock runs on its own at a speedup instead; the report says
+how far it got ahead of the daemon's ticks).
 
 Scores
 - achieved tok/s: output tokens per simulated second after the scenario's warm-up, for the
@@ -36,6 +38,7 @@ from controller.daemon.own_metrics import DaemonMetrics
 from controller.daemon.runner import TickInfo, run_simulated
 from controller.daemon.store import Store
 from controller.daemon.transport import HttpTransport, InProcessTransport, ServerTransport
+from controller.evaluation.table_lag import LagTracker, decision_score
 from models.samples import Sample
 from sglang_hooks.contract import PolicyTable, Tier, parse_table
 from sims.oracle import OraclePolicy, decode_curves
@@ -258,6 +261,9 @@ class DaemonRun:
     tok_trace: list[tuple[float, float]] = field(default_factory=list)
     push_log: list[dict[str, Any]] = field(default_factory=list)
     samples: int = 0
+    lag: dict[str, Any] = field(default_factory=dict)
+    lag_trace: list[tuple[float, float | None]] = field(default_factory=list)
+    served_clock_lead_s: float = 0.0  # the most a free-running served clock was ahead
 
 
 def eval_config(scenario: Scenario, store_path: Path, seed: int) -> ControllerConfig:
@@ -314,18 +320,24 @@ class NominalClock:
 
 
 class FollowClock:
-    """A served simulator's clock runs on its own thread: `advance` waits for it instead."""
+    """A served simulator's clock runs on its own thread: `advance` waits for it instead.
+
+    It never waits for the daemon: while a fit or a slow HTTP answer holds the daemon up, the
+    served clock runs on, and the next tick finds it ahead (`lead_s`, the most seen). A lead of
+    more than a scrape interval means the daemon saw longer intervals than it scheduled."""
 
     def __init__(self, server: SimulatedServer, poll_s: float = 0.005) -> None:
         self.server = server
         self.poll_s = poll_s
         self._target = server.now
+        self.lead_s = 0.0
 
     @property
     def now(self) -> float:
         return self.server.now
 
     def advance(self, seconds: float) -> None:
+        self.lead_s = max(self.lead_s, self.server.now - self._target)
         self._target += seconds
         while self.server.now < self._target:
             time.sleep(self.poll_s)
@@ -349,17 +361,19 @@ def run_daemon_eval(
     *,
     base_url: str | None = None,
     server: SimulatedServer | None = None,
+    follow_clock: bool = False,
     on_progress: Callable[[float], None] | None = None,
 ) -> DaemonRun:
     """The daemon through the scenario; in-process calls, or HTTP to `base_url` (a served
-    simulator whose clock runs on its own: then `server` must be the one it serves)."""
+    simulator: then `server` must be the one it serves). `follow_clock`: the served clock runs
+    on its own and the ticks wait for it; otherwise each tick advances the simulator."""
     if base_url is not None and server is None:
-        raise ValueError("base_url needs the served SimulatedServer (to follow its clock)")
+        raise ValueError("base_url needs the served SimulatedServer (to read and drive its clock)")
     server = server or SimulatedServer(profile, scenario.workload, seed=seed)
     transport: ServerTransport = (
         InProcessTransport(server) if base_url is None else HttpTransport(base_url, 10.0)
     )
-    clocked: Any = NominalClock(server) if base_url is None else FollowClock(server)
+    clocked: Any = FollowClock(server) if follow_clock else NominalClock(server)
     with tempfile.TemporaryDirectory(prefix="specctl-eval-") as tmp:
         cfg = eval_config(scenario, Path(tmp) / "eval.sqlite", seed)
         store = Store(cfg.store.resolved_path())
@@ -403,11 +417,15 @@ def run_daemon_eval(
                     "kind": p.kind,
                     "outcome": p.outcome,
                     "table": p.table,
+                    "label": None if p.table is None else parse_table(p.table).label(),
                     "reason": p.reason,
                 }
                 for p in pushes
             ],
             samples=store.count_samples(),
+            lag=tracker.lag.report(scenario.duration_s),
+            lag_trace=tracker.lag.trace,
+            served_clock_lead_s=clocked.lead_s if follow_clock else 0.0,
         )
         controller.close()
         store.close()
@@ -437,6 +455,8 @@ class _Tracker:
         self.scores: list[tuple[float, float | None]] = []
         self.recent_scores: list[tuple[float, float | None]] = []
         self.tok_trace: list[tuple[float, float]] = []
+        self.lag = LagTracker()
+        self._mix_ema: dict[str, float] = {}
         self._last_stats: Any = None
 
     def observe(self, now: float, server: SimulatedServer) -> None:
@@ -455,6 +475,38 @@ class _Tracker:
             self.first_good = now
         recent = LoadSeen.from_samples([s for s in samples if s.t_end > now - self.RECENT_S])
         self.recent_scores.append((now, table_score(self.oracle, self.live_table, recent, mix)))
+        # The load of the moment: the last scrape interval only, so a change shows at once.
+        last = [s for s in samples if s.t_end > now - self.scenario.sample_interval_s + 1e-6]
+        table = self.live_table
+        running = self._running_mix(server, mix)
+        self.lag.observe(
+            now,
+            decision_score(
+                last,
+                lambda batch: self.oracle.tok(running, batch),
+                None if table is None else table.depth_for,
+            ),
+        )
+
+    def _running_mix(self, server: SimulatedServer, arrival: dict[str, float]) -> dict[str, float]:
+        """Acceptance phases of the requests the server is running (what its decisions are
+        worth now: a request keeps the phase it arrived with), smoothed over ~30 s of ticks;
+        the arrival mix while nothing runs."""
+        counts = server.engine.phase_counts()
+        names = list(self.profile.acceptance.phases)
+        total = sum(counts)
+        now_mix = (
+            {n: c / total for n, c in zip(names, counts, strict=True) if c}
+            if total
+            else dict(arrival)
+        )
+        alpha = min(1.0, self.scenario.sample_interval_s / 30.0)
+        prev = self._mix_ema or now_mix
+        keys = set(prev) | set(now_mix)
+        self._mix_ema = {
+            k: (1 - alpha) * prev.get(k, 0.0) + alpha * now_mix.get(k, 0.0) for k in keys
+        }
+        return {k: v for k, v in self._mix_ema.items() if v > 0}
 
     def drift_recovery(self) -> float | None:
         """Seconds from the drift's start until the live table scores >= 0.95 on the recent
@@ -477,30 +529,23 @@ class _Tracker:
 # ----------------------------------------------------------------------------- the report
 
 
-def evaluate(
-    profile_name: str,
-    scenario_name: str,
-    seed: int = 0,
-    *,
-    http_speedup: float | None = None,
-    on_progress: Callable[[str], None] | None = None,
+def baselines(
+    profile: Profile,
+    scenario: Scenario,
+    seed: int,
+    say: Callable[[str], None] = lambda _msg: None,
 ) -> dict[str, Any]:
-    """One JSON-ready report for a profile x scenario. `http_speedup`: run the daemon over
-    loopback HTTP against a served simulator whose clock runs that many times wall time."""
-    t0 = time.monotonic()
-    say = on_progress or (lambda _msg: None)
-    # The daemon's own log lines would interleave with the report; keep only errors.
-    logging.getLogger("specctl").setLevel(logging.ERROR)
-    profile = load_profile(profile_name)
-    scenario = load_scenario(scenario_name)
+    """Everything the daemon is compared with on this seed, none of which depends on the
+    daemon: the static policies, the two-tier grid, a server without speculation, the oracle.
+    JSON-ready, so a benchmark can keep it between runs of an unchanged simulator."""
     say("static policies")
     static: dict[str, float] = {}
     for name, make_kwargs in static_policies(profile).items():
         static[name] = run_static(profile, scenario, seed, **make_kwargs())
     max_batch = profile.max_running(True)
-    two_tier: dict[int, float] = {}
+    two_tier: dict[str, float] = {}
     for thr in (t for t in TWO_TIER_GRID if t <= max_batch):
-        two_tier[thr] = run_static(
+        two_tier[str(thr)] = run_static(
             profile, scenario, seed, table=two_tier_table(profile.full_depth, thr)
         )
     best_thr = max(two_tier, key=lambda k: two_tier[k])
@@ -512,15 +557,53 @@ def evaluate(
     nospec = run_static(profile, scenario, seed, speculative=False)
     say("oracle")
     oracle = oracle_tok_per_s(profile, scenario, seed)
+    return {"static": static, "two_tier": two_tier, "nospec": nospec, "oracle": oracle}
+
+
+def evaluate(
+    profile_name: str,
+    scenario_name: str,
+    seed: int = 0,
+    *,
+    http_speedup: float | None = None,
+    http_stepped: bool = False,
+    on_progress: Callable[[str], None] | None = None,
+    precomputed: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One JSON-ready report for a profile x scenario. `http_speedup`: run the daemon over
+    loopback HTTP against a served simulator whose clock runs that many times wall time.
+    `http_stepped`: over loopback HTTP too, but each tick advances the served simulator (as
+    in-process), so the run does not depend on how fast this machine answers.
+    `precomputed`: `baselines(...)` of the same profile, scenario and seed (else run here)."""
+    if http_stepped and http_speedup is not None:
+        raise ValueError("http_stepped drives the served clock itself: give no http_speedup")
+    t0 = time.monotonic()
+    say = on_progress or (lambda _msg: None)
+    # The daemon's own log lines would interleave with the report; keep only errors.
+    logging.getLogger("specctl").setLevel(logging.ERROR)
+    profile = load_profile(profile_name)
+    scenario = load_scenario(scenario_name)
+    base = precomputed or baselines(profile, scenario, seed, say)
+    static: dict[str, float] = dict(base["static"])
+    two_tier: dict[str, float] = dict(base["two_tier"])
+    nospec, oracle = float(base["nospec"]), float(base["oracle"])
     say("daemon")
-    if http_speedup is None:
+    over_http = http_stepped or http_speedup is not None
+    if not over_http:
         run = run_daemon_eval(profile, scenario, seed)
     else:
         from sims.http import ServedSimulation
 
         server = SimulatedServer(profile, scenario.workload, seed=seed)
         with ServedSimulation(server, speedup=http_speedup) as served:
-            run = run_daemon_eval(profile, scenario, seed, base_url=served.base_url, server=server)
+            run = run_daemon_eval(
+                profile,
+                scenario,
+                seed,
+                base_url=served.base_url,
+                server=server,
+                follow_clock=http_speedup is not None,
+            )
     best_static_name = max(static, key=lambda k: static[k])
     curves = OracleCurves(profile, typical_context(scenario.workload))
     default = profile.acceptance.default_phase
@@ -532,7 +615,7 @@ def evaluate(
         "profile": profile.name,
         "scenario": scenario.name,
         "seed": seed,
-        "transport": "in-process" if http_speedup is None else "http",
+        "transport": "http" if over_http else "in-process",
         "duration_s": scenario.duration_s,
         "warmup_s": scenario.warmup_s,
         "achieved_tok_per_s": round(run.achieved_tok_per_s, 2),
@@ -543,7 +626,8 @@ def evaluate(
         "best_static": best_static_name,
         "best_static_tok_per_s": round(static[best_static_name], 2),
         "beats_every_static": all(run.achieved_tok_per_s > v for v in static.values()),
-        "two_tier_grid": {str(k): round(v, 2) for k, v in two_tier.items()},
+        "vs_best_static": round(run.achieved_tok_per_s / static[best_static_name] - 1.0, 5),
+        "two_tier_grid": {k: round(v, 2) for k, v in two_tier.items()},
         "nospec_server": {
             "tok_per_s": round(nospec, 2),
             "ratio_to_oracle": round(nospec / oracle, 4) if oracle > 0 else None,
@@ -569,9 +653,15 @@ def evaluate(
             [t, None if v is None else round(v, 4)] for t, v in run.recent_score_trace
         ],
         "tok_trace": [[t, round(v, 2)] for t, v in run.tok_trace],
+        "table_lag": run.lag,
+        "lag_score_trace": [[t, None if v is None else round(v, 4)] for t, v in run.lag_trace],
         "push_log": run.push_log,
         "wall_s": round(time.monotonic() - t0, 2),
     }
+    if http_speedup is not None:
+        report["served_clock_speedup"] = http_speedup
+        report["served_clock_lead_s"] = round(run.served_clock_lead_s, 1)
+        report["scrape_interval_s"] = scenario.sample_interval_s
     t_drift = drift_time(scenario)
     if t_drift is not None:
         rec = run.drift_recovery_s

@@ -262,8 +262,8 @@ def run_policy(spec: RunSpec) -> dict[str, Any]:
         raise TraceError(str(err)) from None
     spec.out.mkdir(parents=True, exist_ok=True)
     admin_key = admin_key_from_env(spec.admin_key)
-    result: dict[str, Any] = {"policy": spec.policy, "name": spec.name or spec.policy, "url": spec.url,
-                              "trace": [asdict(p) for p in spec.phases],
+    result: dict[str, Any] = {"policy": spec.policy, "name": spec.name or spec.policy,
+                              "url": spec.url, "trace": [asdict(p) for p in spec.phases],
                               "started_at": time.strftime("%Y-%m-%dT%H:%M:%S")}  # fmt: skip
     server = None if kind == "plain" else ServerClient(spec.url, admin_key)
     before: PolicyTable | None = None

@@ -271,6 +271,22 @@ class Workload(_Strict):
 # ----------------------------------------------------------------------------- scenarios
 
 
+class DaemonOverrides(_Strict):
+    """Daemon config sections an evaluation of this scenario changes. The keys are the daemon
+    config's own (docs/daemon.md, "Configuration reference") and are checked there; the clock
+    stays the evaluation's simulated one."""
+
+    schedule: dict[str, float] = Field(default_factory=dict)
+    guardrails: dict[str, float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _keeps_the_simulated_clock(self) -> DaemonOverrides:
+        if "clock" in self.schedule:
+            raise ValueError("daemon.schedule.clock: an evaluation runs on the simulated clock; "
+                             "remove the key")
+        return self
+
+
 class Scenario(_Strict):
     """A workload over a duration, with knobs that do not depend on the profile."""
 
@@ -280,6 +296,11 @@ class Scenario(_Strict):
     warmup_s: NonNeg = Field(0.0, description="Leading seconds that evaluations do not score")
     sample_interval_s: Annotated[float, Field(gt=0.0)] = Field(
         15.0, description="How often an evaluation scrapes the simulated server"
+    )
+    daemon: DaemonOverrides = Field(
+        default_factory=lambda: DaemonOverrides(),
+        description="Settings of the evaluated daemon, e.g. the short intervals of a daemon "
+        "run this scenario mirrors",
     )
     workload: Workload
 

@@ -139,3 +139,31 @@ def test_capacity_rates_load_every_profile_alike():
 def test_rate_unit_is_for_open_loops_only():
     with pytest.raises(ScenarioError, match="rate_unit"):
         load_workload({"concurrency": 4, "rate_unit": "capacity"})
+
+
+def test_a_scenario_sets_the_evaluated_daemons_intervals_and_guardrails(tmp_path):
+    """A scenario mirroring a short daemon run carries that run's schedule and guardrails into
+    the evaluation's daemon config; a misspelt key is named by the config's own check, and the
+    clock cannot be moved off the simulated one."""
+    from controller.daemon.config import ConfigError
+    from controller.evaluation.evaluate import eval_config
+
+    path = tmp_path / "short.yaml"
+    path.write_text("name: short\nduration_s: 60\nsample_interval_s: 2\n"
+                    "daemon: {schedule: {fit_interval_s: 6, decide_interval_s: 6},"
+                    " guardrails: {min_dwell_s: 12}}\nworkload: {concurrency: 4}\n")
+    config = eval_config(load_scenario(path), tmp_path / "s.sqlite", seed=0)
+    assert config.schedule.scrape_interval_s == 2
+    assert config.schedule.fit_interval_s == config.schedule.decide_interval_s == 6
+    assert config.guardrails.min_dwell_s == 12
+    default = eval_config(load_scenario("ramp"), tmp_path / "r.sqlite", 0)
+    assert default.schedule.decide_interval_s == 30
+
+    path.write_text("name: short\nduration_s: 60\ndaemon: {schedule: {decide_intervl_s: 6}}\n"
+                    "workload: {concurrency: 4}\n")
+    with pytest.raises(ConfigError, match="decide_intervl_s"):
+        eval_config(load_scenario(path), tmp_path / "s2.sqlite", seed=0)
+    path.write_text("name: short\nduration_s: 60\ndaemon: {schedule: {clock: 1}}\n"
+                    "workload: {concurrency: 4}\n")
+    with pytest.raises(ScenarioError, match=r"daemon\.schedule\.clock"):
+        load_scenario(path)

@@ -268,21 +268,23 @@ class DaemonRun:
 
 def eval_config(scenario: Scenario, store_path: Path, seed: int) -> ControllerConfig:
     tick = scenario.sample_interval_s
-    return parse_config(
-        {
-            "targets": [{"name": "sim", "group": "eval", "simulated": {"seed": seed}}],
-            "schedule": {
-                "clock": "simulated",
-                "scrape_interval_s": tick,
-                "fit_interval_s": max(30.0, tick),
-                "decide_interval_s": max(30.0, tick),
-            },
-            "store": {"path": str(store_path)},
-            "metrics": {"enabled": False},
-            "seed": seed,
+    overrides = scenario.daemon
+    config: dict[str, Any] = {
+        "targets": [{"name": "sim", "group": "eval", "simulated": {"seed": seed}}],
+        "schedule": {
+            "clock": "simulated",
+            "scrape_interval_s": tick,
+            "fit_interval_s": max(30.0, tick),
+            "decide_interval_s": max(30.0, tick),
+            **overrides.schedule,
         },
-        "evaluation config",
-    )
+        "store": {"path": str(store_path)},
+        "metrics": {"enabled": False},
+        "seed": seed,
+    }
+    if overrides.guardrails:
+        config["guardrails"] = dict(overrides.guardrails)
+    return parse_config(config, f"scenario {scenario.name}: daemon")
 
 
 def drift_time(scenario: Scenario) -> float | None:

@@ -25,7 +25,9 @@ corrected by the final usage chunk. Inter-token latency is the gap between chunk
 tokens, as `sglang.bench_serving` and `vllm bench serve` measure it.
 
 One `httpx.AsyncClient` with a keep-alive pool drives every stream from one event loop;
-benchmarks/loadgen_ceiling.py measures how far that goes.
+benchmarks/loadgen_ceiling.py measures how far that goes. `run_level` runs a level in this
+process; `run_share` runs one process's share of a level split across several
+(controller/bench/load_processes.py), its phases ended by the process that coordinates them.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ import itertools
 import json
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import httpx
 
@@ -166,6 +169,7 @@ class LiveCounters:
     tokens: int = 0
     chunks: int = 0  # SSE events with tokens (several tokens per event when drafts are accepted)
     in_flight: int = 0
+    window_completed: int = 0  # completed requests that started in the measured window
     t0: float = field(default_factory=time.perf_counter)
     warming_up: bool = True
 
@@ -183,7 +187,10 @@ class LevelLoad:
     elapsed_s: float  # the measured window
     tokens: int  # tokens received during the window
     requests: tuple[RequestResult, ...]  # every request of the level, warm-up included
-    client_cpu_s: float  # CPU time of this process during the window
+    client_cpu_s: float  # CPU time of the load generator during the window (all its processes)
+    # With the level split across processes: each one's CPU time during the window (empty: one
+    # process, `client_cpu_s`).
+    process_cpu_s: tuple[float, ...] = ()
 
     @property
     def output_tok_per_s(self) -> float:
@@ -238,6 +245,20 @@ def completion_body(prompt: Prompt, model: str, temperature: float) -> dict[str,
     }
 
 
+@dataclass(frozen=True)
+class Deal:
+    """One process's part of a level split across `of` processes: the open loop's arrivals
+    `index`, `index + of`, `index + 2 of`, ... of the schedule all of them draw, and the prompts
+    `offset + index`, `offset + index + of`, ... (one process: every arrival, every prompt)."""
+
+    index: int = 0
+    of: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.index < self.of:
+            raise ValueError(f"share {self.index} of {self.of} does not exist")
+
+
 class _RequestFailed(Exception):
     pass
 
@@ -249,22 +270,24 @@ class _Level:
         self,
         http: httpx.AsyncClient,
         prompts: Sequence[Prompt],
-        stop: StopRule,
         live: LiveCounters,
         *,
         model: str,
         temperature: float,
         prompt_offset: int,
-        max_errors: int,
+        stop_after: int | None,
+        max_errors: int | None,
+        deal: Deal = Deal(),
     ) -> None:
         self.http = http
         self.prompts = prompts
-        self.stop = stop
+        self.stop_after = stop_after  # completed requests of the window (None: its pace says)
         self.live = live
         self.model = model
         self.temperature = temperature
-        self.next_prompt = prompt_offset
-        self.max_errors = max_errors
+        self.next_prompt = prompt_offset + deal.index
+        self.prompt_stride = deal.of
+        self.max_errors = max_errors  # None: the coordinating process judges the failures
         self.t0 = live.t0
         self.results: list[RequestResult] = []
         self.window_start: float | None = None  # seconds since t0
@@ -275,7 +298,7 @@ class _Level:
 
     def next_body(self) -> dict[str, object]:
         prompt = self.prompts[self.next_prompt % len(self.prompts)]
-        self.next_prompt += 1
+        self.next_prompt += self.prompt_stride
         self.live.started += 1
         return completion_body(prompt, self.model, self.temperature)
 
@@ -285,7 +308,8 @@ class _Level:
         in_window = self.window_start is not None and result.start_s >= self.window_start
         if result.error is not None:
             live.errors += 1
-            if live.errors >= self.max_errors and live.errors > live.completed:
+            limit = self.max_errors
+            if limit is not None and live.errors >= limit and live.errors > live.completed:
                 first = next(r.error for r in self.results if r.error)
                 self.failure = LoadError(
                     f"{live.errors} of {len(self.results)} requests to "
@@ -296,7 +320,8 @@ class _Level:
             live.completed += 1
             if in_window:
                 self.measured_done += 1
-                if self.stop.requests is not None and self.measured_done >= self.stop.requests:
+                live.window_completed += 1
+                if self.stop_after is not None and self.measured_done >= self.stop_after:
                     self.done.set()
 
     async def request(self, body: dict[str, object]) -> None:
@@ -389,7 +414,7 @@ async def _closed_loop(level: _Level, concurrency: int) -> None:
     await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-async def _open_loop(level: _Level, shape: OpenLoop, seed: int) -> None:
+async def _open_loop(level: _Level, shape: OpenLoop, seed: int, deal: Deal) -> None:
     rng = random.Random(seed)  # the same arrival times at every depth: levels compare fairly
     slots = None if shape.max_concurrency is None else asyncio.Semaphore(shape.max_concurrency)
     tasks: set[asyncio.Task[None]] = set()
@@ -403,8 +428,10 @@ async def _open_loop(level: _Level, shape: OpenLoop, seed: int) -> None:
 
     next_at = time.perf_counter()
     try:
-        while True:
+        for arrival in itertools.count():
             next_at += shape.gap_s(rng)
+            if arrival % deal.of != deal.index:
+                continue  # another process sends this one
             delay = next_at - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -417,13 +444,136 @@ async def _open_loop(level: _Level, shape: OpenLoop, seed: int) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _wait(level: _Level, driver: asyncio.Task[None], timeout_s: float | None) -> None:
-    """Until the level is done, its driver stops (a bug, never a request failure), or timeout."""
+async def _wait(
+    level: _Level,
+    driver: asyncio.Task[None],
+    timeout_s: float | None,
+    until: Awaitable[None] | None = None,
+) -> None:
+    """Until the level is done, its driver stops (a bug, never a request failure), `until`
+    completes, or timeout."""
     waiter = asyncio.create_task(level.done.wait())
+    signal = None if until is None else asyncio.ensure_future(until)
     try:
-        await asyncio.wait({driver, waiter}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(
+            {driver, waiter} | ({signal} if signal is not None else set()),
+            timeout=timeout_s,
+            return_when=asyncio.FIRST_COMPLETED,
+        )
     finally:
         waiter.cancel()
+        if signal is not None:
+            signal.cancel()
+    if signal is not None and signal.done() and not signal.cancelled():
+        signal.result()  # the signal's own failure (its coordinator is gone) ends the level
+
+
+class _Pace(Protocol):
+    """When a running level's phases end. Each wait also returns when the level is done or its
+    driver stopped (`_wait`)."""
+
+    async def warm_up(self, level: _Level, driver: asyncio.Task[None]) -> None:
+        """Until the warm-up is over and the measured window opens."""
+
+    async def window(self, level: _Level, driver: asyncio.Task[None]) -> None:
+        """Until the measured window closes."""
+
+    async def linger(self, level: _Level, driver: asyncio.Task[None]) -> None:
+        """After the window closed (its numbers taken), before the streams are cut."""
+
+
+class _StopClock:
+    """The stop rule's own clock: the level runs in this process alone."""
+
+    def __init__(self, stop: StopRule) -> None:
+        self.stop = stop
+
+    async def warm_up(self, level: _Level, driver: asyncio.Task[None]) -> None:
+        if self.stop.warmup > 0:
+            await _wait(level, driver, self.stop.warmup)
+
+    async def window(self, level: _Level, driver: asyncio.Task[None]) -> None:
+        await _wait(level, driver, self.stop.duration_s)
+
+    async def linger(self, level: _Level, driver: asyncio.Task[None]) -> None:
+        return None
+
+
+class ExternalPace:
+    """Phases ended from outside this process: each waits for what `signal(phase)` returns, an
+    awaitable that completes once the coordinator has reached that phase."""
+
+    WINDOW_OPENS, WINDOW_CLOSES, CUT = "window opens", "window closes", "cut"
+
+    def __init__(self, signal: Callable[[str], Awaitable[None]]) -> None:
+        self.signal = signal
+
+    async def warm_up(self, level: _Level, driver: asyncio.Task[None]) -> None:
+        await _wait(level, driver, None, self.signal(self.WINDOW_OPENS))
+
+    async def window(self, level: _Level, driver: asyncio.Task[None]) -> None:
+        await _wait(level, driver, None, self.signal(self.WINDOW_CLOSES))
+
+    async def linger(self, level: _Level, driver: asyncio.Task[None]) -> None:
+        await _wait(level, driver, None, self.signal(self.CUT))
+
+
+@dataclass(frozen=True)
+class ShareLoad:
+    """What one process measured of a level: its requests (times since its own start), its
+    measured window as it saw it open and close, and its tokens and CPU time in that window."""
+
+    window_start_s: float
+    elapsed_s: float
+    tokens: int
+    cpu_s: float
+    peak_in_flight: int  # streams in flight at once during the window, at most
+    started: int  # requests sent (prompts used)
+    requests: tuple[RequestResult, ...]
+
+
+def _start(level: _Level, shape: LoadShape, seed: int, deal: Deal) -> asyncio.Task[None]:
+    if isinstance(shape, ClosedLoop):
+        return asyncio.create_task(_closed_loop(level, shape.concurrency))
+    return asyncio.create_task(_open_loop(level, shape, seed, deal))
+
+
+async def _run(
+    level: _Level, shape: LoadShape, pace: _Pace, hooks: WindowHooks, seed: int, deal: Deal
+) -> ShareLoad:
+    """Drive `shape` through the warm-up and the window `pace` sets, then cut every stream."""
+    live = level.live
+    driver = _start(level, shape, seed, deal)
+    try:
+        await pace.warm_up(level, driver)
+        window_start = time.perf_counter()
+        level.window_start = window_start - live.t0
+        live.warming_up = False
+        tokens0, cpu0 = live.tokens, time.process_time()
+        level.peak_in_flight = live.in_flight
+        await hooks.window_started()
+        await pace.window(level, driver)
+        window_end = time.perf_counter()
+        tokens, cpu = live.tokens - tokens0, time.process_time() - cpu0
+        peak = level.peak_in_flight
+        await hooks.window_ended()
+        await pace.linger(level, driver)
+    finally:
+        driver.cancel()
+        await asyncio.gather(driver, return_exceptions=True)
+    if level.failure is not None:
+        raise level.failure
+    if not driver.cancelled() and (bug := driver.exception()) is not None:
+        raise bug
+    return ShareLoad(
+        window_start_s=window_start - live.t0,
+        elapsed_s=window_end - window_start,
+        tokens=tokens,
+        cpu_s=cpu,
+        peak_in_flight=peak,
+        started=live.started,
+        requests=tuple(level.results),
+    )
 
 
 async def run_level(
@@ -442,47 +592,49 @@ async def run_level(
     """Run `shape` through a warm-up and one measured window; cut every stream at its end."""
     if not prompts:
         raise ValueError("no prompts to send")
-    hooks = hooks or WindowHooks()
     live = live or LiveCounters()
     live.t0 = time.perf_counter()
     live.warming_up = True
     streams = shape.concurrency if isinstance(shape, ClosedLoop) else shape.max_concurrency
     level = _Level(
-        http, prompts, stop, live, model=model, temperature=temperature,
-        prompt_offset=prompt_offset, max_errors=max(streams or 0, 5),
+        http, prompts, live, model=model, temperature=temperature, prompt_offset=prompt_offset,
+        stop_after=stop.requests, max_errors=max(streams or 0, 5),
     )  # fmt: skip
-    if isinstance(shape, ClosedLoop):
-        driver = asyncio.create_task(_closed_loop(level, shape.concurrency))
-    else:
-        driver = asyncio.create_task(_open_loop(level, shape, seed))
-    try:
-        warmup = stop.warmup
-        if warmup > 0:
-            await _wait(level, driver, warmup)
-        window_start = time.perf_counter()
-        level.window_start = window_start - live.t0
-        live.warming_up = False
-        tokens0, cpu0 = live.tokens, time.process_time()
-        level.peak_in_flight = live.in_flight
-        await hooks.window_started()
-        await _wait(level, driver, stop.duration_s)
-        window_end = time.perf_counter()
-        tokens, cpu = live.tokens - tokens0, time.process_time() - cpu0
-        peak = level.peak_in_flight
-        await hooks.window_ended()
-    finally:
-        driver.cancel()
-        await asyncio.gather(driver, return_exceptions=True)
-    if level.failure is not None:
-        raise level.failure
-    if not driver.cancelled() and (bug := driver.exception()) is not None:
-        raise bug
+    share = await _run(level, shape, _StopClock(stop), hooks or WindowHooks(), seed, Deal())
     return LevelLoad(
         shape=shape,
-        concurrency=shape.concurrency if isinstance(shape, ClosedLoop) else peak,
-        warmup_s=level.window_start,
-        elapsed_s=window_end - window_start,
-        tokens=tokens,
-        requests=tuple(level.results),
-        client_cpu_s=cpu,
+        concurrency=shape.concurrency if isinstance(shape, ClosedLoop) else share.peak_in_flight,
+        warmup_s=share.window_start_s,
+        elapsed_s=share.elapsed_s,
+        tokens=share.tokens,
+        requests=share.requests,
+        client_cpu_s=share.cpu_s,
     )
+
+
+async def run_share(
+    http: httpx.AsyncClient,
+    prompts: Sequence[Prompt],
+    shape: LoadShape,
+    pace: ExternalPace,
+    deal: Deal,
+    *,
+    model: str = "default",
+    temperature: float = 0.0,
+    prompt_offset: int = 0,
+    live: LiveCounters | None = None,
+    seed: int = 0,
+) -> ShareLoad:
+    """One process's share of a level (`shape` is that share: its streams, or the open loop's
+    whole rate, of which `deal` picks this process's arrivals). `pace` ends the phases; the
+    coordinating process counts the window's requests and judges failures from every share."""
+    if not prompts:
+        raise ValueError("no prompts to send")
+    live = live or LiveCounters()
+    live.t0 = time.perf_counter()
+    live.warming_up = True
+    level = _Level(
+        http, prompts, live, model=model, temperature=temperature, prompt_offset=prompt_offset,
+        stop_after=None, max_errors=None, deal=deal,
+    )  # fmt: skip
+    return await _run(level, shape, pace, WindowHooks(), seed, deal)

@@ -61,11 +61,14 @@ def test_short_sweep_measures_each_depth_restores_the_table_and_writes_reports(
     nospec = sim_server_factory(speedup=50, speculative=False)
     push_before(spec.base_url)
     out = tmp_path / "bench"
+    # The simulators serve from this process, whose CPU share the client-bound flag reads: a
+    # busy machine would flag every level and leave nothing to recommend from (the flag has its
+    # own tests in test_cli_bench_processes.py).
     result = CliRunner().invoke(
         app,
         ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", "0,3",
          "--concurrency", "1,4", "--no-spec-url", nospec.base_url, "--out", str(out), *FAST,
-         "--output-tokens", "48"],
+         "--output-tokens", "48", "--client-bound-share", "100"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     rows = list(csv.DictReader((out / "bench.csv").open()))

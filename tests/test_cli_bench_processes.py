@@ -1,13 +1,25 @@
-"""A level split across worker processes, over loopback against the served simulator: it
-counts every request the server served and sends the arrivals one process would."""
+"""`specctl bench --client-processes N` and the client-bound flag, over loopback against the
+served simulator: a level split across worker processes counts every request the server served
+and agrees with the same level run in one process; levels whose client ran at the client-bound
+share are flagged, explained and left out. The simulator serves from the test's own process, so
+the one-process client's CPU share counts the server's work too (another reason to split)."""
 
 from __future__ import annotations
 
 import asyncio
+import csv
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from controller.bench.load_processes import LoadProcesses, merge, peak_in_flight, split_shape
 from controller.bench.loadgen import (
@@ -22,8 +34,23 @@ from controller.bench.loadgen import (
 )
 from controller.bench.metrics import parse_scrape
 from controller.bench.prompts import synthetic_prompts
+from controller.bench.report import suggested_processes
+from controller.cli import COMMAND_MODULES, app
+from sglang_hooks.contract import read_server_state
 
+for _module in COMMAND_MODULES:
+    importlib.import_module(_module)
+
+KEY = "processes-key"
 OUTPUT_TOKENS = 64
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def rows_of(out: Path) -> dict[tuple[str, str], dict[str, str]]:
+    return {(r["series"], r["concurrency"]): r for r in csv.DictReader((out / "bench.csv").open())}
 
 
 def busy(url: str) -> float:
@@ -84,6 +111,14 @@ def test_peak_in_flight_counts_overlaps_inside_the_window_only() -> None:
     assert peak_in_flight(requests, 2.1, 2.4) == 0
     # An end and a start at the same instant are not both open.
     assert peak_in_flight([result(0.0, 1.0), result(1.0, 2.0)], 0.5, 1.5) == 1
+
+
+def test_the_suggested_process_count_leaves_room_and_fits_the_machine() -> None:
+    assert suggested_processes(0.95, 1, 0.7, cores=16) == 3  # each under 0.35 of a core
+    assert suggested_processes(0.72, 1, 0.7, cores=16) == 3
+    assert suggested_processes(0.75, 2, 0.7, cores=16) == 3  # one more than now at least
+    assert suggested_processes(0.95, 1, 0.7, cores=2) == 2  # no more than the cores
+    assert suggested_processes(1.8, 2, 0.7, cores=2) == 3  # unless that is not even one more
 
 
 # ----------------------------------------------------------------------------- over loopback
@@ -148,3 +183,150 @@ def test_split_arrivals_are_the_arrivals_of_one_process(sim_server) -> None:
     sent_two = [r for r in two.requests if r.start_s < two.warmup_s + two.elapsed_s]
     assert len(sent_one) >= 10
     assert abs(len(sent_two) - len(sent_one)) <= 2  # an arrival at either edge of the window
+
+
+def test_the_sweep_splits_every_level_and_agrees_with_one_process(sim_server_factory, tmp_path):  # type: ignore[no-untyped-def]
+    """The same sweep with one and with two client processes, on a simulator slow enough that
+    neither client is the limit: throughput and latency agree within 20% (the windows are 3 s;
+    losing or double-counting one process's share would be off by half)."""
+    spec = sim_server_factory(admin_key=KEY, speedup=5)
+    nospec = sim_server_factory(speedup=5, speculative=False)
+    args = ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", "3",
+            "--concurrency", "2,4", "--no-spec-url", nospec.base_url,
+            "--duration-per-level", "3", "--warmup-per-level", "0.5",
+            "--output-tokens", str(OUTPUT_TOKENS), "--prompt-tokens", "32"]  # fmt: skip
+    runner = CliRunner()
+    one = runner.invoke(app, [*args, "--out", str(tmp_path / "one")])
+    assert one.exit_code == 0, one.output
+    submitted = spec.server.stats().submitted_requests
+    two = runner.invoke(app, [*args, "--client-processes", "2", "--out", str(tmp_path / "two")])
+    assert two.exit_code == 0, two.output
+    assert "load split across 2 client processes" in flat(two.output)
+    assert spec.server.stats().submitted_requests > submitted
+    a, b = rows_of(tmp_path / "one"), rows_of(tmp_path / "two")
+    assert list(a) == list(b) == [("d3", "2"), ("d3", "4"), ("no-spec", "2"), ("no-spec", "4")]
+    for key in a:
+        assert a[key]["client_processes"] == "1" and b[key]["client_processes"] == "2"
+        assert int(b[key]["errors"]) == 0 and int(b[key]["requests"]) >= 5
+        for field in ("output_tok_per_s", "tpot_p50_ms"):
+            x, y = float(a[key][field]), float(b[key][field])
+            assert y == pytest.approx(x, rel=0.2), (key, field, x, y)
+        # The busiest process carries about half of two processes' CPU time.
+        share = float(b[key]["client_cpu_share"])
+        assert share / 2 <= float(b[key]["client_process_cpu_share"]) < share
+    report = json.loads((tmp_path / "two" / "bench.json").read_text())
+    assert report["client_processes"] == 2 and report["client_bound_share"] == 0.7
+
+
+@pytest.mark.parametrize("sim_server", [{"admin_key": KEY, "speedup": 20}], indirect=True)
+def test_client_bound_levels_are_flagged_named_and_left_out(sim_server, tmp_path: Path) -> None:
+    """A threshold every level's client exceeds flags them all: the `left out` column, the
+    per-level line, one hint naming levels, shares and the fix, bench.json, no recommendation."""
+    out = tmp_path / "bench"
+    res = CliRunner().invoke(
+        app,
+        ["bench", "--url", sim_server.base_url, "--admin-key", KEY, "--depths", "1,3",
+         "--concurrency", "2", "--requests-per-level", "4", "--warmup-per-level", "0.2",
+         "--output-tokens", "32", "--prompt-tokens", "32", "--client-processes", "2",
+         "--client-bound-share", "0.001", "--out", str(out)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    text = flat(res.output)
+    assert "client-bound: its busiest load process used" in text  # the per-level line
+    hint = next(line for line in res.output.splitlines() if "client-bound: the busiest" in line)
+    assert "the busiest of the load generator's 2 processes used" in hint
+    assert "at d1 c=2" in hint and "at d3 c=2" in hint and "(at or above 0.001)" in hint
+    assert "left out of the recommendation; rerun with --client-processes " in hint
+    rows = rows_of(out)
+    shares = [float(rows[k]["client_process_cpu_share"]) for k in (("d1", "2"), ("d3", "2"))]
+    assert all(s >= 0.001 for s in shares) and f"{shares[0]:.2f} of a core at d1 c=2" in hint
+    assert all(r["client_bound"] == "True" for r in rows.values())
+    table_rows = [row for row in map(str.split, res.output.splitlines()) if row[:2] in (
+        ["d1", "2"], ["d3", "2"])]  # fmt: skip
+    assert [row[-1] for row in table_rows] == ["client-bound", "client-bound"]
+    report = json.loads((out / "bench.json").read_text())
+    assert report["flagged_levels"] == [
+        {"series": "d1", "level": 2, "flags": ["client-bound"]},
+        {"series": "d3", "level": 2, "flags": ["client-bound"]},
+    ]
+    assert report["client_bound_share"] == 0.001
+    assert report["recommended_table"] is None and report["recommendation"] is None
+    assert "recommended table" not in text
+
+
+@pytest.mark.parametrize("sim_server", [{"admin_key": KEY, "speedup": 20}], indirect=True)
+def test_the_default_threshold_flags_nothing_on_a_slow_server(sim_server, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    res = CliRunner().invoke(
+        app,
+        ["bench", "--url", sim_server.base_url, "--admin-key", KEY, "--depths", "3",
+         "--concurrency", "2", "--requests-per-level", "4", "--output-tokens", "32",
+         "--prompt-tokens", "32", "--client-processes", "2", "--out", str(tmp_path)],
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    (row,) = rows_of(tmp_path).values()
+    assert float(row["client_process_cpu_share"]) < 0.7 and row["client_bound"] == "False"
+    assert "client-bound" not in res.output and "recommended table" in flat(res.output)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")  # a zombie has exited, only its parent has not reaped it
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            if ppid == pid:
+                out.append(int(entry.name))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize("sim_server", [{"admin_key": KEY, "speedup": 5}], indirect=True)
+@pytest.mark.parametrize("how", ["ctrl-c", "sigkill"])
+def test_no_load_outlives_the_sweep(sim_server, tmp_path: Path, how: str) -> None:
+    """Ctrl-C on a terminal reaches the whole process group (the workers ignore it, the sweep
+    ends them and restores the table); SIGKILL leaves the workers to notice on their own."""
+    url = sim_server.base_url
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "controller.cli", "bench", "--url", url, "--admin-key", KEY,
+         "--depths", "1", "--concurrency", "4", "--duration-per-level", "30",
+         "--output-tokens", "4000", "--client-processes", "2", "--out", str(tmp_path / "b")],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while busy(url) < 4:  # both processes' streams are on the server
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.05)
+        workers = _children(proc.pid)
+        assert len([w for w in workers if _alive(w)]) >= 2
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)
+            output, _ = proc.communicate(timeout=30)
+            assert proc.returncode == 130, output
+            state = read_server_state(httpx.get(f"{url}/server_info", timeout=5).json())[0]
+            assert state["source"] == "none"  # the forced depth was taken back
+        else:
+            proc.kill()
+            proc.communicate(timeout=10)
+        wait_idle(url, timeout_s=10)  # the workers closed their streams
+        submitted = sim_server.server.stats().submitted_requests
+        time.sleep(1.0)
+        assert sim_server.server.stats().submitted_requests == submitted  # and send no more
+        deadline = time.monotonic() + 10
+        while any(_alive(w) for w in workers):
+            assert time.monotonic() < deadline, "a load-generator process outlived the sweep"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -6,8 +6,10 @@ the mean batch the server's own counters reported at those levels. Batch size an
 differ once the server caps running requests (SGLang's default with speculation is 48), and
 the table is keyed by batch size.
 
-Levels flagged too short (no request finished in the window) or with other traffic on the
-server are shown but left out of every comparison: their numbers are not this load's.
+Levels flagged too short (no request finished in the window), with other traffic on the
+server, or bound by the client (its busiest load-generator process at CLIENT_BOUND_SHARE of a
+core or more) are shown but left out of every comparison: their numbers are not this load's, or
+measure how fast the client reads rather than how fast the server serves.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import csv
 import itertools
 import json
 import math
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -246,11 +249,59 @@ def too_short_hint(results: Sequence[LevelResult], output_tokens: float | None) 
     )
 
 
+def suggested_processes(total_share: float, processes: int, threshold: float, cores: int) -> int:
+    """Enough processes for each to stay under half the threshold at the load measured (a
+    saturated client under-reports what the level would ask of it), at least one more than now,
+    and no more than the machine's cores unless that is not even one more."""
+    want = max(processes + 1, math.ceil(total_share / (threshold / 2)))
+    return min(want, max(cores, processes + 1))
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def client_bound_hint(
+    results: Sequence[LevelResult], threshold: float, cores: int | None = None
+) -> str | None:
+    """What to change when levels were bound by the load generator: which levels, how much of
+    a core its busiest process used at each, and a --client-processes to try."""
+    bound = [r for r in results if r.client_bound]
+    if not bound:
+        return None
+    cores = available_cores() if cores is None else cores
+    shares = [
+        f"{r.client_process_cpu_share or r.client_cpu_share:.2f}"
+        + (" of a core" if i == 0 else "")
+        + f" at {r.series} {r.label}"
+        for i, r in enumerate(bound)
+    ]
+    processes = max(r.client_processes for r in bound)
+    suggest = suggested_processes(max(r.client_cpu_share for r in bound), processes, threshold,
+                                  cores)  # fmt: skip
+    who = (
+        "the load generator"
+        if processes == 1
+        else f"the busiest of the load generator's {processes} processes"
+    )
+    where = f" on a machine with more than {cores} cores" if suggest > cores else ""
+    return (
+        f"client-bound: {who} used {', '.join(shares)} (at or above {threshold:g}): their "
+        f"numbers measure the client, not the server, and are left out of the recommendation; "
+        f"rerun with --client-processes {suggest}{where}"
+    )
+
+
 # ----------------------------------------------------------------------------- files
 
 # bench.json's format: /2 added `servers`, `stop_rule` and per level `step_ms`, `prompt_tokens`,
 # `output_tokens`, `server_ttft_ms`, `server_itl_ms` (what `specctl sim fit` needs); /1 had no
-# `format` key.
+# `format` key. Still /2, as additions that readers of /2 ignore: `client_processes` and
+# `client_bound_share`, and per level `client_processes`, `client_process_cpu_share` and
+# `client_bound`.
 BENCH_FORMAT = "specctl-bench/2"
 
 CSV_FIELDS = [f.name for f in fields(LevelResult)]
@@ -328,6 +379,9 @@ def outcome_json(outcome: SweepOutcome) -> dict[str, Any]:
         "flagged_levels": [
             {"series": r.series, "level": r.level, "flags": r.flags} for r in results if r.flags
         ],
+        # Added with load split across processes:
+        "client_processes": plan.client_processes,
+        "client_bound_share": plan.client_bound_share,
         "no_spec_wins": None
         if plain is None
         else {
@@ -348,7 +402,8 @@ def write_json(outcome: SweepOutcome, path: Path) -> None:
 
 def plot(outcome: SweepOutcome, path: Path) -> None:
     """tok/s and TPOT p50 against the level, one line per depth (+ no-spec), crossovers marked;
-    flagged levels (too short, other traffic) drawn as red crosses, left out of the table."""
+    flagged levels (too short, other traffic, client-bound) drawn as red crosses, left out of
+    the table."""
     import matplotlib
 
     matplotlib.use("Agg")

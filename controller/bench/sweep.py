@@ -9,6 +9,9 @@ wrong depth.
 Levels do not overlap: each one ends by closing its streams (SGLang aborts their requests),
 and the next starts once the server's running-request gauge reads 0 again (`drain`), with a
 bounded wait and a warning if it does not.
+
+The load runs in this process (`loadgen.run_level`), or split across `client_processes` worker
+processes (`load_processes.LoadProcesses`, started once for the whole sweep).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any
 import httpx
 
 from controller.bench.latency import Slo, goodput, latencies
+from controller.bench.load_processes import LoadProcesses, level_streams
 from controller.bench.loadgen import (
     ClosedLoop,
     LevelLoad,
@@ -57,6 +61,14 @@ QUEUED_GAUGE = "sglang:num_queue_reqs"
 # How long the server may take to empty after a level's streams are closed before the sweep
 # warns and goes on: SGLang aborts closed streams within a scheduler iteration or two.
 DRAIN_TIMEOUT_S = 10.0
+# A level whose busiest load-generator process used this much of a core during the window is
+# bound by the client. Each process is one asyncio event loop: a chunk that arrives while the
+# loop is busy waits its turn, and as with any single server the wait grows like u / (1 - u) at
+# utilisation u (2.3 chunk-handling times at 0.7, 9 at 0.9), so measured ITL and TTFT stretch
+# and the loop's reading rate caps tok/s well before a full core (CPU time also counts httpx,
+# the JSON decoding, the garbage collector and this process's progress display). On an H200
+# every level at 0.79-0.95 of a core varied 10-49% between repeats; this leaves a margin below.
+CLIENT_BOUND_SHARE = 0.7
 
 
 def series_name(depth: int | None) -> str:
@@ -82,10 +94,26 @@ class SweepPlan:
     slo: Slo | None = None
     drain_timeout_s: float | None = None  # None: DRAIN_TIMEOUT_S
     seed: int = 0
+    # Worker processes each level's load is split across (1: this process runs it).
+    client_processes: int = 1
+    client_bound_share: float = CLIENT_BOUND_SHARE
 
     def __post_init__(self) -> None:
         if bool(self.concurrencies) == bool(self.request_rates):
             raise ValueError("give concurrency levels or request rates, not both")
+        if self.client_processes < 1:
+            raise ValueError("client processes must be >= 1")
+        fewest = self.fewest_streams()
+        if fewest is not None and self.client_processes > fewest:
+            raise ValueError(f"{self.client_processes} client processes for {fewest} streams")
+        if not self.client_bound_share > 0:
+            raise ValueError("the client-bound share must be > 0")
+
+    def fewest_streams(self) -> int | None:
+        """The fewest streams a level holds open (None: open loop without a cap)."""
+        counts = [level_streams(shape) for shape in self.shapes()]
+        known = [c for c in counts if c is not None]
+        return min(known) if known else None
 
     @property
     def mode(self) -> str:
@@ -165,6 +193,12 @@ class LevelResult:
     # no client or network time in them.
     server_ttft_ms: float | None = None
     server_itl_ms: float | None = None
+    # The load generator: its processes, and the busiest one's CPU seconds per wall second
+    # (`client_cpu_share` adds them all up). At CLIENT_BOUND_SHARE or more the level is bound
+    # by the client, not the server, and left out of every recommendation.
+    client_processes: int = 1
+    client_process_cpu_share: float | None = None
+    client_bound: bool = False
 
     @property
     def level(self) -> int | float:
@@ -183,6 +217,8 @@ class LevelResult:
             out.append("too short")
         if self.foreign_traffic:
             out.append("other traffic")
+        if self.client_bound:
+            out.append("client-bound")
         return out
 
     def to_json(self) -> dict[str, Any]:
@@ -229,6 +265,7 @@ def summarize(
     after: Scrape | None,
     slo: Slo | None = None,
     drain: Drain | None = None,
+    client_bound_share: float = CLIENT_BOUND_SHARE,
 ) -> LevelResult:
     done = load.completed
     lat = latencies(done)
@@ -245,6 +282,7 @@ def summarize(
     good = goodput(slo, load.measured, load.elapsed_s) if slo is not None else None
     open_loop = load.shape if isinstance(load.shape, OpenLoop) else None
     window = load.elapsed_s
+    busiest = max(load.process_cpu_s or (load.client_cpu_s,)) / window if window > 0 else math.nan
     return LevelResult(
         series=series_name(depth),
         depth=depth,
@@ -282,6 +320,9 @@ def summarize(
         output_tokens=statistics.fmean(r.output_tokens for r in done) if done else None,
         server_ttft_ms=None if ttft_s is None else 1000.0 * ttft_s,
         server_itl_ms=None if itl_s is None else 1000.0 * itl_s,
+        client_processes=len(load.process_cpu_s) or 1,
+        client_process_cpu_share=busiest,
+        client_bound=busiest >= client_bound_share,
     )
 
 
@@ -389,12 +430,18 @@ class _Levels:
     """Runs one server's levels: load, scrape, drain, summarize."""
 
     def __init__(
-        self, plan: SweepPlan, server: ServerClient, observer: LevelObserver, offset: int
+        self,
+        plan: SweepPlan,
+        server: ServerClient,
+        observer: LevelObserver,
+        offset: int,
+        processes: LoadProcesses | None = None,
     ) -> None:
         self.plan = plan
         self.server = server
         self.observer = observer
         self.offset = offset  # prompts already sent: every level gets fresh ones
+        self.processes = processes  # None: the load runs in this process
         self.model = plan.model or server.model_id() or "default"
         self.warmed = False
 
@@ -422,12 +469,19 @@ class _Levels:
         series = series_name(depth)
         self.observer.level_started(series, shape, live)
         scrapes = _WindowScrapes(self.server)
-        load = await run_level(
-            http, plan.prompts, shape, plan.stop, model=self.model,
-            temperature=plan.temperature, prompt_offset=self.offset, live=live,
-            hooks=scrapes, seed=plan.seed,
-        )  # fmt: skip
-        self.offset += live.started
+        if self.processes is None:
+            load = await run_level(
+                http, plan.prompts, shape, plan.stop, model=self.model,
+                temperature=plan.temperature, prompt_offset=self.offset, live=live,
+                hooks=scrapes, seed=plan.seed,
+            )  # fmt: skip
+            self.offset += live.started
+        else:
+            load, self.offset = await self.processes.run_level(
+                self.server.url, shape, plan.stop, model=self.model,
+                temperature=plan.temperature, prompt_offset=self.offset, live=live,
+                hooks=scrapes, seed=plan.seed,
+            )  # fmt: skip
         drained = await drain(self.server, plan.drain_timeout)
         if not drained.idle:
             self.observer.warning(
@@ -436,7 +490,9 @@ class _Levels:
                 "streams; another client is using it (or it does not abort closed streams), "
                 "so the next level measures that traffic too"
             )
-        return summarize(depth, load, scrapes.before, scrapes.after, plan.slo, drained)
+        return summarize(
+            depth, load, scrapes.before, scrapes.after, plan.slo, drained, plan.client_bound_share
+        )
 
 
 def _requests(n: float | None) -> str:
@@ -445,21 +501,28 @@ def _requests(n: float | None) -> str:
     return f"{n:.0f} request" + ("" if round(n) == 1 else "s")
 
 
+def _pool_size(plan: SweepPlan) -> int | None:
+    """This process's connection pool: every stream, or only the warm-up request when worker
+    processes carry the load."""
+    return plan.max_streams() if plan.client_processes == 1 else 1
+
+
 async def _run_levels(
     outcome: SweepOutcome,
     server: ServerClient,
     observer: LevelObserver,
+    processes: LoadProcesses | None,
 ) -> None:
     plan = outcome.plan
     base_version = outcome.before.version
-    levels = _Levels(plan, server, observer, offset=0)
+    levels = _Levels(plan, server, observer, offset=0, processes=processes)
     await levels.settle()
     for i, depth in enumerate(plan.depths):
         forced = single_depth_table(depth, version=base_version + 1 + i)
         outcome.pushed = True  # set first: a push that times out may still have landed
         server.push(forced)
         observer.message(f"forced {series_name(depth)} on {plan.url} (version {forced.version})")
-        async with make_client(plan.url, plan.max_streams()) as http:
+        async with make_client(plan.url, _pool_size(plan)) as http:
             await levels.warm_up(http)
             for shape in plan.shapes():
                 result = await levels.measure(http, depth, shape)
@@ -473,19 +536,21 @@ async def _run_levels(
                 outcome.results.append(result)
                 observer.level_finished(result)
     if plan.no_spec_url:
-        await _run_no_spec(outcome, observer, levels.offset)
+        await _run_no_spec(outcome, observer, levels.offset, processes)
 
 
-async def _run_no_spec(outcome: SweepOutcome, observer: LevelObserver, offset: int) -> None:
+async def _run_no_spec(
+    outcome: SweepOutcome, observer: LevelObserver, offset: int, processes: LoadProcesses | None
+) -> None:
     plan = outcome.plan
     assert plan.no_spec_url is not None
     with ServerClient(plan.no_spec_url) as other:
         if not other.health():
             raise ServerError(f"{plan.no_spec_url}/health is not OK (--no-spec-url)")
         outcome.servers["no_spec"] = server_facts(other.server_info())
-        levels = _Levels(plan, other, observer, offset)
+        levels = _Levels(plan, other, observer, offset, processes)
         await levels.settle()
-        async with make_client(plan.no_spec_url, plan.max_streams()) as http:
+        async with make_client(plan.no_spec_url, _pool_size(plan)) as http:
             await levels.warm_up(http)
             for shape in plan.shapes():
                 result = await levels.measure(http, None, shape)
@@ -502,8 +567,13 @@ async def sweep(plan: SweepPlan, observer: LevelObserver | None = None) -> Sweep
         outcome = SweepOutcome(plan=plan, before=before)
         outcome.servers["spec"] = server_facts(server.server_info())
         observer.sweep_started(outcome)
+        processes = (
+            LoadProcesses(plan.client_processes, plan.prompts)
+            if plan.client_processes > 1
+            else None
+        )
         try:
-            await _run_levels(outcome, server, observer)
+            await _run_levels(outcome, server, observer, processes)
         except asyncio.CancelledError:
             outcome.interrupted = "interrupted"
             raise
@@ -511,6 +581,8 @@ async def sweep(plan: SweepPlan, observer: LevelObserver | None = None) -> Sweep
             outcome.interrupted = str(err)
             raise
         finally:
+            if processes is not None:
+                processes.close()  # every level cut its streams already: this only ends them
             _restore(server, before, outcome, observer)
     return outcome
 

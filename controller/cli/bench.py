@@ -67,6 +67,40 @@ def _only_with_rate(request_rate: str | None, **given: object) -> None:
             )
 
 
+def _check_processes(
+    processes: int, levels: tuple[int, ...], max_concurrency: int | None, request_rate: str | None
+) -> None:
+    """Every process needs a stream of every level (an open loop without a cap has no limit)."""
+    if processes == 1:
+        return
+    if request_rate is None:
+        fewest, where = min(levels), f"--concurrency {min(levels)}"
+    elif max_concurrency is not None:
+        fewest, where = max_concurrency, f"--max-concurrency {max_concurrency}"
+    else:
+        return
+    if processes > fewest:
+        raise typer.BadParameter(
+            f"{processes} processes for the {fewest} stream{'s' if fewest != 1 else ''} of "
+            f"{where}: every process needs a stream of every level; use at most {fewest}, or "
+            "leave out the levels with fewer streams",
+            param_hint="--client-processes",
+        )
+
+
+def _warn_if_more_than_cores(processes: int) -> None:
+    from controller.bench.report import available_cores
+
+    cores = available_cores()
+    if processes > cores:
+        typer.secho(
+            f"warning: --client-processes {processes} is more than the {cores} cores here: the "
+            "processes share them (each level's client CPU share in bench.json tells)",
+            err=True,
+            fg=typer.colors.YELLOW,
+        )
+
+
 @app.command("bench")
 def bench(
     url: Annotated[
@@ -179,6 +213,23 @@ def bench(
         Path | None,
         typer.Option(help="Folder for bench.csv, bench.json, bench.png. Default: ./bench-<time>."),
     ] = None,
+    client_processes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Split each level's load across this many load-generator processes (its "
+            "streams, or its open-loop arrivals, dealt among them), for levels that one process "
+            "cannot read fast enough (flagged client-bound). 1: the load runs in this process.",
+        ),
+    ] = 1,
+    client_bound_share: Annotated[
+        float | None,
+        typer.Option(
+            hidden=True,
+            help="The CPU share of a core (busiest load-generator process) at which a level "
+            "counts as client-bound. Default 0.7.",
+        ),
+    ] = None,
 ) -> None:
     """Measure tok/s and latency per speculation depth and load level.
 
@@ -226,13 +277,19 @@ def bench(
             "give --requests-per-level or --duration-per-level, not both",
             param_hint="--requests-per-level",
         )
+    _check_processes(client_processes, levels, max_concurrency, request_rate)
+    if client_bound_share is not None and not client_bound_share > 0:
+        raise typer.BadParameter(
+            f"must be > 0 (a share of one core), got {client_bound_share:g}",
+            param_hint="--client-bound-share",
+        )
     forced = None if depths is None else parse_int_list(depths, "--depths", 0, MAX_DEPTH)
     slo = _slo(goodput)
     prompts, source = _prompts(dataset, prompt_tokens, output_tokens)
 
     from controller.bench.loadgen import StopRule
     from controller.bench.server_client import ServerClient, ServerError
-    from controller.bench.sweep import SweepPlan
+    from controller.bench.sweep import CLIENT_BOUND_SHARE, SweepPlan
     from controller.cli.bench_run import prepare_out_dir, run_bench
 
     if requests_per_level is not None:
@@ -255,8 +312,10 @@ def bench(
         url=url, depths=tuple(forced), concurrencies=levels, stop=stop, prompts=prompts,
         prompt_source=source, admin_key=admin_key, no_spec_url=no_spec_url, model=model,
         temperature=temperature, request_rates=rates, burstiness=burstiness or 1.0,
-        max_concurrency=max_concurrency, slo=slo,
+        max_concurrency=max_concurrency, slo=slo, client_processes=client_processes,
+        client_bound_share=client_bound_share or CLIENT_BOUND_SHARE,
     )  # fmt: skip
+    _warn_if_more_than_cores(client_processes)
     code = run_bench(plan, out_dir)
     if code:
         raise typer.Exit(code)

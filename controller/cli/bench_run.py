@@ -26,6 +26,7 @@ from rich.text import Text
 from controller.bench.loadgen import LiveCounters, LoadError, LoadShape, StopRule
 from controller.bench.report import (
     best_depths,
+    client_bound_hint,
     crossovers,
     plot,
     recommendation_text,
@@ -115,6 +116,10 @@ def level_line(r: LevelResult) -> str:
     notes = [FOREIGN_NOTE] if r.foreign_traffic else []
     if r.too_short:
         notes.append("too short: no request finished in the window")
+    if r.client_bound:
+        share = r.client_process_cpu_share or r.client_cpu_share
+        who = "its busiest load process" if r.client_processes > 1 else "the load generator"
+        notes.append(f"client-bound: {who} used {share:.2f} of a core")
     flags = "".join(f"  [yellow]{n}[/yellow]" for n in notes)
     load = r.label if r.request_rate is None else f"{r.label} (c<={r.concurrency})"
     return (
@@ -226,6 +231,9 @@ def report(outcome: SweepOutcome, out_dir: Path, console: Console) -> None:
     short = too_short_hint(results, mean_output_tokens(outcome.plan))
     if short is not None:
         console.print(f"[yellow]![/yellow] {short}")
+    bound = client_bound_hint(results, outcome.plan.client_bound_share)
+    if bound is not None:
+        console.print(f"[yellow]![/yellow] {bound}")
     cross = crossovers(results)
     console.print("crossovers: " + ("; ".join(c.describe() for c in cross) or "none measured"))
     verdict = recommendation_text(outcome)
@@ -253,9 +261,13 @@ def describe_plan(plan: SweepPlan) -> str:
     else:
         load = f"concurrency {list(plan.concurrencies)}"
     slo = "" if plan.slo is None else f", goodput SLO {plan.slo.describe()}"
+    split = (
+        "" if plan.client_processes == 1 else f", load split across {plan.client_processes} "
+        "client processes"
+    )
     return (
-        f"bench {plan.url}: depths {list(plan.depths)} x {load}, {plan.stop.describe()}{slo}, "
-        f"prompts: {plan.prompt_source}"
+        f"bench {plan.url}: depths {list(plan.depths)} x {load}, {plan.stop.describe()}{slo}"
+        f"{split}, prompts: {plan.prompt_source}"
     )
 
 

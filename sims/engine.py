@@ -198,6 +198,7 @@ class Engine:
         self._overhead_sigma = math.sqrt(math.log1p(cv * cv))
         self._think_s = workload.think_time_s
         self._frontend_s = profile.scheduler.frontend_ms / 1000.0
+        self._untimed_s = profile.scheduler.untimed_ms / 1000.0
         self._frontend_free = 0.0
         # Closed-loop clients stop sending once this many requests were sent (None: never).
         self.request_limit: int | None = None
@@ -389,19 +390,29 @@ class Engine:
         return self._phase_names.index(names[-1])
 
     def _enqueue(
-        self, prompt: int, output: int, closed_loop: bool, sent: float | None = None
+        self,
+        prompt: int,
+        output: int,
+        closed_loop: bool,
+        sent: float | None = None,
+        arrived: float | None = None,
     ) -> int:
+        """Queue a request that reached the scheduler at `arrived` (default: now; the
+        scheduler sees it at this iteration boundary) after its client sent it at `sent`."""
         rid = self._next_rid
         self._next_rid += 1
         if sent is not None and self.request_log is not None:
             self._sent_at[rid] = sent
-        self._queue.append((rid, prompt, output, self._draw_phase(), self.now, closed_loop))
+        at = self.now if arrived is None else arrived
+        self._queue.append((rid, prompt, output, self._draw_phase(), at, closed_loop))
         self._st.submitted_requests += 1
         return rid
 
-    def _new_workload_request(self, closed_loop: bool, sent: float | None = None) -> None:
+    def _new_workload_request(
+        self, closed_loop: bool, sent: float | None = None, arrived: float | None = None
+    ) -> None:
         prompt, output = self._draw_lengths()
-        self._enqueue(prompt, output, closed_loop, sent)
+        self._enqueue(prompt, output, closed_loop, sent, arrived)
 
     def _may_send(self) -> bool:
         limit = self.request_limit
@@ -440,11 +451,11 @@ class Engine:
                     self._new_workload_request(True)
             self._next_check = now + _EVENT_CHECK_S
         while self._arrivals and self._arrivals[0][0] <= now:
-            _, _, sent = heapq.heappop(self._arrivals)
+            arrived, _, sent = heapq.heappop(self._arrivals)
             if self._clients > self.target_concurrency() or not self._may_send():
                 self._clients -= 1  # the client leaves instead of sending again
             else:
-                self._new_workload_request(True, sent)
+                self._new_workload_request(True, sent, arrived)
         while self._next_open <= now:
             self._new_workload_request(False)
             self._next_open = self._draw_open_arrival(self._next_open)
@@ -628,7 +639,8 @@ class Engine:
             rem -= 1
         self._ctx_total += tokens
 
-        dt = self.iteration_ms(depth, n) * self._noise_factor() / 1000.0
+        noise = self._noise_factor()
+        dt = self.iteration_ms(depth, n) * noise / 1000.0
         self.now += dt
         self.forward_ct += 1
         self.last_depth = depth
@@ -640,7 +652,7 @@ class Engine:
         c[0] += 1
         c[1] += n
         c[2] += tokens
-        c[3] += dt
+        c[3] += dt - self._untimed_s * noise  # what the server's GPU timer sees
         if explore:
             c[4] += 1
         if self.policy.wants_feedback:

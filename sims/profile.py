@@ -6,6 +6,7 @@ The cost model turns it into the time of one decode iteration at batch size B an
     t_iter(s, B)  = t_target(B, n=s+1) + t_extend(B, n=s+1) + s * t_draft(B) + sched + spec_sched
     t_iter(0, B)  = t_target(B, n=1)   + t_extend(B, n=1)                    + sched + spec_sched
     t_nospec(B)   = t_target(B, n=1)                                         + sched
+    (sched = sched_ms + untimed_ms; the server's GPU timer sees an iteration less untimed_ms)
 
     t_target(B, n) = fixed + comm + comm_per_token*T + smoothmax(t_mem, t_compute)
                      + per_req*B,                                     T = B*n
@@ -95,6 +96,12 @@ class DraftCost(_Strict):
 
 class SchedulerCost(_Strict):
     sched_ms: NonNeg = Field(description="CPU scheduling work per decode iteration")
+    untimed_ms: NonNeg = Field(
+        0.0,
+        description="Per decode iteration, host time outside what the server's GPU timer "
+        "measures (scheduling that does not overlap the forward): in every iteration, not in "
+        "specctl_decode_gpu_seconds_total",
+    )
     prefill_fixed_ms: NonNeg = Field(description="Fixed cost of one prefill batch")
     prefill_us_per_token: NonNeg = Field(description="Prefill cost per prompt token")
     max_running_requests_spec: Annotated[int, Field(ge=1)] = Field(
@@ -242,7 +249,7 @@ class Profile(_Strict):
 
     def iteration_ms(self, depth: int | None, batch: Any, context: Any = None) -> np.ndarray:
         """Mean time (ms) of one decode iteration; depth None = a server without speculation."""
-        sched = self.scheduler.sched_ms
+        sched = self.scheduler.sched_ms + self.scheduler.untimed_ms
         if depth is None:
             return self.target_ms(batch, 1, context) + sched
         n = depth + 1

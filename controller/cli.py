@@ -9,6 +9,7 @@ from controller.cli_app import app
 # One module per command (group); importing a module registers its commands on `app`.
 COMMAND_MODULES = (
     "sims.cli",
+    "sims.fit.cli",
     "controller.bench_cli",
     "controller.status_cli",
     "controller.curves_cli",

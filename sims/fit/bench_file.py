@@ -1,0 +1,256 @@
+"""Read a `specctl bench` result (bench.json) for the fit: levels, protocol and server facts.
+
+Times are converted to the server's own clock: a bench of `specctl sim serve --speedup X` timed
+wall seconds, X simulated seconds each (the server says X in `/server_info`, recorded under
+`servers.*.simulated.speedup`); a real server has no such key and a factor of 1.
+
+Every problem is a `BenchFileError` whose message names the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from controller.bench.report import BENCH_FORMAT
+from controller.bench.sweep import NO_SPEC
+
+
+class BenchFileError(ValueError):
+    """A bench file is missing or malformed; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    cap: int  # running requests at once
+    max_total_tokens: int | None
+    max_prefill_tokens: int | None
+    context_length: int | None
+    speedup: float  # server seconds per wall second (1 for a real server)
+    captured_depths: tuple[int, ...]
+    full_depth: int | None  # speculative_num_steps
+    model: str | None
+    version: str | None
+
+
+@dataclass(frozen=True)
+class Level:
+    """One measured (series, concurrency) point, on the server's clock."""
+
+    source: str  # the bench file
+    series: str
+    depth: int | None  # None: the server without speculation
+    concurrency: int
+    requests: int
+    errors: int
+    elapsed_s: float
+    tok_per_s: float
+    ttft_p50_ms: float | None
+    tpot_p50_ms: float | None
+    step_ms: float | None  # mean decode step from the server's counters
+    mean_batch: float | None
+    accept_length: float | None
+    prompt_tokens: float | None
+    output_tokens: float | None
+    foreign_traffic: bool
+    # As the server timed them (its latency histograms): mean TTFT, mean inter-token latency.
+    server_ttft_ms: float | None = None
+    server_itl_ms: float | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.series} c={self.concurrency}"
+
+    def unfit_reason(self) -> str | None:
+        """Why this level cannot be fitted or scored, or None if it can."""
+        if self.foreign_traffic:
+            return "flagged foreign traffic (the server ran bigger batches than this level sent)"
+        if self.requests == 0:
+            return "no finished request"
+        if self.errors:
+            return f"{self.errors} failed request(s)"
+        if self.tpot_p50_ms is None:
+            return "no TPOT (no finished request produced two tokens or more)"
+        if self.prompt_tokens is None or self.output_tokens is None:
+            return "no request shape (the server reported no usage)"
+        return None
+
+
+@dataclass(frozen=True)
+class BenchRun:
+    path: str
+    levels: tuple[Level, ...]
+    spec: ServerFacts
+    no_spec: ServerFacts | None
+    request_limit: int | None  # --requests-per-level
+    duration_s: float | None  # --duration-per-level (wall)
+
+
+def _err(path: Path, where: str, what: str) -> BenchFileError:
+    return BenchFileError(f"{path}: {where}: {what}")
+
+
+def _number(path: Path, where: str, value: Any, *, optional: bool, low: float | None = None) -> Any:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        kind = "a number or null" if optional else "a number"
+        raise _err(path, where, f"must be {kind}, got {value!r}")
+    if low is not None and value < low:
+        raise _err(path, where, f"must be >= {low:g}, got {value!r}")
+    return float(value)
+
+
+def _int(path: Path, where: str, value: Any, *, optional: bool = False, low: int = 0) -> Any:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        kind = "an integer" + (" or null" if optional else "")
+        raise _err(path, where, f"must be {kind} >= {low}, got {value!r}")
+    return value
+
+
+def _facts(path: Path, where: str, raw: Any) -> ServerFacts:
+    if not isinstance(raw, dict):
+        raise _err(path, where, f"must be an object (the server's /server_info facts), got {raw!r}")
+    cap = raw.get("effective_max_running_requests_per_dp")
+    if cap is None:
+        cap = raw.get("max_running_requests")
+    cap = _int(path, f"{where}.max_running_requests", cap, low=1)
+    simulated = raw.get("simulated")
+    speedup = 1.0
+    if isinstance(simulated, dict) and simulated.get("speedup") is not None:
+        speedup = _number(
+            path, f"{where}.simulated.speedup", simulated["speedup"], optional=False, low=1e-9
+        )
+    depths = raw.get("captured_depths") or []
+    if not isinstance(depths, list) or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in depths
+    ):
+        raise _err(path, f"{where}.captured_depths", f"must be a list of depths, got {depths!r}")
+    return ServerFacts(
+        cap=cap,
+        max_total_tokens=_int(
+            path,
+            f"{where}.max_total_num_tokens",
+            raw.get("max_total_num_tokens"),
+            optional=True,
+            low=1,
+        ),
+        max_prefill_tokens=_int(
+            path, f"{where}.max_prefill_tokens", raw.get("max_prefill_tokens"), optional=True, low=1
+        ),
+        context_length=_int(
+            path, f"{where}.context_length", raw.get("context_length"), optional=True, low=1
+        ),
+        speedup=speedup,
+        captured_depths=tuple(sorted(set(depths))),
+        full_depth=_int(
+            path,
+            f"{where}.speculative_num_steps",
+            raw.get("speculative_num_steps"),
+            optional=True,
+            low=0,
+        ),
+        model=raw.get("model_path") if isinstance(raw.get("model_path"), str) else None,
+        version=raw.get("version") if isinstance(raw.get("version"), str) else None,
+    )
+
+
+def _level(path: Path, i: int, raw: Any, spec: ServerFacts, no_spec: ServerFacts | None) -> Level:
+    where = f"results[{i}]"
+    if not isinstance(raw, dict):
+        raise _err(path, where, f"must be an object, got {raw!r}")
+    series = raw.get("series")
+    if not isinstance(series, str):
+        raise _err(path, f"{where}.series", f"must be a string, got {series!r}")
+    depth = _int(path, f"{where}.depth", raw.get("depth"), optional=True)
+    if (depth is None) != (series == NO_SPEC):
+        raise _err(path, f"{where}.depth", f"{depth!r} does not match series {series!r}")
+    facts = spec if depth is not None else no_spec
+    if facts is None:
+        raise _err(path, "servers.no_spec", f"missing, but {where} is a {NO_SPEC!r} level")
+    x = facts.speedup
+
+    def num(key: str, optional: bool = True, low: float | None = 0.0) -> Any:
+        return _number(path, f"{where}.{key}", raw.get(key), optional=optional, low=low)
+
+    def scaled(key: str, factor: float) -> float | None:
+        value = num(key)
+        return None if value is None else value * factor
+
+    foreign = raw.get("foreign_traffic", False)
+    if not isinstance(foreign, bool):
+        raise _err(path, f"{where}.foreign_traffic", f"must be true or false, got {foreign!r}")
+    tok = num("output_tok_per_s", optional=False)
+    return Level(
+        source=str(path),
+        series=series,
+        depth=depth,
+        concurrency=_int(path, f"{where}.concurrency", raw.get("concurrency"), low=1),
+        requests=_int(path, f"{where}.requests", raw.get("requests")),
+        errors=_int(path, f"{where}.errors", raw.get("errors")),
+        elapsed_s=num("elapsed_s", optional=False) * x,
+        tok_per_s=tok / x,
+        ttft_p50_ms=scaled("ttft_p50_ms", x),
+        tpot_p50_ms=scaled("tpot_p50_ms", x),
+        step_ms=num("step_ms"),  # the server's counters already run on its own clock
+        mean_batch=num("mean_batch"),
+        accept_length=num("accept_length"),
+        prompt_tokens=num("prompt_tokens", low=1.0),
+        output_tokens=num("output_tokens", low=1.0),
+        foreign_traffic=foreign,
+        server_ttft_ms=num("server_ttft_ms"),  # on the server's clock already
+        server_itl_ms=num("server_itl_ms"),
+    )
+
+
+def load_bench(path: Path) -> BenchRun:
+    """A bench.json written by `specctl bench` (format specctl-bench/2)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise BenchFileError(
+            f"{path}: no such file (give the bench.json `specctl bench` wrote)"
+        ) from None
+    except OSError as err:
+        raise BenchFileError(f"{path}: cannot read it ({err.strerror or err})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise BenchFileError(f"{path}: not JSON (line {err.lineno}: {err.msg})") from None
+    if not isinstance(data, dict):
+        raise _err(path, "(top level)", "must be an object (a bench.json from specctl bench)")
+    fmt = data.get("format")
+    if fmt != BENCH_FORMAT:
+        got = "no 'format'" if fmt is None else f"format {fmt!r}"
+        raise _err(
+            path,
+            "format",
+            f"{got}, the fit needs {BENCH_FORMAT!r} (server facts, "
+            "per-level step and request shape): rerun `specctl bench` with this version",
+        )
+    servers = data.get("servers")
+    if not isinstance(servers, dict):
+        raise _err(path, "servers", f"must be an object, got {servers!r}")
+    if "spec" not in servers:
+        raise _err(path, "servers.spec", "missing (the speculative server's /server_info facts)")
+    spec = _facts(path, "servers.spec", servers["spec"])
+    no_spec = (
+        _facts(path, "servers.no_spec", servers["no_spec"]) if servers.get("no_spec") else None
+    )
+    rule = data.get("stop_rule")
+    if not isinstance(rule, dict):
+        raise _err(path, "stop_rule", f"must be an object, got {rule!r}")
+    limit = _int(path, "stop_rule.requests", rule.get("requests"), optional=True, low=1)
+    duration = _number(path, "stop_rule.duration_s", rule.get("duration_s"), optional=True, low=0)
+    if (limit is None) == (duration is None):
+        raise _err(path, "stop_rule", "give exactly one of requests and duration_s")
+    results = data.get("results")
+    if not isinstance(results, list) or not results:
+        raise _err(path, "results", "must be a non-empty list of levels")
+    levels = tuple(_level(path, i, raw, spec, no_spec) for i, raw in enumerate(results))
+    return BenchRun(str(path), levels, spec, no_spec, limit, duration)

@@ -1,0 +1,215 @@
+"""How well a fitted profile replays the bench it was fitted to: per level and overall.
+
+Each fitted level is replayed with the bench's protocol (`sims.fit.replay`) on the profile as
+written (step noise included), over a few seeds, and its simulated tok/s and TPOT (medians, as
+the bench reports them) are set against the measured ones. Levels that could not be fitted are
+listed with the reason, outside the error figures.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.table import Table
+
+from sims.fit.bench_file import Level
+from sims.fit.fitting import FitResult, Unfit, shape_of
+from sims.fit.pool import Replayer
+from sims.profile import Profile
+
+REPORT_SEEDS = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class Row:
+    level: Level
+    tok_per_s: float
+    tpot_ms: float | None
+    ttft_ms: float | None
+
+    @property
+    def tok_error(self) -> float:
+        return self.tok_per_s / self.level.tok_per_s - 1.0
+
+    @property
+    def tpot_error(self) -> float | None:
+        if self.tpot_ms is None or not self.level.tpot_p50_ms:
+            return None
+        return self.tpot_ms / self.level.tpot_p50_ms - 1.0
+
+
+@dataclass(frozen=True)
+class Summary:
+    median: float
+    worst: float
+    worst_at: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "median": round(self.median, 4),
+            "worst": round(self.worst, 4),
+            "worst_at": self.worst_at,
+        }
+
+
+def _mean(values: Sequence[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return statistics.fmean(got) if got else None
+
+
+def replay_rows(
+    profile: Profile,
+    levels: Sequence[Level],
+    limits: dict[str, int | None],
+    replayer: Replayer | None = None,
+) -> list[Row]:
+    shapes = [shape_of(lv, limits[lv.source]) for lv in levels for _ in REPORT_SEEDS]
+    seeds = [s for _ in levels for s in REPORT_SEEDS]
+    done = (replayer or Replayer()).run(profile, shapes, seeds)
+    rows = []
+    for i, lv in enumerate(levels):
+        runs = done[i * len(REPORT_SEEDS) : (i + 1) * len(REPORT_SEEDS)]
+        rows.append(
+            Row(
+                level=lv,
+                tok_per_s=statistics.fmean(r.tok_per_s for r in runs),
+                tpot_ms=_mean([r.tpot_p50_ms for r in runs]),
+                ttft_ms=_mean([r.ttft_p50_ms for r in runs]),
+            )
+        )
+    return rows
+
+
+def summarize(rows: Sequence[Row], which: str) -> Summary | None:
+    errs = [
+        (abs(e), r.level.label)
+        for r in rows
+        if (e := (r.tok_error if which == "tok_per_s" else r.tpot_error)) is not None
+    ]
+    if not errs:
+        return None
+    worst = max(errs)
+    return Summary(statistics.median(e for e, _ in errs), worst[0], worst[1])
+
+
+@dataclass(frozen=True)
+class Report:
+    result: FitResult
+    base: Profile
+    rows: list[Row]
+    out: str
+
+    @property
+    def unfit(self) -> list[Unfit]:
+        return self.result.unfit
+
+    def to_json(self) -> dict[str, Any]:
+        from sims.fit.fitting import describe_fields
+
+        res = self.result
+        prof = res.profile
+        tok, tpot = summarize(self.rows, "tok_per_s"), summarize(self.rows, "tpot_ms")
+        return {
+            "profile": prof.name,
+            "out": self.out,
+            "base": self.base.name,
+            "benches": sorted(
+                {lv.source for lv in res.levels} | {u.level.source for u in res.unfit}
+            ),
+            "fields": describe_fields(res, self.base),
+            "running_cap": {
+                "spec": prof.scheduler.max_running_requests_spec,
+                "no_spec": prof.scheduler.max_running_requests_nospec,
+            },
+            "accept_length": {str(d): round(v, 4) for d, v in res.accept_lengths.items()},
+            "rows": [
+                {
+                    "series": r.level.series,
+                    "depth": r.level.depth,
+                    "concurrency": r.level.concurrency,
+                    "source": r.level.source,
+                    "measured": {
+                        "tok_per_s": round(r.level.tok_per_s, 3),
+                        "tpot_ms": _round(r.level.tpot_p50_ms),
+                    },
+                    "simulated": {"tok_per_s": round(r.tok_per_s, 3), "tpot_ms": _round(r.tpot_ms)},
+                    "error": {
+                        "tok_per_s": round(r.tok_error, 4),
+                        "tpot_ms": _round(r.tpot_error, 4),
+                    },
+                }
+                for r in self.rows
+            ],
+            "not_fitted": [
+                {
+                    "series": u.level.series,
+                    "concurrency": u.level.concurrency,
+                    "source": u.level.source,
+                    "reason": u.reason,
+                }
+                for u in self.unfit
+            ],
+            "error": {
+                "tok_per_s": None if tok is None else tok.to_json(),
+                "tpot_ms": None if tpot is None else tpot.to_json(),
+            },
+            "fit": {
+                "evaluations": res.evaluations,
+                "seconds": round(res.seconds, 2),
+                "notes": res.notes,
+            },
+        }
+
+
+def _round(v: float | None, digits: int = 3) -> float | None:
+    return None if v is None else round(v, digits)
+
+
+def _pct(e: float | None) -> str:
+    return "-" if e is None else f"{100 * e:+.1f}%"
+
+
+def render(report: Report) -> list[Any]:
+    """Rich renderables: the per-level table, then the lines under it."""
+    several = len({r.level.source for r in report.rows}) > 1
+    table = Table(
+        title=f"{report.result.profile.name}: the bench replayed on the fitted profile", box=None
+    )
+    for name in (
+        "series",
+        "conc",
+        "tok/s bench",
+        "tok/s sim",
+        "err",
+        "TPOT bench",
+        "TPOT sim",
+        "err ",
+    ):
+        table.add_column(name, justify="left" if name == "series" else "right", no_wrap=True)
+    for r in report.rows:
+        lv = r.level
+        series = f"{lv.series} ({lv.source})" if several else lv.series
+        table.add_row(
+            series,
+            str(lv.concurrency),
+            f"{lv.tok_per_s:.1f}",
+            f"{r.tok_per_s:.1f}",
+            _pct(r.tok_error),
+            "-" if lv.tpot_p50_ms is None else f"{lv.tpot_p50_ms:.2f}",
+            "-" if r.tpot_ms is None else f"{r.tpot_ms:.2f}",
+            _pct(r.tpot_error),
+        )
+    lines: list[Any] = [table]
+    for which, label in (("tok_per_s", "tok/s"), ("tpot_ms", "TPOT")):
+        s = summarize(report.rows, which)
+        if s is not None:
+            lines.append(
+                f"{label} error: median {100 * s.median:.1f}%, worst {100 * s.worst:.1f}% "
+                f"({s.worst_at})"
+            )
+    for u in report.unfit:
+        lines.append(f"[yellow]not fitted[/yellow]: {u.level.label} ({u.level.source}): {u.reason}")
+    return lines

@@ -1,0 +1,260 @@
+"""`specctl sim fit` without HTTP: the replay, the acceptance, the fit, the bench file's errors.
+
+The end-to-end test over loopback HTTP (`specctl bench` against `specctl sim serve`, then the
+fit) is tests/test_sim_fit_e2e.py. Here the measured side of a "bench" is the replay of a known
+profile itself (the same protocol, in process), so the fit can be checked on every field,
+two prompt lengths included, in a few seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from controller.cli_app import app
+from sims.engine import Engine
+from sims.fit.bench_file import BenchFileError, BenchRun, Level, ServerFacts, load_bench
+from sims.fit.fitting import acceptance_rates, fit_profile, split_levels
+from sims.fit.replay import LevelShape, replay
+from sims.profile import load_profile
+from sims.workload import Workload
+
+TRUTH = Path(__file__).parent / "data" / "fit_truth.yaml"
+
+
+def facts(cap: int) -> ServerFacts:
+    return ServerFacts(cap, 400_000, 16384, 32768, 1.0, (0, 1, 2, 3, 4), 3, "truth", "0.5.23")
+
+
+def replayed_bench(
+    prompts: tuple[int, ...], concurrency=(1, 8), depths=(0, 1, 3), output=64, seconds=8.0
+) -> list[BenchRun]:
+    """One bench per prompt length, its levels measured by replaying the truth profile."""
+    truth = load_profile(TRUTH)
+    runs = []
+    for prompt in prompts:
+        levels = []
+        for depth in (*depths, None):
+            for c in concurrency:
+                shape = LevelShape(depth, c, prompt, output, seconds)
+                r = replay(truth, shape, seed=7, phase="chat")
+                accept = truth.acceptance.expected_length("chat", depth) if depth else 1.0
+                levels.append(
+                    Level(
+                        source=f"p{prompt}", series="no-spec" if depth is None else f"d{depth}",
+                        depth=depth, concurrency=c, requests=r.completed, errors=0,
+                        elapsed_s=r.elapsed_s, tok_per_s=r.tok_per_s, ttft_p50_ms=r.ttft_p50_ms,
+                        tpot_p50_ms=r.tpot_p50_ms,
+                        step_ms=r.step_ms if depth is not None else None,
+                        mean_batch=r.mean_batch if depth is not None else None,
+                        accept_length=accept if depth is not None else None,
+                        prompt_tokens=float(prompt), output_tokens=float(output),
+                        foreign_traffic=False, server_ttft_ms=r.server_ttft_ms,
+                        server_itl_ms=r.server_itl_ms,
+                    )
+                )  # fmt: skip
+        runs.append(BenchRun(f"p{prompt}", tuple(levels), facts(32), facts(64), None, seconds))
+    return runs
+
+
+def test_replay_of_one_stream_is_the_cost_model() -> None:
+    """At one stream nothing interleaves: TPOT is the step, TTFT the prefill plus the client's
+    time, tok/s the output over the whole cycle."""
+    truth = load_profile(TRUTH).model_copy(update={"step_time_cv": 0.0})
+    sched = truth.scheduler.model_copy(
+        update={"request_overhead_ms": 30.0, "ttft_overhead_ms": 5.0}
+    )
+    prof = truth.model_copy(update={"scheduler": sched})
+    r = replay(prof, LevelShape(None, 1, 200, 50, 20.0), phase="chat")
+    step = float(prof.iteration_ms(None, 1, 200 + 25))
+    prefill = sched.prefill_fixed_ms + sched.prefill_us_per_token * 200 / 1000
+    assert r.tpot_p50_ms == pytest.approx(step, rel=0.02)
+    assert r.server_ttft_ms == pytest.approx(prefill, rel=1e-6)
+    assert r.ttft_p50_ms == pytest.approx(prefill + 5.0, rel=1e-6)
+    cycle_s = (prefill + 49 * step + 30.0) / 1000
+    assert r.tok_per_s == pytest.approx(50 / cycle_s, rel=0.05)
+
+
+def test_replay_honours_a_request_limit_and_the_front_end() -> None:
+    truth = load_profile(TRUTH)
+    limited = replay(truth, LevelShape(0, 4, 100, 20, 30.0, request_limit=10), phase="chat")
+    assert limited.completed == 10
+    sched = truth.scheduler.model_copy(update={"frontend_ms": 50.0})
+    slow = truth.model_copy(update={"scheduler": sched})
+    # Eight requests sent at once pass a 50 ms front end one after the other.
+    engine = Engine(slow, Workload.closed(8, prompt_tokens=100, output_tokens=20), seed=0)
+    engine.request_log = []
+    engine.run_until(3.0)
+    first_wave = sorted(engine.request_log)[:8]
+    assert [sent for sent, *_ in first_wave] == [0.0] * 8
+    assert [round(queued, 3) for _, queued, *_ in first_wave] == [
+        round(0.05 * k, 3) for k in range(1, 9)
+    ]
+    base = replay(truth, LevelShape(0, 8, 100, 20, 10.0), phase="chat")
+    queued = replay(slow, LevelShape(0, 8, 100, 20, 10.0), phase="chat")
+    assert queued.tok_per_s < base.tok_per_s
+
+
+def test_acceptance_rates_reproduce_the_measured_lengths() -> None:
+    truth = load_profile(TRUTH)
+    lengths = {d: truth.acceptance.expected_length("chat", d) for d in (1, 3)}
+    rates = acceptance_rates(lengths, 4)
+    chain = np.cumprod(rates)
+    assert 1 + chain[:1].sum() == pytest.approx(lengths[1], abs=1e-3)
+    assert 1 + chain[:3].sum() == pytest.approx(lengths[3], abs=1e-3)
+    assert rates[1] == rates[2]  # constant between two measured depths
+    assert acceptance_rates({1: 1.0, 3: 1.0}, 3) == [0.0, 0.0, 0.0]  # random weights
+
+
+def test_fit_recovers_every_cost_from_two_prompt_lengths() -> None:
+    """Two prompt lengths pin the context and prefill terms too; the fit starts from the
+    h200-llama8b-eagle3 profile, whose costs are 2-10x off the truth's."""
+    truth = load_profile(TRUTH)
+    runs = replayed_bench((160, 800))
+    result = fit_profile(runs, load_profile("h200-llama8b-eagle3"), "fitted")
+    prof = result.profile
+    assert "target.kv_us_per_req_per_1k_ctx" in result.keys and not result.unfit
+    for prompt in (160, 800):
+        ctx = prompt + 32
+        for depth in (None, 0, 1, 2, 3):
+            for batch in (1, 4, 8):
+                got = float(prof.iteration_ms(depth, batch, ctx))
+                want = float(truth.iteration_ms(depth, batch, ctx))
+                assert got == pytest.approx(want, rel=0.03), (depth, batch, prompt)
+        for wave in (1, 8):
+            s, t = prof.scheduler, truth.scheduler
+            got = s.prefill_fixed_ms + s.prefill_us_per_token * wave * prompt / 1000
+            want = t.prefill_fixed_ms + t.prefill_us_per_token * wave * prompt / 1000
+            assert got == pytest.approx(want, rel=0.05), (wave, prompt)
+    for depth in (1, 2, 3):
+        assert prof.acceptance.expected_length("bench", depth) == pytest.approx(
+            truth.acceptance.expected_length("chat", depth), rel=0.02
+        )
+    # The part of each iteration the GPU timer does not see: from depth 0 alone, where time
+    # per token is the whole iteration and the counters give the timed part.
+    assert prof.scheduler.untimed_ms == pytest.approx(truth.scheduler.untimed_ms, abs=0.2)
+    assert prof.scheduler.max_running_requests_spec == 32
+    assert prof.scheduler.max_running_requests_nospec == 64
+
+
+def test_one_prompt_length_keeps_the_context_term_and_says_why() -> None:
+    result = fit_profile(replayed_bench((160,), concurrency=(1, 4)), load_profile(TRUTH), "f")
+    assert "target.kv_us_per_req_per_1k_ctx" not in result.keys
+    assert "one context length" in result.kept["target.kv_us_per_req_per_1k_ctx"]
+
+
+def test_unfit_levels_are_named_with_their_reason() -> None:
+    run = replayed_bench((160,), concurrency=(1, 4))[0]
+    levels = list(run.levels)
+    levels[1] = replace(levels[1], foreign_traffic=True)
+    levels[2] = replace(levels[2], requests=0)
+    levels[3] = replace(levels[3], errors=2)
+    fit, unfit = split_levels([replace(run, levels=tuple(levels))])
+    reasons = {u.level.label: u.reason for u in unfit}
+    assert len(fit) == len(levels) - 3
+    assert "flagged foreign traffic" in reasons[levels[1].label]
+    assert reasons[levels[2].label] == "no finished request"
+    assert reasons[levels[3].label] == "2 failed request(s)"
+
+
+# ----------------------------------------------------------------------------- bench files
+
+
+def bench_json(tmp_path: Path, **changes: object) -> Path:
+    """A minimal valid bench.json (one level), with top-level keys changed or removed."""
+    facts = {"max_running_requests": 48, "effective_max_running_requests_per_dp": 48,
+             "captured_depths": [0, 1, 2, 3], "speculative_num_steps": 3}  # fmt: skip
+    data: dict[str, object] = {
+        "format": "specctl-bench/2",
+        "stop_rule": {"requests": None, "duration_s": 10.0},
+        "servers": {"spec": facts},
+        "results": [
+            {"series": "d1", "depth": 1, "concurrency": 2, "requests": 5, "errors": 0,
+             "elapsed_s": 10.0, "output_tok_per_s": 100.0, "ttft_p50_ms": 20.0,
+             "tpot_p50_ms": 8.0, "step_ms": 12.0, "mean_batch": 2.0, "accept_length": 1.6,
+             "prompt_tokens": 128.0, "output_tokens": 64.0, "foreign_traffic": False}
+        ],
+    }  # fmt: skip
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key)
+        else:
+            data[key] = value
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_valid_bench_file_loads(tmp_path: Path) -> None:
+    run = load_bench(bench_json(tmp_path))
+    assert run.spec.cap == 48 and run.duration_s == 10.0
+    assert run.levels[0].step_ms == 12.0 and run.levels[0].unfit_reason() is None
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"format": None}, "format: no 'format', the fit needs 'specctl-bench/2'"),
+        ({"servers": None}, "servers: must be an object"),
+        ({"servers": {"spec": {"max_running_requests": None}}},
+         "servers.spec.max_running_requests: must be an integer >= 1, got None"),
+        ({"stop_rule": {"requests": 5, "duration_s": 3.0}},
+         "stop_rule: give exactly one of requests and duration_s"),
+        ({"results": []}, "results: must be a non-empty list of levels"),
+        ({"results": [{"series": "d1", "depth": 1, "concurrency": 2, "requests": 5,
+                       "errors": 0, "elapsed_s": 1.0, "output_tok_per_s": "fast"}]},
+         "results[0].output_tok_per_s: must be a number, got 'fast'"),
+        ({"results": [{"series": "no-spec", "depth": None, "concurrency": 1}]},
+         "servers.no_spec: missing, but results[0] is a 'no-spec' level"),
+    ],
+)  # fmt: skip
+def test_bench_file_errors_name_the_field(tmp_path: Path, changes: dict, message: str) -> None:
+    path = bench_json(tmp_path, **changes)
+    with pytest.raises(BenchFileError) as err:
+        load_bench(path)
+    assert str(err.value).startswith(f"{path}: {message}")
+
+
+def run_cli(*args: str) -> tuple[int, str]:
+    import sims.fit.cli  # noqa: F401  (registers `sim fit`)
+
+    result = CliRunner().invoke(app, ["sim", "fit", *args])
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize(
+    ("setup", "expected"),
+    [
+        ("missing", "no such file (give the bench.json `specctl bench` wrote)"),
+        ("not-json", "not JSON (line 1: Expecting value)"),
+        ("old", "format: no 'format'"),
+        ("all-unfit", "no level can be fitted (d1 c=2: no finished request)"),
+    ],
+)
+def test_cli_errors_are_one_line_and_exit_2(tmp_path: Path, setup: str, expected: str) -> None:
+    path = tmp_path / "bench.json"
+    if setup == "not-json":
+        path.write_text("nope")
+    elif setup == "old":
+        bench_json(tmp_path, format=None)
+    elif setup == "all-unfit":
+        level = json.loads(bench_json(tmp_path).read_text())["results"][0]
+        bench_json(tmp_path, results=[{**level, "requests": 0}])
+    code, output = run_cli(str(path), "--out", str(tmp_path / "p.yaml"))
+    assert code == 2
+    lines = output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], output
+    assert not (tmp_path / "p.yaml").exists()
+
+
+def test_cli_checks_out_and_base_before_fitting(tmp_path: Path) -> None:
+    path = bench_json(tmp_path)
+    code, output = run_cli(str(path), "--out", str(tmp_path / "no" / "p.yaml"))
+    assert code == 2 and "does not exist; create it first" in output
+    code, output = run_cli(str(path), "--out", str(tmp_path / "p.yaml"), "--base", "nope")
+    assert code == 2 and "--base: unknown profile 'nope'" in output

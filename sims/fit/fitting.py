@@ -392,6 +392,23 @@ def steps_measured(levels: Sequence[Level], refs: dict[tuple[str, int], Level]) 
     )
 
 
+def client_time_caps(levels: Sequence[Level], step_ms: float) -> dict[str, float]:
+    """Upper bounds the data sets on the client-side fields. A request alone passes the front
+    end once and then meets nothing in the queue: its client TTFT less the server's bounds
+    both the front end's time and the client's extra TTFT. Without the bound a busy client's
+    delays at high concurrency could be read as a slow front end, which would split prefills
+    in the replay that the server ran together."""
+    gaps = [
+        lv.ttft_p50_ms - lv.server_ttft_ms
+        for lv in levels
+        if lv.concurrency == 1 and lv.ttft_p50_ms and lv.server_ttft_ms
+    ]
+    if not gaps:
+        return {}
+    cap = max(1.5 * float(np.median(gaps)), 0.05 * step_ms)
+    return {"scheduler.frontend_ms": cap, "scheduler.ttft_overhead_ms": cap}
+
+
 def typical_step_ms(levels: Sequence[Level]) -> float:
     steps = [v for lv in levels if (v := lv.step_ms or lv.tpot_p50_ms)]
     return float(np.median(steps)) if steps else 10.0
@@ -438,10 +455,10 @@ def fit_profile(
     if not levels:
         reasons = "; ".join(f"{u.level.label}: {u.reason}" for u in unfit[:5])
         raise FitError(f"no level can be fitted ({reasons})")
-    caps = {run.spec.cap for run in runs}
-    if len(caps) > 1:
+    spec_caps = {run.spec.cap for run in runs}
+    if len(spec_caps) > 1:
         raise FitError(
-            f"the benches ran speculative servers with different running caps {sorted(caps)}; "
+            f"the benches ran speculative servers with different running caps {sorted(spec_caps)}; "
             "fit one server configuration at a time"
         )
     limits = {run.path: run.request_limit for run in runs}
@@ -453,7 +470,8 @@ def fit_profile(
 
     # Pass 1: closed form (deterministic costs, no noise needed).
     refs = depth0_references(levels)
-    vec = Vector.around(framed, framed, keys, step_ms, tokens)
+    caps = client_time_caps(levels, step_ms)
+    vec = Vector.around(framed, framed, keys, step_ms, tokens, caps)
 
     def pass1(z: np.ndarray) -> np.ndarray:
         nonlocal evaluations
@@ -483,7 +501,7 @@ def fit_profile(
     for stage, stage_keys, iterations in stages:
         if not stage_keys:
             continue
-        sub = Vector.around(framed, current, stage_keys, step_ms, tokens)
+        sub = Vector.around(framed, current, stage_keys, step_ms, tokens, caps)
         frozen = current
 
         def pass2(z: np.ndarray, sub: Vector = sub, frozen: Profile = frozen) -> np.ndarray:

@@ -98,11 +98,19 @@ class Vector:
     prior: tuple[float, ...]  # the base profile's values
     sizes: tuple[float, ...]
     units: tuple[float, ...]
+    upper: tuple[float, ...]  # in the fields' own units
 
     @classmethod
     def around(
-        cls, prior: Profile, start: Profile, keys: Sequence[str], step_ms: float, tokens: float
+        cls,
+        prior: Profile,
+        start: Profile,
+        keys: Sequence[str],
+        step_ms: float,
+        tokens: float,
+        caps: Mapping[str, float] | None = None,
     ) -> Vector:
+        """`caps`: tighter upper bounds than the fields' own, where the data sets one."""
         sizes = []
         for k in keys:
             kind = PARAMS[k].kind
@@ -110,15 +118,13 @@ class Vector:
                 0.05 * step_ms if kind == "ms" else 50.0 * step_ms / tokens if kind == "us" else 1.0
             )
         units = [max(abs(read(start, k)), size) for k, size in zip(keys, sizes, strict=True)]
-        return cls(tuple(keys), tuple(read(prior, k) for k in keys), tuple(sizes), tuple(units))
-
-    def subset(self, keys: Sequence[str]) -> Vector:
-        idx = [self.keys.index(k) for k in keys]
-        return Vector(
+        upper = [min(PARAMS[k].upper, (caps or {}).get(k, math.inf)) for k in keys]
+        return cls(
             tuple(keys),
-            tuple(self.prior[i] for i in idx),
-            tuple(self.sizes[i] for i in idx),
-            tuple(self.units[i] for i in idx),
+            tuple(read(prior, k) for k in keys),
+            tuple(sizes),
+            tuple(units),
+            tuple(upper),
         )
 
     def encode(self, profile: Profile) -> list[float]:
@@ -130,14 +136,13 @@ class Vector:
 
     def bounds(self) -> tuple[list[float], list[float]]:
         lo = [PARAMS[k].lower / u for k, u in zip(self.keys, self.units, strict=True)]
-        hi = [PARAMS[k].upper / u for k, u in zip(self.keys, self.units, strict=True)]
+        hi = [top / u for top, u in zip(self.upper, self.units, strict=True)]
         return lo, hi
 
     def values(self, z: Sequence[float] | np.ndarray) -> dict[str, float]:
         out = {}
-        for k, v, u in zip(self.keys, z, self.units, strict=True):
-            p = PARAMS[k]
-            out[k] = min(max(float(v) * u, p.lower), p.upper)
+        for k, v, u, top in zip(self.keys, z, self.units, self.upper, strict=True):
+            out[k] = min(max(float(v) * u, PARAMS[k].lower), top)
         return out
 
     def prior_residuals(self, z: Sequence[float] | np.ndarray, weight: float) -> list[float]:

@@ -18,48 +18,26 @@ from typer.testing import CliRunner
 
 from controller.cli_app import app
 from sims.engine import Engine
-from sims.fit.bench_file import BenchFileError, BenchRun, Level, ServerFacts, load_bench
+from sims.fit.bench_file import BenchFileError, BenchRun, load_bench
 from sims.fit.fitting import acceptance_rates, fit_profile, split_levels
 from sims.fit.replay import LevelShape, replay
+from sims.fit.replayed_bench import replayed_bench
 from sims.profile import load_profile
 from sims.workload import Workload
 
 TRUTH = Path(__file__).parent / "data" / "fit_truth.yaml"
 
 
-def facts(cap: int) -> ServerFacts:
-    return ServerFacts(cap, 400_000, 16384, 32768, 1.0, (0, 1, 2, 3, 4), 3, "truth", "0.5.23")
-
-
-def replayed_bench(
+def replayed(
     prompts: tuple[int, ...], concurrency=(1, 8), depths=(0, 1, 3), output=64, seconds=8.0
 ) -> list[BenchRun]:
     """One bench per prompt length, its levels measured by replaying the truth profile."""
     truth = load_profile(TRUTH)
-    runs = []
-    for prompt in prompts:
-        levels = []
-        for depth in (*depths, None):
-            for c in concurrency:
-                shape = LevelShape(depth, c, prompt, output, seconds)
-                r = replay(truth, shape, seed=7, phase="chat")
-                accept = truth.acceptance.expected_length("chat", depth) if depth else 1.0
-                levels.append(
-                    Level(
-                        source=f"p{prompt}", series="no-spec" if depth is None else f"d{depth}",
-                        depth=depth, concurrency=c, requests=r.completed, errors=0,
-                        elapsed_s=r.elapsed_s, tok_per_s=r.tok_per_s, ttft_p50_ms=r.ttft_p50_ms,
-                        tpot_p50_ms=r.tpot_p50_ms,
-                        step_ms=r.step_ms if depth is not None else None,
-                        mean_batch=r.mean_batch if depth is not None else None,
-                        accept_length=accept if depth is not None else None,
-                        prompt_tokens=float(prompt), output_tokens=float(output),
-                        foreign_traffic=False, server_ttft_ms=r.server_ttft_ms,
-                        server_itl_ms=r.server_itl_ms,
-                    )
-                )  # fmt: skip
-        runs.append(BenchRun(f"p{prompt}", tuple(levels), facts(32), facts(64), None, seconds))
-    return runs
+    return [
+        replayed_bench(truth, depths=depths, concurrency=concurrency, prompt_tokens=prompt,
+                       output_tokens=output, seconds=seconds, phase="chat", name=f"p{prompt}")
+        for prompt in prompts
+    ]  # fmt: skip
 
 
 def test_replay_of_one_stream_is_the_cost_model() -> None:
@@ -115,7 +93,7 @@ def test_fit_recovers_every_cost_from_two_prompt_lengths() -> None:
     """Two prompt lengths pin the context and prefill terms too; the fit starts from the
     h200-llama8b-eagle3 profile, whose costs are 2-10x off the truth's."""
     truth = load_profile(TRUTH)
-    runs = replayed_bench((160, 800))
+    runs = replayed((160, 800))
     result = fit_profile(runs, load_profile("h200-llama8b-eagle3"), "fitted")
     prof = result.profile
     assert "target.kv_us_per_req_per_1k_ctx" in result.keys and not result.unfit
@@ -143,13 +121,13 @@ def test_fit_recovers_every_cost_from_two_prompt_lengths() -> None:
 
 
 def test_one_prompt_length_keeps_the_context_term_and_says_why() -> None:
-    result = fit_profile(replayed_bench((160,), concurrency=(1, 4)), load_profile(TRUTH), "f")
+    result = fit_profile(replayed((160,), concurrency=(1, 4)), load_profile(TRUTH), "f")
     assert "target.kv_us_per_req_per_1k_ctx" not in result.keys
     assert "one context length" in result.kept["target.kv_us_per_req_per_1k_ctx"]
 
 
 def test_unfit_levels_are_named_with_their_reason() -> None:
-    run = replayed_bench((160,), concurrency=(1, 4))[0]
+    run = replayed((160,), concurrency=(1, 4))[0]
     levels = list(run.levels)
     levels[1] = replace(levels[1], foreign_traffic=True)
     levels[2] = replace(levels[2], requests=0)

@@ -514,8 +514,8 @@ def fit_profile(
         say(f"pass 2 ({stage}): replaying {len(levels)} levels per evaluation")
         second = _solve(pass2, sub, frozen, diff_step=DIFF_STEP, ftol=1e-3, max_nfev=iterations)
         current = with_values(frozen, sub.values(second.x))
-        if second.status == 0:
-            notes.append(f"pass 2 ({stage}) stopped after {iterations} iterations")
+        if second.status < 0:
+            notes.append(f"pass 2 ({stage}) failed: {second.message}")
     fitted = current.model_copy(update={"step_time_cv": framed.step_time_cv})
     return FitResult(
         profile=fitted,

@@ -6,18 +6,19 @@ depth the server's counters measured (tokens per request per iteration at each f
 turned into per-position rates).
 
 What is fitted, in two least-squares passes (scipy.optimize.least_squares, trust-region
-reflective, bounds at zero, relative errors):
+reflective, bounds at zero, soft-L1 loss on relative errors):
 
-1. Step costs, in closed form: every speculative level's mean decode step (the server's
-   counters) against `Profile.iteration_ms` at its depth, batch and mean context, the server
-   without speculation's TPOT against its step, and TTFT against prefill. Fast, and a start.
-2. Everything together through the simulator: each level is replayed with the bench's own
-   protocol (`sims.fit.replay`) and the replay's tok/s, TPOT, TTFT and mean step are matched to
-   the measured ones. This is what accounts for the closed loop: prefills of new requests
-   stalling decoding, the start-up wave, the running cap, the client's own time.
+1. In closed form (`closed_form_residuals`): the step costs against the server's counters,
+   the plain server against depth 0, and TTFT against one wave's prefill. Fast, and a start.
+2. Through the simulator: each level is replayed with the bench's own protocol
+   (`sims.fit.replay`) and the replay's tok/s, TPOT, TTFT, mean step and the server's own TTFT
+   and inter-token latency are matched to the measured ones. This is what accounts for the
+   closed loop: prefills of new requests stalling decoding, the start-up wave, the running
+   cap, the client's own time. It fits the prefill and client fields; the step fields too when
+   the first pass could not see every step directly.
 
 Both passes add a weak prior towards the base profile (`sims.fit.params`), which decides only
-the fields the bench cannot see.
+the fields the bench cannot see. docs/simulator.md describes the fit and its limits.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from scipy.optimize import least_squares
+from scipy.optimize import brentq, least_squares
 
 from sims.fit.bench_file import BenchRun, Level
 from sims.fit.params import LOOP_KEYS, PARAMS, STEP_KEYS, Vector, read, with_values
@@ -99,15 +100,10 @@ def _rate_over(gain: float, survive: float, steps: int) -> float:
     """The constant per-position rate r with survive * (r + r^2 + ... + r^steps) = gain."""
     if survive <= 0 or gain <= 0:
         return 0.0
-    target = min(gain / survive, float(steps))
-    lo, hi = 0.0, 1.0
-    for _ in range(60):  # bisection: the sum grows with r
-        mid = (lo + hi) / 2
-        if sum(mid**k for k in range(1, steps + 1)) < target:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+    target = gain / survive
+    if target >= steps:
+        return 1.0
+    return float(brentq(lambda r: sum(r**k for k in range(1, steps + 1)) - target, 0.0, 1.0))
 
 
 def acceptance_rates(lengths: dict[int, float], deepest: int) -> list[float]:

@@ -24,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from controller.evaluate import evaluate  # noqa: E402
+from controller.evaluation.evaluate import evaluate  # noqa: E402
 from sims.profile import builtin_profiles  # noqa: E402
 from sims.workload import builtin_scenarios  # noqa: E402
 

@@ -24,7 +24,7 @@ import time
 
 import httpx
 
-from controller.bench.loadgen import LiveCounters, StopRule, make_client, run_level
+from controller.bench.loadgen import ClosedLoop, LiveCounters, StopRule, make_client, run_level
 from controller.bench.prompts import synthetic_prompts
 
 
@@ -57,9 +57,11 @@ async def measure(url: str, concurrency: int, seconds: float, output_tokens: int
     live = LiveCounters()
     async with make_client(url, concurrency) as http:
         # Warm the keep-alive pool so connection set-up is not counted.
-        await run_level(http, prompts, concurrency, StopRule(requests=concurrency))
+        shape = ClosedLoop(concurrency)
+        await run_level(http, prompts, shape, StopRule(requests=concurrency, warmup_s=0))
         cpu0 = server_cpu_s(pid)
-        load = await run_level(http, prompts, concurrency, StopRule(duration_s=seconds), live=live)
+        stop = StopRule(duration_s=seconds, warmup_s=0)  # the run above was the warm-up
+        load = await run_level(http, prompts, shape, stop, live=live)
         srv = (server_cpu_s(pid) - cpu0) / load.elapsed_s
     done = len(load.completed)
     return {

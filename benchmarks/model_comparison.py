@@ -3,7 +3,7 @@
 Run:  .venv/bin/python benchmarks/model_comparison.py > benchmarks/results/model_comparison.txt
 
 Part 1 (offline): counter samples generated from each built-in profile's cost model with its
-step noise (models/synthetic.py), in two regimes:
+step noise (controller/evaluation/synthetic.py), in two regimes:
   sweep  every captured depth at 14 batch sizes, 2 simulated seconds each (a calibration sweep)
   probe  10 simulated minutes of production: the full depth runs, every other depth only as
          interleaved probes at 3% of iterations, batch size wandering over 1..running cap
@@ -31,18 +31,18 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from controller.evaluation.sim_loop import run_learner_loop, run_static
+from controller.evaluation.synthetic import SyntheticServer, sweep_samples
 from models.acceptance import AcceptanceModel
 from models.evidence import aggregate, sample_arrays
 from models.learner import Learner
 from models.samples import Sample
-from models.sim_loop import run_learner_loop, run_static
 from models.step_model import (
     IsotonicStepModel,
     PerDepthLinearStepModel,
     RooflineStepModel,
     StepModel,
 )
-from models.synthetic import SyntheticServer, sweep_samples
 from models.tiers import Run, crossovers, merge_small_gain_runs, runs_of
 from sglang_hooks.contract import PolicyTable, Tier, single_depth_table
 from sims.engine import Engine

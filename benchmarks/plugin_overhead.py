@@ -5,6 +5,9 @@ exploration draw, `SchedulerRuntime.choose`), and the result accounting (`record
 batch-size bucket and five counter additions into plain lists; the prometheus export runs
 once a second, not per iteration, and is timed separately here). The GPU-timing events are
 not included: they are CUDA driver calls that cannot run on this machine (see docs/sglang.md).
+Also timed, separately because it grows with the batch: the emitted-token count
+(`hooks.emitted`), one pass over the batch's requests per result (stand-in requests with the
+two members of SGLang's `Req` it reads, `is_retracted` and `finished_reason`).
 
 Run: python benchmarks/plugin_overhead.py  (target: < 5 us per iteration)
 """
@@ -64,6 +67,26 @@ def _per_iteration_us(rt: SchedulerRuntime, sizes: list[int]) -> float:
     return (time.perf_counter() - t0) / len(sizes) * 1e6
 
 
+class _Req:
+    __slots__ = ("finished_reason", "is_retracted")
+
+    def __init__(self) -> None:
+        self.finished_reason = None
+        self.is_retracted = False
+
+
+
+def _emitted_us(batch_size: int, repeats: int = 20_000) -> float:
+    from sglang_hooks.hooks import emitted
+
+    reqs = [_Req() for _ in range(batch_size)]
+    runs = [[1, 2, 3]] * batch_size
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        emitted(reqs, runs)
+    return (time.perf_counter() - t0) / repeats * 1e6
+
+
 def main() -> None:
     sizes = _batch_sizes(N)
     rt = SchedulerRuntime(timer=_NoTimer())
@@ -97,6 +120,8 @@ def main() -> None:
     print(f"no table (SGLang's own choice, counting only): {base:.2f} us/iteration")
     print(f"prometheus export of {cells} (depth, bucket) cells, once a second: "
           f"{export_ms:.2f} ms (not in the per-iteration figure)")
+    counts = ", ".join(f"{_emitted_us(b):.1f} us at batch {b}" for b in (1, 32, 128, 256))
+    print(f"emitted-token count per result (grows with the batch): {counts}")
     print("result:", "PASS" if median < TARGET_US else "FAIL")
 
 

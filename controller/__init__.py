@@ -1,1 +1,1 @@
-"""The specctl daemon (scrape -> store -> model -> table -> push) and the `specctl` CLI."""
+"""The specctl daemon (`daemon/`), its evaluation (`evaluation/`), `bench/` and the CLI (`cli/`)."""

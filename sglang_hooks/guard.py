@@ -80,6 +80,8 @@ def check_symbol(root: Path, sym: SymbolSpec) -> str | None:
             if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
         }
         return None if sym.name in names else f"field {sym.where} is missing"
+    if sym.instance:
+        return None if sym.name in _init_assigned(cls) else f"attribute {sym.where} is missing"
     fn = next(
         (
             n
@@ -97,6 +99,23 @@ def check_symbol(root: Path, sym: SymbolSpec) -> str | None:
     if args[: len(want)] != want:
         return f"{sym.where}{_sig(args)} no longer starts with {_sig(want)}"
     return None
+
+
+def _init_assigned(cls: ast.ClassDef) -> set[str]:
+    """Names `__init__` assigns on self (`self.x = ...`, `self.x: T = ...`)."""
+    init = next((n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"),
+                None)
+    if init is None:
+        return set()
+    names = set()
+    for node in ast.walk(init):
+        targets = node.targets if isinstance(node, ast.Assign) else \
+            [node.target] if isinstance(node, ast.AnnAssign) else []
+        for t in targets:
+            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) \
+                    and t.value.id == "self":
+                names.add(t.attr)
+    return names
 
 
 def _sig(args: list[str]) -> str:

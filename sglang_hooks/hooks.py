@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from sglang_hooks import off_mode, override_log
 from sglang_hooks.adapters.base import Adapter
 from sglang_hooks.contract import (
     PolicyError,
-    decode_table,
     has_policy_keys,
     read_server_state,
     split_policy_keys,
 )
 from sglang_hooks.gpu_timer import make_timer
+from sglang_hooks.peers import default_peer_check, fingerprint
 from sglang_hooks.policy_file import load_policy_file, policy_file_from_env, table_fingerprint
-from sglang_hooks.runtime import SchedulerRuntime
+from sglang_hooks.runtime import SchedulerRuntime, validate_change
 
 logger = logging.getLogger("specctl")
 
@@ -45,7 +47,6 @@ _failed: set[str] = set()
 def bind(adapter: Adapter) -> None:
     global ADAPTER
     ADAPTER = adapter
-    RUNTIME.timer = make_timer()
 
 
 def _log_failure_once(name: str) -> None:
@@ -111,13 +112,36 @@ def captured_depths(params: Any, initial_steps: int, cuda_graph_bs: Iterable[int
 # ----------------------------------------------------------------------------- scheduler side
 
 
+# SGLang's worker logs one line per runtime-state switch; under a table that is one line per
+# iteration that changes depth (exploration switches often). Those lines are dropped while a
+# table holds control and counted instead (`depth_switches` in /server_info).
+SWITCH_LOGGER = "sglang.srt.speculative.eagle_worker_v2"
+SWITCH_PREFIX = "Switch adaptive runtime state"
+
+
+class QuietSwitchLog(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (RUNTIME.selector is not None and isinstance(record.msg, str)
+                    and record.msg.startswith(SWITCH_PREFIX))
+
+
+_QUIET_SWITCHES = QuietSwitchLog()
+SKIP_EXTEND_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
+
+
 def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *args: Any,
                     **kwargs: Any) -> None:
     """AFTER AdaptiveController.init_states: every runtime state exists; start steering."""
+    rt = RUNTIME
     try:
+        rt.timer = make_timer()  # here, not at plugin load: CUDA is initialised by now
         usable, partial = captured_depths(
             controller.params, controller.worker.speculative_num_steps, cuda_graph_bs
         )
+        mode, mode_error = off_mode.mode_from_env()
+        if mode_error is not None:
+            logger.error("specctl: %s", mode_error)
+        rt.off_mode = mode
         startup = None
         path = policy_file_from_env()
         if path is not None:
@@ -125,14 +149,33 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
                 startup = load_policy_file(path, captured_depths=usable)
             except PolicyError as err:
                 logger.error("specctl: start-up table not used, SGLang's choice stays: %s", err)
-                RUNTIME.last_rejection = str(err)
-        RUNTIME.activate(usable, startup)
-        # Every TP rank logs this line: with several nodes, each reads its own policy file,
-        # and ranks running different tables would run different depths (a collective hang).
-        logger.info("specctl: active; depths usable by a table: %s%s; start-up table: %s%s",
+                rt.last_rejection = str(err)
+        logging.getLogger(SWITCH_LOGGER).addFilter(_QUIET_SWITCHES)
+        try:
+            peers = default_peer_check()
+        except Exception as err:
+            rt.deactivate(f"cannot reach the other TP ranks through torch.distributed's store "
+                          f"({type(err).__name__}: {err})")
+            logger.error("specctl: not steering, SGLang's own choice stays: %s",
+                         rt.inactive_reason)
+            return None
+        if peers is not None:
+            # What must match on every rank; a rank without the plugin publishes nothing.
+            assert ADAPTER is not None
+            peers.publish(fingerprint({
+                "sglang": ADAPTER.name, "depths": sorted(usable),
+                "startup": table_fingerprint(startup), "off_mode": mode,
+                SKIP_EXTEND_ENV: os.environ.get(SKIP_EXTEND_ENV, ""),
+            }))
+        rt.activate(usable, startup, peers)
+        # Every TP rank logs this line: with several nodes, each reads its own policy file.
+        logger.info("specctl: active; depths usable by a table: %s%s; start-up table: %s%s; "
+                    "off mode %s%s",
                     sorted(usable),
                     f" (partly captured, refused: {sorted(partial)})" if partial else "",
-                    table_fingerprint(startup), f" from {path}" if startup is not None else "")
+                    table_fingerprint(startup), f" from {path}" if startup is not None else "",
+                    mode, f"; waits for TP ranks 0-{peers.world_size - 1} to agree before a "
+                    f"table takes control" if peers is not None else "")
     except Exception:
         _log_failure_once("on_states_built")
     return None
@@ -154,9 +197,13 @@ def choose_depth(original: Callable[..., int], params: Any, batch_size: int, *ar
 
 
 def feed_ema(original: Callable[..., Any], params: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND on_verify_complete: keep SGLang's EMA warm, but no EMA switch under a table."""
-    new_step = original(params, *args, **kwargs)
-    return None if RUNTIME.selector is not None else new_step
+    """AROUND on_verify_complete: SGLang's own choice does not run while a table rules.
+
+    Not even its EMA update: it would keep switching its own (unused) step and log each
+    switch at INFO. On release SGLang resumes from the EMA it had when the table took over."""
+    if RUNTIME.selector is not None:
+        return None
+    return original(params, *args, **kwargs)
 
 
 _UNTIMED = object()  # a launch whose timer could not start (a real token may be None)
@@ -168,7 +215,8 @@ def time_launch(original: Callable[..., Any], worker: Any, batch: Any, *args: An
     rt = RUNTIME
     if not rt.active:
         return original(worker, batch, *args, **kwargs)
-    rt.launched = False
+    rt.launched = rt.launch_skips_extend = False
+    rt.spec_worker = worker
     try:
         token = rt.timer.begin()
     except Exception:  # no timing for this launch: its result is counted as unattributed
@@ -187,19 +235,89 @@ def time_launch(original: Callable[..., Any], worker: Any, batch: Any, *args: An
     return result
 
 
+def on_apply_state(original: Callable[..., Any], worker: Any, state: Any, *args: Any,
+                   **kwargs: Any) -> Any:
+    """AROUND EAGLEWorkerV2.apply_runtime_state: count switches, bound SGLang's override log."""
+    before = getattr(worker, "speculative_num_steps", None)
+    out = original(worker, state, *args, **kwargs)
+    try:
+        if worker.speculative_num_steps != before:
+            RUNTIME.depth_switches += 1
+            _drop_superseded_override()
+    except Exception:
+        _log_failure_once("on_apply_state")
+    return out
+
+
+_context_getter: Callable[[], Any] | None = None
+
+
+def _drop_superseded_override() -> None:
+    global _context_getter
+    if _context_getter is None:
+        from sglang.srt.runtime_context import get_context
+
+        _context_getter = get_context
+    log = getattr(_context_getter(), "_overrides_log", None)
+    if isinstance(log, list):
+        override_log.drop_superseded(log)
+
+
+def skip_extend(original: Callable[..., Any], draft_worker: Any, batch: Any, batch_result: Any,
+                *args: Any, **kwargs: Any) -> Any:
+    """AROUND EagleDraftWorker._draft_extend_for_decode: the off mode's skipped extend.
+
+    Skips only when the depth choice of this launch said so (a table's depth-0 tier under a
+    skip-extend mode) and the worker really runs depth 0; SGLang's own stub then fills the
+    draft inputs, exactly as its SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND switch does."""
+    rt = RUNTIME
+    worker = rt.spec_worker
+    if not rt.launch_skips_extend or worker is None \
+            or getattr(worker, "speculative_num_steps", None) != 0:
+        return original(draft_worker, batch, batch_result, *args, **kwargs)
+    try:
+        worker._stub_skipped_draft_extend(batch, batch_result)
+    except Exception:
+        _log_failure_once("skip_extend")  # the real extend overwrites whatever the stub set
+        return original(draft_worker, batch, batch_result, *args, **kwargs)
+    rt.skipped_extends += 1
+    return None
+
+
+def emitted(reqs: Sequence[Any], runs: Any) -> tuple[int, int] | None:
+    """(rows, tokens) that SGLang emits from one spec-v2 result, or None if `runs` is not
+    the per-request token lists `_resolve_spec_v2_tokens` returns.
+
+    Rows of requests that finished or were retracted before this result was processed
+    (overlap scheduling launches them once more) are skipped by SGLang's output loop
+    (`req.finished()` is `finished_reason is not None`), and grammar-constrained runs are
+    already cut where the grammar ended."""
+    if not isinstance(runs, list) or len(runs) != len(reqs):
+        return None
+    skipped = [i for i, r in enumerate(reqs) if r.is_retracted or r.finished_reason is not None]
+    tokens = sum(map(len, runs))
+    if skipped:
+        tokens -= sum(len(runs[i]) for i in skipped)
+    return len(reqs) - len(skipped), tokens
+
+
 def count_result(ret: Any, processor: Any, result: Any, batch: Any, *args: Any,
                  **kwargs: Any) -> None:
-    """AFTER _resolve_spec_v2_tokens: count the depth the result was launched with."""
+    """AFTER _resolve_spec_v2_tokens: count what the result emitted, at the depth it ran."""
     rt = RUNTIME
     if not rt.active:
         return None
     try:
         width = result.speculative_num_draft_tokens
         if width:
-            bs = len(batch.reqs)
-            assert ADAPTER is not None
-            rt.record_result(width - 1, bs, ADAPTER.tokens_of(result, bs),
-                             getattr(result, "specctl_launch", None))
+            launched = len(batch.reqs)
+            counted = emitted(batch.reqs, ret)
+            if counted is None:  # unexpected return value: count every row, as SGLang sums
+                assert ADAPTER is not None
+                counted = (launched, ADAPTER.tokens_of(result, launched))
+            rows, tokens = counted
+            rt.unemitted_rows += launched - rows
+            rt.record_result(width - 1, rows, tokens, getattr(result, "specctl_launch", None))
     except Exception:
         _log_failure_once("count_result")
     return None
@@ -232,7 +350,7 @@ def set_internal_state(original: Callable[..., Any], owner: Any, recv_req: Any, 
     if not isinstance(requested, Mapping) or not has_policy_keys(requested):
         return original(owner, recv_req, *args, **kwargs)
     try:
-        table = RUNTIME.apply_request(requested)
+        change = RUNTIME.apply_request(requested)
     except PolicyError as err:
         RUNTIME.reject(err)
         return _output(False)
@@ -247,7 +365,7 @@ def set_internal_state(original: Callable[..., Any], owner: Any, recv_req: Any, 
             RUNTIME.reject(PolicyError("server_args", "SGLang refused the other keys of this "
                                        "request, so the table was not applied either"))
             return out
-    RUNTIME.commit(table)
+    RUNTIME.commit(change)
     return _output(True)
 
 
@@ -310,8 +428,8 @@ async def validate_push(original: Callable[..., Any], manager: Any, obj: Any, *a
             if HTTP.inactive_reason is not None:
                 raise PolicyError("specctl", f"the plugin is inactive on this server: "
                                   f"{HTTP.inactive_reason}")
-            decode_table(requested)  # shape first: no scheduler round trip for a typo
-            decode_table(requested, captured_depths=await _live_captured_depths(manager))
+            validate_change(requested, None)  # shape first: no scheduler round trip for a typo
+            validate_change(requested, await _live_captured_depths(manager))
         except PolicyError as err:
             raise _bad_request(err) from None
     return await original(manager, obj, *args, **kwargs)

@@ -16,6 +16,13 @@ from typing import Any
 
 DEFAULT_DEPTHS = (0, 1, 2, 3, 4, 5)
 DEFAULT_PORT = 30000
+# SGLang 0.5.17-0.5.23 cap a server without speculation at, per DP worker,
+#   min(clamp(512 * kv_tokens / context_len, 2048, 4096), kv_tokens // 2)
+# (KVCacheConfigurator.resolve_max_num_reqs), but lower a speculative one to 48 when the flag is
+# absent (arg_groups/speculative_hook.py). An explicit value is capped by the same
+# kv_tokens // 2, so passing the estimate's ceiling gives the speculative server the plain
+# server's cap whenever the KV pool holds at least 8 full contexts (512 * kv / ctx >= 4096).
+PLAIN_REQUEST_CAP = 4096
 
 
 def adaptive_config(depths: Sequence[int]) -> dict[str, Any]:
@@ -97,11 +104,19 @@ def build_command(
     if not _has_flag(args, "--enable-metrics"):
         args.append("--enable-metrics")
     if not _has_flag(args, "--max-running-requests"):
-        notes.append("SGLang lowers --max-running-requests to 48 when speculation is on; set it "
-                     "explicitly (e.g. 256) so high concurrency is admitted")
+        args += ["--max-running-requests", str(PLAIN_REQUEST_CAP)]
+        notes.append(request_cap_note())
     notes += _cuda_graph_notes(args)
     argv = [python, "-m", "sglang.launch_server", *args]
     return argv, plugins_env(current_plugins), notes
+
+
+def request_cap_note() -> str:
+    return (f"added --max-running-requests {PLAIN_REQUEST_CAP}: SGLang lowers the request cap "
+            f"to 48 when speculation is on; {PLAIN_REQUEST_CAP} is the cap of a server without "
+            f"speculation (SGLang caps both at half the KV pool's tokens; the plain server stays "
+            f"lower only when its KV pool holds fewer than 8 full contexts); pass "
+            f"--max-running-requests to choose")
 
 
 # Flags that size the decode CUDA graphs. The short spellings are 0.5.17's deprecated aliases;

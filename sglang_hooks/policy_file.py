@@ -33,10 +33,14 @@ def load_policy_file(
             import yaml  # JSON is valid YAML too, so any other suffix goes through YAML
 
             data = yaml.safe_load(text)
-    except ValueError as err:  # json.JSONDecodeError and yaml.YAMLError both derive from it
-        raise PolicyError(POLICY_FILE_ENV, f"{p} is not valid JSON/YAML: {err}") from None
+    except ValueError as err:  # json.JSONDecodeError
+        raise PolicyError(POLICY_FILE_ENV, f"{p} is not valid JSON: {err}") from None
     except Exception as err:  # yaml.YAMLError is not a ValueError
-        raise PolicyError(POLICY_FILE_ENV, f"{p} is not valid YAML: {err}") from None
+        # One line with the place in the file: PyYAML's message spans several lines.
+        mark = getattr(err, "problem_mark", None)
+        where = "" if mark is None else f" (line {mark.line + 1}, column {mark.column + 1})"
+        problem = getattr(err, "problem", None) or " ".join(str(err).split())
+        raise PolicyError(POLICY_FILE_ENV, f"{p} is not valid YAML{where}: {problem}") from None
     if not isinstance(data, Mapping) or "table" not in data:
         raise PolicyError(
             f"{p}: table",

@@ -16,8 +16,10 @@ import random
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from sglang_hooks import off_mode
 from sglang_hooks.contract import (
     PolicyError,
     PolicyTable,
@@ -28,6 +30,7 @@ from sglang_hooks.contract import (
 )
 from sglang_hooks.counters import DepthCounters
 from sglang_hooks.gpu_timer import HostIntervalTimer, LaunchTimer
+from sglang_hooks.peers import PeerCheck
 
 logger = logging.getLogger("specctl")
 
@@ -39,6 +42,32 @@ _MAX_PARKED = 256
 def exploration_rng(version: int, seed: int = 0) -> random.Random:
     """Same seed on every TP rank, so ranks draw the same exploration depths."""
     return random.Random((seed << 32) ^ version)
+
+
+@dataclass(frozen=True)
+class Change:
+    """A validated admin request: a table to install (`table_given`; None = release) and/or
+    an off mode to switch to. `SchedulerRuntime.commit` applies it."""
+
+    table: PolicyTable | None = None
+    table_given: bool = False
+    off_mode: str | None = None
+
+
+def skippable_tiers(table: PolicyTable | None, mode: str) -> tuple[bool, ...]:
+    """Per tier: may a depth-0 launch in it skip the draft extend under `mode`?
+
+    Only tiers whose own depth is 0 (an exploration probe of depth 0 inside a speculative
+    tier keeps the extend, so the tier's next iteration drafts from a current state). Under
+    `skip-extend` a tier that probes positive depths keeps the extend too, so those probes
+    measure the acceptance a warm draft gets; `skip-extend-all` skips there as well."""
+    if table is None or mode == off_mode.SGLANG:
+        return ()
+    return tuple(
+        t.depth == 0 and (mode == off_mode.SKIP_EXTEND_ALL
+                          or not any(d > 0 for d in t.explore_depths))
+        for t in table.tiers
+    )
 
 
 class SchedulerRuntime:
@@ -61,18 +90,38 @@ class SchedulerRuntime:
         self.exporter: Any = None  # set on the metrics rank (exporter.PrometheusExporter)
         self._next_export = 0.0
         self._export_failed = False
-        # Set by the depth choice inside a launch, read by the launch hook right after.
+        # Set by the depth choice inside a launch, read by the launch and extend hooks.
         self.launched = False
         self.launch_explore = False
+        self.launch_skips_extend = False
+        self.spec_worker: Any = None  # the EAGLEWorkerV2 of the current launch
+        self.off_mode = off_mode.DEFAULT_MODE
+        self._skippable: tuple[bool, ...] = ()
+        self.depth_switches = 0  # runtime-state switches SGLang made (table or its own)
+        self.skipped_extends = 0
+        self.unemitted_rows = 0  # rows of finished/retracted requests: launched, not counted
+        self.empty_results = 0  # results with no row left to count
+        # Agreement with the other TP ranks, settled before a table first takes control.
+        self.peers: PeerCheck | None = None
+        self._peers_pending = False
+        self._pending_startup: PolicyTable | None = None
 
     # ------------------------------------------------------------------ activation
 
-    def activate(self, captured_depths: Iterable[int], startup: PolicyTable | None) -> None:
+    def activate(self, captured_depths: Iterable[int], startup: PolicyTable | None,
+                 peers: PeerCheck | None = None) -> None:
+        """Start steering. With `peers` (several TP ranks), the start-up table waits until
+        the ranks agree (`settle_peers`, at the first point where a table could act)."""
         self.captured_depths = frozenset(captured_depths)
         self.active = True
         self.inactive_reason = None
-        if startup is not None:
-            self._install(startup, SOURCE_STARTUP)
+        if peers is None:
+            if startup is not None:
+                self._install(startup, SOURCE_STARTUP)
+        else:
+            self.peers = peers
+            self._pending_startup = startup
+            self._peers_pending = True
         self.flush()
 
     def deactivate(self, reason: str) -> None:
@@ -80,35 +129,75 @@ class SchedulerRuntime:
         self.inactive_reason = reason
         self.selector = None
         self.source = SOURCE_NONE
+        self._skippable = ()
+        self.launch_skips_extend = False
+
+    def settle_peers(self) -> None:
+        """Agree with the other TP ranks before any table takes control here (once).
+
+        Called at the first decode launch, push or state report, all of which every rank
+        of the replica sees at the same step; the verdict is the same on every rank
+        (peers.py). On refusal this rank stays on SGLang's own choice and says why."""
+        if not self._peers_pending:
+            return
+        self._peers_pending = False
+        startup, self._pending_startup = self._pending_startup, None
+        assert self.peers is not None
+        try:
+            reason = self.peers.verdict()
+        except Exception as err:  # a broken store: refuse rather than guess
+            reason = f"cannot compare with the other TP ranks ({type(err).__name__}: {err})"
+        if reason is not None:
+            logger.error("specctl: not steering, SGLang's own choice stays: %s", reason)
+            self.deactivate(reason)
+            return
+        logger.info("specctl: all %d TP ranks run the same plugin state", self.peers.world_size)
+        if startup is not None:
+            self._install(startup, SOURCE_STARTUP)
 
     # ------------------------------------------------------------------ admin RPC
 
-    def apply_request(self, server_args: Mapping[str, Any]) -> PolicyTable | None:
+    def apply_request(self, server_args: Mapping[str, Any]) -> Change:
         """Validate the specctl keys of a set_internal_state request. Raises PolicyError.
 
-        Returns the decoded table (None = release control); `commit` installs it.
+        Returns what to change (`commit` applies it): a table (None = release control) when
+        the request carries table keys, an off mode when it carries `specctl_off_mode`.
         """
         if not has_policy_keys(server_args):
             raise PolicyError("server_args", "carries no specctl_* keys")
+        self.settle_peers()
         if not self.active:
             raise PolicyError("specctl", f"the plugin is inactive on this server: "
                               f"{self.inactive_reason}")
-        return decode_table(server_args, captured_depths=self.captured_depths)
+        return validate_change(server_args, self.captured_depths)
 
     def reject(self, err: PolicyError) -> None:
         self.last_rejection = f"{err.field}: {err.message}"
         logger.warning("specctl: table push refused: %s", self.last_rejection)
 
-    def commit(self, table: PolicyTable | None) -> None:
-        if table is None:
-            self.selector = None
-            self.source = SOURCE_NONE
-            self.applied_iteration = self.iteration
-            logger.info("specctl: control released to SGLang's adaptive choice")
-        else:
-            self._install(table, SOURCE_PUSH)
+    def commit(self, change: Change | PolicyTable | None) -> None:
+        """Apply a validated change; a bare table (or None: release) is a table change."""
+        if not isinstance(change, Change):
+            change = Change(table=change, table_given=True)
+        if change.off_mode is not None:
+            self.set_off_mode(change.off_mode)
+        if change.table_given:
+            if change.table is None:
+                self.selector = None
+                self.source = SOURCE_NONE
+                self.applied_iteration = self.iteration
+                self._skippable = ()
+                logger.info("specctl: control released to SGLang's adaptive choice")
+            else:
+                self._install(change.table, SOURCE_PUSH)
         self.last_rejection = None
         self.flush()
+
+    def set_off_mode(self, mode: str) -> None:
+        if mode != self.off_mode:
+            logger.info("specctl: off mode %s -> %s", self.off_mode, mode)
+        self.off_mode = mode
+        self._skippable = skippable_tiers(self.table, mode)
 
     def _install(self, table: PolicyTable, source: str) -> None:
         selector = self.selector
@@ -120,6 +209,7 @@ class SchedulerRuntime:
             self.selector = TierSelector(table, rng=exploration_rng(table.version, self.seed))
         self.source = source
         self.applied_iteration = self.iteration
+        self._skippable = skippable_tiers(table, self.off_mode)
         logger.info("specctl: table v%d (%s) applied: %s", table.version, source,
                     table.describe())
 
@@ -128,6 +218,7 @@ class SchedulerRuntime:
         return None if self.selector is None else self.selector.table
 
     def report(self) -> dict[str, Any]:
+        self.settle_peers()
         state = server_state(
             self.table,
             self.captured_depths,
@@ -140,6 +231,12 @@ class SchedulerRuntime:
         state["inactive_reason"] = self.inactive_reason
         state["iteration"] = self.iteration
         state["unattributed_results"] = self.unattributed_results
+        state["off_mode"] = self.off_mode
+        state["depth_switches"] = self.depth_switches
+        state["skipped_draft_extends"] = self.skipped_extends
+        state["unemitted_rows"] = self.unemitted_rows
+        state["empty_results"] = self.empty_results
+        state["tp_ranks_checked"] = None if self.peers is None else self.peers.world_size
         return state
 
     # ------------------------------------------------------------------ hot path
@@ -148,11 +245,15 @@ class SchedulerRuntime:
         """Depth for this launch, or None to let SGLang's own choice stand."""
         self.iteration += 1
         self.launched = True
+        if self._peers_pending:
+            self.settle_peers()
         selector = self.selector
         if selector is None:
-            self.launch_explore = False
+            self.launch_explore = self.launch_skips_extend = False
             return None
         depth, self.launch_explore = selector.select(batch_size)
+        skippable = self._skippable
+        self.launch_skips_extend = depth == 0 and bool(skippable) and skippable[selector.tier or 0]
         return depth
 
     def record_result(
@@ -161,6 +262,12 @@ class SchedulerRuntime:
         """Count one processed decode result. `launch` is what the launch hook attached."""
         if self.parked:
             self._drain_parked()
+        if batch_size <= 0:  # every row finished or was retracted before it was processed
+            self.empty_results += 1
+            if launch is not None and self.timer.seconds(launch[1]) is None \
+                    and len(self.parked) < _MAX_PARKED:
+                self.parked.append((launch[1], depth, 0, 0, False))  # recycle its events later
+            return
         if launch is None:
             self.unattributed_results += 1
         else:
@@ -186,7 +293,8 @@ class SchedulerRuntime:
             if seconds is None:
                 return
             self.parked.popleft()
-            self.counters.record(depth, batch_size, tokens, seconds, explore)
+            if batch_size > 0:
+                self.counters.record(depth, batch_size, tokens, seconds, explore)
 
     def flush(self) -> None:
         """Write the pending counts and gauges to prometheus. Never raises: a failed write
@@ -201,3 +309,16 @@ class SchedulerRuntime:
                 self._export_failed = True
                 logger.exception("specctl: writing the per-depth metrics failed; serving "
                                  "continues, /metrics may lag")
+
+
+def validate_change(server_args: Mapping[str, Any], captured_depths: Iterable[int] | None
+                    ) -> Change:
+    """The change a request's specctl keys ask for. Raises PolicyError naming the wire key."""
+    settings, table_keys = off_mode.split_settings(server_args)
+    mode = None
+    if off_mode.OFF_MODE_KEY in settings:
+        mode = off_mode.decode_mode(settings[off_mode.OFF_MODE_KEY])
+    if not has_policy_keys(table_keys):
+        return Change(off_mode=mode)
+    table = decode_table(table_keys, captured_depths=captured_depths)
+    return Change(table=table, table_given=True, off_mode=mode)

@@ -4,10 +4,12 @@
 
 It checks, on a real server: the plugin is loaded and active (/server_info), a pushed table
 is applied ([true]) and reported, a malformed and an uncaptured-depth table get HTTP 400,
-and, while a few concurrent requests decode, each forced depth makes its own per-depth
-counter move on /metrics (after each push it waits for the last iterations at the old depth
-to be exported, and tolerates one straggler per replica on other depths, saying so); at the
-end it puts back the table that was live before (a start-up policy table, a daemon's push, or
+each off mode can be pushed and is reported by every rank (a bad code is a 400), and, while a
+few concurrent requests decode, each forced depth makes its own per-depth counter move on
+/metrics and, at depth 0 under `skip-extend`, the skipped draft extends grow. After each push
+it waits for the last iterations at the old depth to be exported, and tolerates one
+straggler per replica on other depths, saying so. It puts the off mode back after its check,
+and at the end the table that was live before (a start-up policy table, a daemon's push, or
 none). It needs a GPU server; it has not been run in specctl's CI, which has no GPU (see
 docs/sglang.md). `--api-key` (or $SPECCTL_API_KEY) goes on /generate and /server_info,
 `--admin-key` (or $SPECCTL_ADMIN_KEY) on pushes.
@@ -25,6 +27,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from sglang_hooks import off_mode
 from sglang_hooks.contract import (
     METRIC_ITERATIONS,
     PolicyTable,
@@ -119,6 +122,33 @@ def depth_check(depth: int, before: dict[str, float], after: dict[str, float],
     return ok, what
 
 
+def off_mode_checks(admin: httpx.Client, api: httpx.Client) -> list[tuple[bool, str]]:
+    """Push each off mode and read it back from every rank; a bad code must be a 400.
+    Leaves the server in the mode it started in. Empty when the server reports no off mode
+    (the simulator)."""
+    states = read_server_state(api.get("/server_info").json())
+    if "off_mode" not in states[0]:
+        return []
+    start = states[0]["off_mode"]
+    out = []
+    for code, mode in [*enumerate(off_mode.MODES), (off_mode.MODES.index(start), start)]:
+        r = admin.post("/set_internal_state",
+                       json={"server_args": {off_mode.OFF_MODE_KEY: code}})
+        live = [s.get("off_mode") for s in read_server_state(api.get("/server_info").json())]
+        out.append((r.status_code == 200 and all(r.json()) and set(live) == {mode},
+                    f"off mode {mode} ({code}) applied on every rank: {r.text} -> {live}"))
+    r = admin.post("/set_internal_state",
+                   json={"server_args": {off_mode.OFF_MODE_KEY: len(off_mode.MODES)}})
+    out.append((r.status_code == 400 and off_mode.OFF_MODE_KEY in r.text,
+                f"off mode {len(off_mode.MODES)} refused with 400 ({r.status_code})"))
+    return out
+
+
+def _skipped_extends(api: httpx.Client) -> int:
+    return sum(int(s.get("skipped_draft_extends") or 0)
+               for s in read_server_state(api.get("/server_info").json()))
+
+
 def _check(ok: bool, what: str) -> bool:
     print(("PASS " if ok else "FAIL ") + what)
     return ok
@@ -163,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     r = client.post("/set_internal_state", json=bad)
     results.append(_check(r.status_code == 400 and "specctl_t1_hysteresis" in r.text,
                           f"malformed table refused with 400 ({r.status_code})"))
+    for ok, what in off_mode_checks(client, api):
+        results.append(_check(ok, what))
     uncaptured = next(d for d in range(16) if d not in captured)
     r = client.post("/set_internal_state",
                     json=push_body(single_depth_table(uncaptured, version=2)))
@@ -187,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
                                   f"/server_info shows version {version} on every rank"))
             time.sleep(SETTLE_S)  # let the old depth's last iterations reach /metrics
             before = _iterations_by_depth(api)
+            skipped_before = _skipped_extends(api)
             time.sleep(args.seconds_per_depth)
             after = _iterations_by_depth(api)
             ok, what = depth_check(depth, before, after, stragglers=len(live))
@@ -194,6 +227,11 @@ def main(argv: list[str] | None = None) -> int:
                 what += f"; load requests failed {load_errors.count} times, last: " \
                         f"{load_errors.last}"
             results.append(_check(ok, what))
+            if depth == 0 and live[0].get("off_mode") in (off_mode.SKIP_EXTEND,
+                                                          off_mode.SKIP_EXTEND_ALL):
+                grew = _skipped_extends(api) - skipped_before
+                results.append(_check(grew > 0, f"depth 0 under {live[0]['off_mode']}: "
+                                      f"{grew} draft extends skipped"))
     finally:
         stop.set()
         r = client.post("/set_internal_state", json=push_body(previous))

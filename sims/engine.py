@@ -73,6 +73,7 @@ class SimStats:
     completed_requests: int = 0
     completed_output_tokens: int = 0  # output tokens of completed requests
     rejected_requests: int = 0
+    aborted_requests: int = 0  # dropped because their client went away
     latency_sum_s: float = 0.0  # queueing + prefill + decode, per completed request
     # Of completed requests, as SGLang's latency histograms sum them: time to the first token,
     # time from it to the last, and the tokens after the first.
@@ -105,7 +106,10 @@ class SimStats:
 
 @dataclass
 class Gauges:
-    """SGLang's scheduler gauges, refreshed every DECODE_LOG_INTERVAL decode iterations."""
+    """SGLang's scheduler gauges, refreshed every DECODE_LOG_INTERVAL decode iterations (the
+    request counts also at every prefill), and at once when the scheduler goes idle (SGLang
+    >= 0.5.17 publishes the idle values as soon as the running gauge disagrees with the empty
+    batch)."""
 
     num_running_reqs: float = 0.0
     num_queue_reqs: float = 0.0
@@ -356,6 +360,32 @@ class Engine:
             self._listeners[self._next_rid] = listener
         return self._enqueue(max(prompt_tokens, 1), max(max_new_tokens, 1), False)
 
+    def abort(self, rid: int) -> bool:
+        """Drop a queued or running request, as SGLang aborts one whose stream the client
+        closed. False if it is not there (already finished, or never submitted)."""
+        self._listeners.pop(rid, None)
+        for i, w in enumerate(self._queue):
+            if w[0] == rid:
+                del self._queue[i]
+                self._st.aborted_requests += 1
+                return True
+        n = self.n
+        rows = np.flatnonzero(self._req[:n, _RID] == rid)
+        if not len(rows):
+            return False
+        i = int(rows[0])
+        _, rem, prompt, out, phase, _closed = self._req[i].tolist()
+        self._phase_count[phase] -= 1
+        self._ctx_total -= prompt + out - rem
+        self._reserved_total -= prompt + out
+        self._arrival_time.pop(rid, None)
+        # Keep the other rows in order, so the random draws stay tied to the same requests.
+        self._req[i : n - 1] = self._req[i + 1 : n].copy()
+        self.n = n - 1
+        self._rem_floor = int(self._req[: n - 1, _REM].min()) if n > 1 else _NO_FLOOR
+        self._st.aborted_requests += 1
+        return True
+
     # ------------------------------------------------------------------ arrivals
 
     def _draw_lengths(self) -> tuple[int, int]:
@@ -473,6 +503,7 @@ class Engine:
             if self.n > 0:
                 self._decode()
                 continue
+            self._publish_idle_gauges()
             self.now = min(self._next_event, t_end)  # idle: jump to the next arrival
         if self._pending_policy is not None and self.n == 0:
             self._apply_pending_policy()
@@ -527,6 +558,9 @@ class Engine:
         st.prefill_seconds += dt
         for w in admitted:
             self._start(w)
+        # SGLang refreshes the request gauges at every prefill too, not only every 40 decodes.
+        self.gauges.num_running_reqs = float(self.n)
+        self.gauges.num_queue_reqs = float(len(self._queue))
         return True
 
     def _reject(self, w: _Waiting) -> None:
@@ -694,6 +728,20 @@ class Engine:
         req[:k] = req[:n][keep]
         self.n = k
         self._rem_floor = int(req[:k, _REM].min()) if k else _NO_FLOOR
+
+    def _publish_idle_gauges(self) -> None:
+        g = self.gauges
+        if g.num_running_reqs == 0 and g.num_queue_reqs == 0 and g.gen_throughput == 0:
+            return
+        g.num_running_reqs = 0.0
+        g.num_queue_reqs = float(len(self._queue))
+        g.gen_throughput = 0.0
+        g.token_usage = self._ctx_total / self.profile.scheduler.max_total_tokens
+        # The next busy refresh measures from here, not across the idle gap.
+        self._gi_start = self._decode_totals()
+        self._gi_first_tokens = 0
+        self._gi_iters = 0
+        self._gi_t0 = self.now
 
     def _refresh_gauges(self) -> None:
         g = self.gauges

@@ -7,21 +7,25 @@ so a load generator sees realistic TTFT, inter-token latency and throughput agai
 concurrency (divided by `speedup` in wall time). Generated text is synthetic.
 
 Endpoints: /metrics, /server_info (+ deprecated /get_server_info), /set_internal_state (POST,
-PUT), /health, /health_generate, /ready, /generate, /v1/completions (streaming or not, with
-usage), /v1/models. Auth follows SGLang 0.5.23: /health*, /ready and /metrics are open;
-/set_internal_state is ADMIN_OPTIONAL; everything else needs the API key when one is set.
+PUT), /health, /health_generate, /ready, /generate (`text` or `input_ids`; answers with
+`output_ids` that depend on the prompt and position only, like a greedy decode),
+/v1/completions (streaming or not, with usage), /v1/models. Auth follows SGLang 0.5.23:
+/health*, /ready and /metrics are open; /set_internal_state is ADMIN_OPTIONAL; everything
+else needs the API key when one is set.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
 import time
 import uuid
+import zlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +46,17 @@ _OPEN_PATHS = ("/health", "/ready", "/metrics")
 def synthetic_text(start: int, count: int) -> str:
     """Deterministic filler text for output tokens [start, start + count)."""
     return "".join(_WORDS[i % len(_WORDS)] for i in range(start, start + count))
+
+
+SYNTHETIC_VOCAB = 32000
+
+
+def synthetic_output_ids(prompt: Any, start: int, count: int) -> list[int]:
+    """Token ids for output positions [start, start + count): a function of the prompt and
+    the position only, as a greedy decode is, so every depth (and a server without
+    speculation) answers a prompt with the same ids."""
+    seed = zlib.crc32(json.dumps(prompt, separators=(",", ":")).encode())
+    return [(seed + 2654435761 * i) % SYNTHETIC_VOCAB for i in range(start, start + count)]
 
 
 def prompt_token_count(prompt: Any) -> int:
@@ -148,25 +163,34 @@ class _Progress:
 
 async def _generate(
     server: SimulatedServer, prompt_tokens: int, max_tokens: int
-) -> AsyncIterator[_Progress]:
-    """Submit a request to the simulation and yield its progress as tokens arrive."""
+) -> AsyncGenerator[_Progress, None]:
+    """Submit a request to the simulation and yield its progress as tokens arrive.
+
+    A client that disconnects closes this generator: the request is aborted, as SGLang aborts
+    a request whose stream is closed, so it stops taking a slot in the batch."""
     stream = _Stream(asyncio.get_running_loop(), server)
     submitted = server.now
-    server.submit(prompt_tokens, max_tokens, stream)
+    rid = server.submit(prompt_tokens, max_tokens, stream)
     produced = 0
     first: float | None = None
-    while True:
-        kind, count, sim_time = await stream.queue.get()
-        if kind == "tokens":
-            first = sim_time if first is None else first
-            text = synthetic_text(produced, count)
-            produced += count
-            yield _Progress(produced, text, None, sim_time)
-        else:
-            ttft = (sim_time if first is None else first) - submitted
-            reason = kind.split(":", 1)[1]
-            yield _Progress(produced, "", reason, sim_time, ttft, sim_time - submitted)
-            return
+    finished = False
+    try:
+        while True:
+            kind, count, sim_time = await stream.queue.get()
+            if kind == "tokens":
+                first = sim_time if first is None else first
+                text = synthetic_text(produced, count)
+                produced += count
+                yield _Progress(produced, text, None, sim_time)
+            else:
+                finished = True
+                ttft = (sim_time if first is None else first) - submitted
+                reason = kind.split(":", 1)[1]
+                yield _Progress(produced, "", reason, sim_time, ttft, sim_time - submitted)
+                return
+    finally:
+        if not finished:
+            server.abort(rid)
 
 
 async def _collect(
@@ -175,9 +199,10 @@ async def _collect(
     """A whole (non-streamed) generation: its text and its final progress record."""
     text = ""
     last: _Progress | None = None
-    async for p in _generate(server, prompt_tokens, max_tokens):
-        text += p.text
-        last = p
+    async with contextlib.aclosing(_generate(server, prompt_tokens, max_tokens)) as progress:
+        async for p in progress:
+            text += p.text
+            last = p
     assert last is not None  # _generate always ends with a finish record
     return text, last
 
@@ -317,17 +342,24 @@ def create_app(server: SimulatedServer) -> FastAPI:
 
             async def events() -> AsyncIterator[bytes]:
                 text = ""
-                async for p in _generate(server, prompt_tokens, max_tokens):
-                    text += p.text
-                    if p.finished is not None:
-                        server.record_streaming_finished(p.tokens, p.ttft_s, p.latency_s)
-                    yield _sse({"text": text, "meta_info": meta(p)})
+                # aclosing: a client that goes away mid-stream aborts the request at once.
+                async with contextlib.aclosing(
+                    _generate(server, prompt_tokens, max_tokens)
+                ) as progress:
+                    async for p in progress:
+                        text += p.text
+                        if p.finished is not None:
+                            server.record_streaming_finished(p.tokens, p.ttft_s, p.latency_s)
+                        # Cumulative, as SGLang streams without incremental_streaming_output.
+                        yield _sse({"text": text, "output_ids": synthetic_output_ids(
+                            prompt, 0, p.tokens), "meta_info": meta(p)})
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")
 
         text, last = await _collect(server, prompt_tokens, max_tokens)
-        return JSONResponse({"text": text, "meta_info": meta(last)})
+        return JSONResponse({"text": text, "output_ids": synthetic_output_ids(
+            prompt, 0, last.tokens), "meta_info": meta(last)})
 
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:
@@ -366,17 +398,20 @@ def create_app(server: SimulatedServer) -> FastAPI:
             include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
 
             async def events() -> AsyncIterator[bytes]:
-                async for p in _generate(server, prompt_tokens, max_tokens):
-                    if p.finished is None:
-                        yield _sse(chunk(p.text, None))
-                        continue
-                    server.record_streaming_finished(p.tokens, p.ttft_s, p.latency_s)
-                    yield _sse(chunk("", p.finished))
-                    if include_usage:
-                        final = chunk("", None)
-                        final["choices"] = []
-                        final["usage"] = usage(p.tokens)
-                        yield _sse(final)
+                async with contextlib.aclosing(
+                    _generate(server, prompt_tokens, max_tokens)
+                ) as progress:
+                    async for p in progress:
+                        if p.finished is None:
+                            yield _sse(chunk(p.text, None))
+                            continue
+                        server.record_streaming_finished(p.tokens, p.ttft_s, p.latency_s)
+                        yield _sse(chunk("", p.finished))
+                        if include_usage:
+                            final = chunk("", None)
+                            final["choices"] = []
+                            final["usage"] = usage(p.tokens)
+                            yield _sse(final)
                 yield b"data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")

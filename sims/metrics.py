@@ -7,7 +7,7 @@ scrape time, so the text is exactly what prometheus_client renders for a real pr
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -19,9 +19,28 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from sglang_hooks import contract
+from sims.engine import Engine
+from sims.profile import Profile
 
-if TYPE_CHECKING:
-    from sims.server import SimulatedServer
+
+class ExposedServer(Protocol):
+    """What the exposition reads from a `sims.server.SimulatedServer` (which owns the registry:
+    naming the class here would make the two modules import each other)."""
+
+    engine: Engine
+    profile: Profile
+    speculative: bool
+    model_name: str
+
+    @property
+    def policy_version(self) -> int: ...
+
+    def base_label_values(self) -> list[str]: ...
+
+    def finished_by_streaming(self) -> dict[bool, tuple[int, int]]: ...
+
+    def latency_by_streaming(self) -> dict[bool, tuple[int, float, float]]: ...
+
 
 _COUNTER_HELP = {
     contract.METRIC_ITERATIONS: "Decode iterations run at this depth and batch-size bucket",
@@ -43,7 +62,7 @@ _GAUGE_HELP = {
 
 
 class SimulatedServerCollector(Collector):
-    def __init__(self, server: SimulatedServer) -> None:
+    def __init__(self, server: ExposedServer) -> None:
         self.server = server
 
     def collect(self) -> Iterator[Metric]:
@@ -108,7 +127,7 @@ class SimulatedServerCollector(Collector):
         yield from _latency_histograms(server, tok_labels)
 
 
-def _latency_histograms(server: SimulatedServer, tok_labels: list[str]) -> Iterator[Metric]:
+def _latency_histograms(server: ExposedServer, tok_labels: list[str]) -> Iterator[Metric]:
     """SGLang's latency histograms, summed over finished requests on the simulated clock.
 
     Sums and counts are exact; the simulator keeps no distribution, so each histogram has
@@ -140,7 +159,7 @@ def _latency_histograms(server: SimulatedServer, tok_labels: list[str]) -> Itera
     yield itl
 
 
-def new_registry(server: SimulatedServer) -> CollectorRegistry:
+def new_registry(server: ExposedServer) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(SimulatedServerCollector(server))
     return registry

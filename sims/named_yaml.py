@@ -43,7 +43,12 @@ def load_named_yaml(
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as err:
-        raise error(f"{path}: not valid YAML: {err}") from None
+        # One line with the place in the file (PyYAML's message spans several lines and
+        # names "<unicode string>" instead of the file).
+        mark = getattr(err, "problem_mark", None)
+        where = "" if mark is None else f"line {mark.line + 1}, column {mark.column + 1}: "
+        problem = getattr(err, "problem", None) or " ".join(str(err).split())
+        raise error(f"{path}: {where}not valid YAML: {problem}") from None
     try:
         return model.model_validate(data)
     except ValidationError as err:

@@ -145,6 +145,11 @@ class SimulatedServer:
         with self._lock:
             return self.engine.submit(prompt_tokens, max_new_tokens, listener)
 
+    def abort(self, rid: int) -> bool:
+        """Drop a request whose client went away (False if it had finished already)."""
+        with self._lock:
+            return self.engine.abort(rid)
+
     def record_streaming_finished(
         self, tokens: int, ttft_s: float = 0.0, latency_s: float = 0.0
     ) -> None:

@@ -20,8 +20,7 @@ from fastapi import FastAPI
 from typer.testing import CliRunner
 
 from controller.bench.server_client import ServerClient, ServerError
-from controller.cli import COMMAND_MODULES
-from controller.cli_app import app
+from controller.cli import COMMAND_MODULES, app
 from sglang_hooks.contract import parse_table, push_body, read_server_state
 
 for _module in COMMAND_MODULES:

@@ -1,7 +1,7 @@
 """`specctl curves` and `specctl freeze` on a real SQLite store filled through the store's API.
 
-The samples come from the profile's cost model (`models.synthetic.sweep_samples`), the same
-counter deltas the daemon stores from a server: a known ground truth the figures must show.
+The samples come from the profile's cost model (`controller.evaluation.synthetic.sweep_samples`),
+the same counter deltas the daemon stores from a server: a known ground truth the figures must show.
 """
 
 from __future__ import annotations
@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from controller.cli import COMMAND_MODULES
-from controller.cli_app import app
-from controller.policy_file import PolicyFileError, load
-from controller.store import Store
-from models.synthetic import sweep_samples
+from controller.cli import COMMAND_MODULES, app
+from controller.daemon.policy_file import PolicyFileError, load
+from controller.daemon.store import Store
+from controller.evaluation.synthetic import sweep_samples
 from sims.profile import load_profile
 
 for _module in COMMAND_MODULES:

@@ -12,9 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 from controller.bench import sweep as bench_sweep
-from controller.cli import COMMAND_MODULES
-from controller.cli_app import app
-from sglang_hooks import serve_cli, smoke
+from controller.cli import COMMAND_MODULES, app, serve
+from sglang_hooks import smoke
 from sglang_hooks.contract import parse_table, push_body, read_server_state
 
 for _module in COMMAND_MODULES:
@@ -93,13 +92,13 @@ def test_bench_option_errors_name_the_option(args: list[str], expected: str) -> 
 def test_bench_warns_and_flags_levels_measured_with_foreign_traffic(
     sim_server, tmp_path, monkeypatch
 ) -> None:
-    monkeypatch.setattr(bench_sweep, "IDLE_TIMEOUT_S", 0.5)  # the sim's own clients never stop
+    monkeypatch.setattr(bench_sweep, "DRAIN_TIMEOUT_S", 0.5)  # the sim's own clients never stop
     out = tmp_path / "b"
     result = run("bench", "--url", sim_server.base_url, "--depths", "1", "--concurrency", "1",
                  "--out", str(out), *FAST_BENCH)  # fmt: skip
     assert result.exit_code == 0, result.output
     text = flat(result.output)
-    assert "warning:" in text and "kept decoding for 0.5 s" in text
+    assert "warning:" in text and "and still was after 0.5 s; another client is using it" in text
     assert "batch above concurrency: other traffic on the server" in text
     [level] = json.loads((out / "bench.json").read_text())["results"]
     assert level["foreign_traffic"] is True and level["mean_batch"] > 3
@@ -167,8 +166,8 @@ def test_serve_keeps_the_users_adaptive_config_and_ignores_depths(tmp_path) -> N
 
 
 def test_serve_writes_a_new_adaptive_config_per_launch(tmp_path) -> None:
-    a = serve_cli._write_config(None, [0, 1, 3])
-    b = serve_cli._write_config(None, [0, 2])
+    a = serve._write_config(None, [0, 1, 3])
+    b = serve._write_config(None, [0, 2])
     try:
         assert a != b
         assert json.loads(a.read_text()) == {"1": {"candidate_steps": [0, 1, 3]}}
@@ -176,7 +175,7 @@ def test_serve_writes_a_new_adaptive_config_per_launch(tmp_path) -> None:
     finally:
         a.unlink()
         b.unlink()
-    chosen = serve_cli._write_config(tmp_path / "cfg.json", [1])
+    chosen = serve._write_config(tmp_path / "cfg.json", [1])
     assert chosen == tmp_path / "cfg.json"
 
 
@@ -330,6 +329,6 @@ def test_smoke_reads_the_admin_key_from_the_environment(monkeypatch) -> None:
 
 
 def test_cli_args_helper_sorts_and_dedups() -> None:
-    from controller.cli_args import parse_int_list
+    from controller.cli.args import parse_int_list
 
     assert parse_int_list(" 4, 1,2,4 ", "--x", 0) == (1, 2, 4)

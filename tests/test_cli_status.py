@@ -9,9 +9,8 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from controller.cli import COMMAND_MODULES
-from controller.cli_app import app
-from controller.own_metrics import DaemonMetrics
+from controller.cli import COMMAND_MODULES, app
+from controller.daemon.own_metrics import DaemonMetrics
 from sglang_hooks.contract import push_body, single_depth_table
 
 for _module in COMMAND_MODULES:
@@ -52,3 +51,36 @@ def test_status_names_an_unreachable_server_and_exits_1() -> None:
     result = CliRunner().invoke(app, ["status", "--url", "http://127.0.0.1:9", "--window", "0.5"])
     assert result.exit_code == 1
     assert "cannot reach http://127.0.0.1:9" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("sim_server", [{"speedup": 50}], indirect=True)
+def test_an_idle_server_reads_idle_not_its_old_gauges(sim_server) -> None:
+    result = CliRunner().invoke(app, ["status", "--url", sim_server.base_url, "--window", "0.5"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "now idle (no decode iterations in the last" in text
+    assert "running" not in text  # no gauge beside "idle"
+    doc = CliRunner().invoke(app, ["status", "--url", sim_server.base_url, "--json"])
+    [server] = json.loads(doc.stdout)["servers"]
+    assert server["decoding"] is False and server["depths"] == []
+
+
+@pytest.mark.parametrize("sim_server", [{"concurrency": 32, "speedup": 50}], indirect=True)
+def test_a_server_that_stops_decoding_with_requests_running_is_called_stalled(
+    sim_server,
+) -> None:
+    """The simulated clock is stopped with 32 requests running: nothing decodes any more and
+    the gauges keep their last values, as on a scheduler that hangs (real HTTP throughout)."""
+    url = sim_server.base_url
+    busy = CliRunner().invoke(app, ["status", "--url", url, "--window", "0.5", "--json"])
+    [server] = json.loads(busy.stdout)["servers"]
+    assert server["decoding"] is True and server["running_requests"] > 0
+    sim_server.served.clock.stop()
+    stalled = CliRunner().invoke(app, ["status", "--url", url, "--window", "0.5", "--json"])
+    [server] = json.loads(stalled.stdout)["servers"]
+    assert server["decoding"] is False and server["running_requests"] > 0
+    result = CliRunner().invoke(app, ["status", "--url", url, "--window", "0.5"])
+    assert result.exit_code == 0, result.output
+    line = " ".join("".join(ch for ch in result.output if ch not in "│╭╮╰╯─").split())
+    assert "stalled? no decode iterations in the last 0.5 s, yet SGLang's gauges last read" in line
+    assert f"running {server['running_requests']:.0f}," in line and "idle" not in line

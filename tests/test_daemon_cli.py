@@ -6,8 +6,7 @@ import importlib
 
 from typer.testing import CliRunner
 
-from controller.cli import COMMAND_MODULES
-from controller.cli_app import app
+from controller.cli import COMMAND_MODULES, app
 
 for _module in COMMAND_MODULES:  # register every command, as the console script does
     importlib.import_module(_module)
@@ -54,7 +53,7 @@ def test_simulated_daemon_run_logs_pushes_and_stores_samples(tmp_path):
     assert pushes, result.output
     assert "progress:" in result.output
     assert "stopped:" in result.output
-    from controller.store import Store
+    from controller.daemon.store import Store
 
     store = Store(db)
     assert store.count_samples("sim") > 50
@@ -64,7 +63,7 @@ def test_simulated_daemon_run_logs_pushes_and_stores_samples(tmp_path):
 def test_second_simulated_run_on_the_same_store_resumes_and_learns(tmp_path):
     """A fresh simulated server starts at t=0; the store's earlier records must stay past."""
     cfg, db = _simulated_config(tmp_path)
-    from controller.store import Store
+    from controller.daemon.store import Store
 
     first = CliRunner().invoke(app, ["daemon", "--config", str(cfg)])
     assert first.exit_code == 0, first.output

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from controller.config import ConfigError, ControllerConfig, load_config, parse_config
+from controller.daemon.config import ConfigError, ControllerConfig, load_config, parse_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

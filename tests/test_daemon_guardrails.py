@@ -7,19 +7,19 @@ from typing import Any
 import numpy as np
 import pytest
 
-from controller.config import parse_config
-from controller.daemon import Controller
-from controller.guardrails import (
+from controller.daemon.config import parse_config
+from controller.daemon.guardrails import (
     bound_change,
     changed_buckets,
     compare_after_push,
     decision_runs,
     restrict_to_captured,
 )
-from controller.own_metrics import DaemonMetrics
-from controller.runner import run_simulated
-from controller.store import Store
-from controller.transport import InProcessTransport
+from controller.daemon.loop import Controller
+from controller.daemon.own_metrics import DaemonMetrics
+from controller.daemon.runner import run_simulated
+from controller.daemon.store import Store
+from controller.daemon.transport import InProcessTransport
 from models.learner import Proposal
 from models.samples import Sample
 from sglang_hooks.contract import PolicyTable, Tier

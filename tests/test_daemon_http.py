@@ -23,14 +23,14 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from controller.config import parse_config
-from controller.daemon import Controller
-from controller.own_metrics import DaemonMetrics
-from controller.push import send_table
-from controller.runner import build_transports, run_wall
-from controller.scrape import split_key
-from controller.store import Store
-from controller.transport import HttpTransport
+from controller.daemon.config import parse_config
+from controller.daemon.loop import Controller
+from controller.daemon.own_metrics import DaemonMetrics
+from controller.daemon.push import send_table
+from controller.daemon.runner import build_transports, run_wall
+from controller.daemon.scrape import split_key
+from controller.daemon.store import Store
+from controller.daemon.transport import HttpTransport
 from sglang_hooks.contract import (
     METRIC_ITERATIONS,
     METRIC_TOKENS,

@@ -7,7 +7,7 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from controller.scrape import (
+from controller.daemon.scrape import (
     ScrapeError,
     build_samples,
     counter_deltas,

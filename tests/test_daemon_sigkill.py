@@ -18,7 +18,7 @@ from pathlib import Path
 
 from test_daemon_http import Loopback, new_sim, sim_total
 
-from controller.scrape import split_key
+from controller.daemon.scrape import split_key
 from sglang_hooks.contract import METRIC_TOKENS
 from sims.http import create_app
 

@@ -6,7 +6,7 @@ import sqlite3
 
 import pytest
 
-from controller.store import SCHEMA_VERSION, Store, StoreError
+from controller.daemon.store import SCHEMA_VERSION, Store, StoreError
 from models.samples import Sample
 
 

@@ -10,8 +10,8 @@ import json
 
 from typer.testing import CliRunner
 
-from controller.cli_app import app
-from controller.evaluate import evaluate
+from controller.cli import app
+from controller.evaluation.evaluate import evaluate
 
 REQUIRED = (
     "achieved_tok_per_s",
@@ -43,7 +43,7 @@ def _scenario(tmp_path, drift: bool = False, duration_s: int = 360) -> str:
 
 
 def test_cli_prints_one_json_object_with_every_required_key(tmp_path):
-    import controller.evaluate_cli  # noqa: F401  registers `sim evaluate`
+    import controller.cli.evaluate  # noqa: F401  registers `sim evaluate`
 
     result = CliRunner().invoke(
         app,
@@ -75,7 +75,7 @@ def test_cli_prints_one_json_object_with_every_required_key(tmp_path):
 
 
 def test_unknown_profile_is_a_clear_error(tmp_path):
-    import controller.evaluate_cli  # noqa: F401
+    import controller.cli.evaluate  # noqa: F401
 
     result = CliRunner().invoke(app, ["sim", "evaluate", "--profile", "nope", "--json"])
     assert result.exit_code == 2

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from controller.evaluation.synthetic import SyntheticServer, sweep_samples, true_crossovers
 from models.learner import Learner, LearnerConfig
 from models.samples import Sample
-from models.synthetic import SyntheticServer, sweep_samples, true_crossovers
 from sglang_hooks.contract import PolicyTable, Tier, parse_table, single_depth_table
 from sims.profile import Profile
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from controller.cli_app import app
+from controller.cli import app
 from sims.engine import Engine
 from sims.fit.bench_file import BenchFileError, BenchRun, load_bench
 from sims.fit.fitting import acceptance_rates, fit_profile, split_levels
@@ -199,7 +199,7 @@ def test_bench_file_errors_name_the_field(tmp_path: Path, changes: dict, message
 
 
 def run_cli(*args: str) -> tuple[int, str]:
-    import sims.fit.cli  # noqa: F401  (registers `sim fit`)
+    import controller.cli.sim_fit  # noqa: F401  (registers `sim fit`)
 
     result = CliRunner().invoke(app, ["sim", "fit", *args])
     return result.exit_code, result.output
@@ -236,3 +236,11 @@ def test_cli_checks_out_and_base_before_fitting(tmp_path: Path) -> None:
     assert code == 2 and "does not exist; create it first" in output
     code, output = run_cli(str(path), "--out", str(tmp_path / "p.yaml"), "--base", "nope")
     assert code == 2 and "--base: unknown profile 'nope'" in output
+
+
+def test_the_reader_expects_what_the_bench_writes() -> None:
+    from controller.bench import report, sweep
+    from sims.fit import bench_file
+
+    assert bench_file.BENCH_FORMAT == report.BENCH_FORMAT
+    assert bench_file.NO_SPEC == sweep.NO_SPEC

@@ -22,8 +22,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from controller.cli import COMMAND_MODULES
-from controller.cli_app import app
+from controller.cli import COMMAND_MODULES, app
 from sims.profile import load_profile
 
 for _module in COMMAND_MODULES:

@@ -1,20 +1,39 @@
-"""Closed-loop streaming load on `/v1/completions`: `concurrency` requests always in flight.
+"""Streaming load on `/v1/completions`, one level at a time, with a warm-up and a clean cut.
 
-Each of `concurrency` workers sends a streaming completion, reads it to the end and sends the
-next, so the server sees a steady number of running requests (a closed loop, as in SGLang's
-own `bench_serving --max-concurrency`). Tokens are counted from the usage SGLang attaches to
-every chunk when asked (`stream_options.continuous_usage_stats`), so a chunk that carries
-several accepted draft tokens counts as several; a server that sends no usage is counted one
-token per non-empty chunk and corrected by the final usage chunk.
+Two load shapes:
 
-One `httpx.AsyncClient` with a keep-alive pool as large as the concurrency drives every stream
-from one event loop; benchmarks/loadgen_ceiling.py measures how far that goes.
+- `ClosedLoop(concurrency)`: each of N workers sends a streaming completion, reads it to the
+  end and sends the next, so the server sees a steady number of running requests (SGLang's
+  `bench_serving --max-concurrency` with every request sent at once).
+- `OpenLoop(rate, burstiness, max_concurrency)`: requests arrive at `rate` per second whatever
+  the server does, with gamma-distributed gaps between arrivals (shape `burstiness`: 1 is a
+  Poisson process, below 1 burstier, above 1 more regular; the mean gap stays 1/rate), each on
+  its own stream; `max_concurrency` caps the streams in flight (an arrival then waits for a
+  free one, and its latency counts from when it is sent).
+
+A level first runs for its warm-up (`StopRule.warmup_s`), unmeasured: the first requests all
+arrive together and the batch is still ramping. The measured window follows; its tokens,
+throughput and latencies are the level's numbers (latencies from the requests that started
+inside it). When the window ends every stream still open is cancelled, which closes its
+connection: SGLang aborts a request whose stream is closed, so nothing of this level keeps
+decoding into the next (the sweep then waits for the server's running-request gauge to read 0).
+
+Tokens are counted from the usage SGLang attaches to every chunk when asked
+(`stream_options.continuous_usage_stats`), so a chunk that carries several accepted draft tokens
+counts as several; a server that sends no usage is counted one token per non-empty chunk and
+corrected by the final usage chunk. Inter-token latency is the gap between chunks that carry
+tokens, as `sglang.bench_serving` and `vllm bench serve` measure it.
+
+One `httpx.AsyncClient` with a keep-alive pool drives every stream from one event loop;
+benchmarks/loadgen_ceiling.py measures how far that goes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,12 +47,21 @@ class LoadError(RuntimeError):
     """Requests fail so often that the level's numbers would mean nothing."""
 
 
+# The warm-up when none is given: this share of a level's duration, or this many seconds when
+# the level ends after a number of requests (its duration is not known in advance).
+AUTO_WARMUP_SHARE = 0.1
+AUTO_WARMUP_REQUESTS_MODE_S = 1.0
+
+
 @dataclass(frozen=True)
 class StopRule:
-    """When a level ends: after `requests` completed requests, or after `duration_s` seconds."""
+    """When a level's measured window ends: after `requests` completed requests (of those that
+    started in the window), or after `duration_s` seconds; both after `warmup_s` seconds of
+    unmeasured load (None: `AUTO_WARMUP_SHARE` of the duration, or 1 s with `requests`)."""
 
     requests: int | None = None
     duration_s: float | None = None
+    warmup_s: float | None = None
 
     def __post_init__(self) -> None:
         if (self.requests is None) == (self.duration_s is None):
@@ -42,11 +70,65 @@ class StopRule:
             raise ValueError("requests per level must be >= 1")
         if self.duration_s is not None and self.duration_s <= 0:
             raise ValueError("duration per level must be > 0 seconds")
+        if self.warmup_s is not None and self.warmup_s < 0:
+            raise ValueError("warm-up per level must be >= 0 seconds")
+
+    @property
+    def warmup(self) -> float:
+        if self.warmup_s is not None:
+            return self.warmup_s
+        if self.duration_s is not None:
+            return AUTO_WARMUP_SHARE * self.duration_s
+        return AUTO_WARMUP_REQUESTS_MODE_S
 
     def describe(self) -> str:
-        if self.requests is not None:
-            return f"{self.requests} requests per level"
-        return f"{self.duration_s:g} s per level"
+        what = (
+            f"{self.requests} requests per level"
+            if self.requests is not None
+            else f"{self.duration_s:g} s per level"
+        )
+        return f"{what} after a {self.warmup:g} s warm-up" if self.warmup > 0 else what
+
+
+@dataclass(frozen=True)
+class ClosedLoop:
+    """`concurrency` streams always in flight."""
+
+    concurrency: int
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+
+    def describe(self) -> str:
+        return f"c={self.concurrency}"
+
+
+@dataclass(frozen=True)
+class OpenLoop:
+    """Arrivals at `rate` requests/s, gamma-distributed gaps of shape `burstiness`."""
+
+    rate: float
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.rate > 0:
+            raise ValueError("request rate must be > 0 requests/s")
+        if not self.burstiness > 0:
+            raise ValueError("burstiness must be > 0 (1 = Poisson arrivals)")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError("max concurrency must be >= 1")
+
+    def gap_s(self, rng: random.Random) -> float:
+        """Seconds to the next arrival: gamma(shape k, scale 1/(rate k)), mean 1/rate."""
+        return rng.gammavariate(self.burstiness, 1.0 / (self.rate * self.burstiness))
+
+    def describe(self) -> str:
+        return f"{self.rate:g} req/s"
+
+
+LoadShape = ClosedLoop | OpenLoop
 
 
 @dataclass(frozen=True)
@@ -56,8 +138,9 @@ class RequestResult:
     ttft_s: float | None  # time to the first generated token
     last_token_s: float | None  # seconds since the level started
     output_tokens: int
-    complete: bool  # read to the end (not cut by the level's deadline)
+    complete: bool  # read to the end (not cut when the level ended)
     error: str | None = None
+    chunk_gaps_s: tuple[float, ...] = ()  # between chunks that carried tokens (ITL)
     prompt_tokens: int | None = None  # as the server counted them (its usage), if it said
 
     @property
@@ -68,17 +151,23 @@ class RequestResult:
         first = self.start_s + self.ttft_s
         return (self.last_token_s - first) / (self.output_tokens - 1)
 
+    @property
+    def e2e_s(self) -> float:
+        return self.end_s - self.start_s
+
 
 @dataclass
 class LiveCounters:
-    """What a progress display polls while a level runs."""
+    """What a progress display polls while a level runs (whole level, warm-up included)."""
 
     started: int = 0
     completed: int = 0
     errors: int = 0
     tokens: int = 0
     chunks: int = 0  # SSE events with tokens (several tokens per event when drafts are accepted)
+    in_flight: int = 0
     t0: float = field(default_factory=time.perf_counter)
+    warming_up: bool = True
 
     def elapsed_s(self) -> float:
         return time.perf_counter() - self.t0
@@ -86,30 +175,52 @@ class LiveCounters:
 
 @dataclass(frozen=True)
 class LevelLoad:
+    shape: LoadShape
+    # Streams in flight: the closed loop's concurrency, or the most an open loop had at once
+    # during the window (what the server could have been running from this client).
     concurrency: int
-    elapsed_s: float
-    tokens: int  # every token received during the level
-    requests: tuple[RequestResult, ...]
-    client_cpu_s: float  # CPU time of this process during the level
+    warmup_s: float
+    elapsed_s: float  # the measured window
+    tokens: int  # tokens received during the window
+    requests: tuple[RequestResult, ...]  # every request of the level, warm-up included
+    client_cpu_s: float  # CPU time of this process during the window
 
     @property
     def output_tok_per_s(self) -> float:
         return self.tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
     @property
+    def measured(self) -> list[RequestResult]:
+        """Requests that started inside the window and ended (completed or failed) in it."""
+        end = self.warmup_s + self.elapsed_s
+        return [
+            r
+            for r in self.requests
+            if r.start_s >= self.warmup_s and r.end_s <= end and (r.complete or r.error is not None)
+        ]
+
+    @property
     def completed(self) -> list[RequestResult]:
-        return [r for r in self.requests if r.complete and r.error is None]
+        return [r for r in self.measured if r.complete and r.error is None]
 
     @property
     def errors(self) -> list[RequestResult]:
         return [r for r in self.requests if r.error is not None]
 
 
-def make_client(base_url: str, concurrency: int) -> httpx.AsyncClient:
-    """An HTTP/1.1 keep-alive pool with one connection per concurrent stream."""
+class WindowHooks:
+    """Called as the measured window opens and closes (the sweep scrapes the server there)."""
+
+    async def window_started(self) -> None: ...
+
+    async def window_ended(self) -> None: ...
+
+
+def make_client(base_url: str, max_streams: int | None) -> httpx.AsyncClient:
+    """An HTTP/1.1 keep-alive pool with one connection per concurrent stream (no limit: None)."""
     return httpx.AsyncClient(
         base_url=base_url.rstrip("/"),
-        limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency),
+        limits=httpx.Limits(max_connections=max_streams, max_keepalive_connections=max_streams),
         # A request may queue behind hundreds of others; only connecting must be quick.
         timeout=httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=600.0),
     )
@@ -127,157 +238,251 @@ def completion_body(prompt: Prompt, model: str, temperature: float) -> dict[str,
     }
 
 
-async def _one_request(
-    http: httpx.AsyncClient,
-    body: dict[str, object],
-    t0: float,
-    live: LiveCounters,
-) -> RequestResult:
-    start = time.perf_counter()
-    first: float | None = None
-    last: float | None = None
-    seen = 0
-    prompt: int | None = None
-    try:
-        async with http.stream("POST", "/v1/completions", json=body) as resp:
-            if resp.status_code != 200:
-                text = (await resp.aread()).decode(errors="replace")[:300]
-                raise _RequestFailed(f"HTTP {resp.status_code}: {text}")
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    break
-                chunk = json.loads(payload)
-                if "error" in chunk:
-                    raise _RequestFailed(f"stream error: {chunk['error']}")
-                usage = chunk.get("usage")
-                if isinstance(usage, dict) and "completion_tokens" in usage:
-                    new = int(usage["completion_tokens"]) - seen
-                    if isinstance(usage.get("prompt_tokens"), int):
-                        prompt = usage["prompt_tokens"]
-                else:
-                    choices = chunk.get("choices") or ()
-                    new = 1 if choices and choices[0].get("text") else 0
-                if new > 0:
-                    now = time.perf_counter()
-                    first = first if first is not None else now
-                    last = now
-                    seen += new
-                    live.tokens += new
-                    live.chunks += 1
-    except asyncio.CancelledError:
-        # The level's deadline cut this request: keep what it produced, mark it incomplete.
-        return _result(start, time.perf_counter(), first, last, seen, t0, complete=False,
-                       prompt_tokens=prompt)  # fmt: skip
-    except (_RequestFailed, httpx.HTTPError, ValueError) as err:
-        live.errors += 1
-        end = time.perf_counter()
-        reason = str(err) or type(err).__name__
-        return _result(start, end, first, last, seen, t0, complete=False, error=reason)
-    live.completed += 1
-    return _result(start, time.perf_counter(), first, last, seen, t0, complete=True,
-                   prompt_tokens=prompt)  # fmt: skip
-
-
 class _RequestFailed(Exception):
     pass
 
 
-def _result(
-    start: float,
-    end: float,
-    first: float | None,
-    last: float | None,
-    tokens: int,
-    t0: float,
-    *,
-    complete: bool,
-    error: str | None = None,
-    prompt_tokens: int | None = None,
-) -> RequestResult:
-    return RequestResult(
-        start_s=start - t0,
-        end_s=end - t0,
-        ttft_s=None if first is None else first - start,
-        last_token_s=None if last is None else last - t0,
-        output_tokens=tokens,
-        complete=complete,
-        error=error,
-        prompt_tokens=prompt_tokens,
-    )
+class _Level:
+    """One level's shared state: results, counters, the window and the stop condition."""
+
+    def __init__(
+        self,
+        http: httpx.AsyncClient,
+        prompts: Sequence[Prompt],
+        stop: StopRule,
+        live: LiveCounters,
+        *,
+        model: str,
+        temperature: float,
+        prompt_offset: int,
+        max_errors: int,
+    ) -> None:
+        self.http = http
+        self.prompts = prompts
+        self.stop = stop
+        self.live = live
+        self.model = model
+        self.temperature = temperature
+        self.next_prompt = prompt_offset
+        self.max_errors = max_errors
+        self.t0 = live.t0
+        self.results: list[RequestResult] = []
+        self.window_start: float | None = None  # seconds since t0
+        self.measured_done = 0
+        self.peak_in_flight = 0
+        self.done = asyncio.Event()  # the window's request count is reached, or a failure
+        self.failure: LoadError | None = None
+
+    def next_body(self) -> dict[str, object]:
+        prompt = self.prompts[self.next_prompt % len(self.prompts)]
+        self.next_prompt += 1
+        self.live.started += 1
+        return completion_body(prompt, self.model, self.temperature)
+
+    def record(self, result: RequestResult) -> None:
+        self.results.append(result)
+        live = self.live
+        in_window = self.window_start is not None and result.start_s >= self.window_start
+        if result.error is not None:
+            live.errors += 1
+            if live.errors >= self.max_errors and live.errors > live.completed:
+                first = next(r.error for r in self.results if r.error)
+                self.failure = LoadError(
+                    f"{live.errors} of {len(self.results)} requests to "
+                    f"{self.http.base_url}/v1/completions failed; first error: {first}"
+                )
+                self.done.set()
+        elif result.complete:
+            live.completed += 1
+            if in_window:
+                self.measured_done += 1
+                if self.stop.requests is not None and self.measured_done >= self.stop.requests:
+                    self.done.set()
+
+    async def request(self, body: dict[str, object]) -> None:
+        """One streamed completion; its result is recorded even when the level cuts it."""
+        live = self.live
+        start = time.perf_counter()
+        chunk_times: list[float] = []
+        seen = 0
+        prompt: int | None = None
+        complete = False
+        error: str | None = None
+        live.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, live.in_flight)
+        try:
+            async with self.http.stream("POST", "/v1/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    text = (await resp.aread()).decode(errors="replace")[:300]
+                    raise _RequestFailed(f"HTTP {resp.status_code}: {text}")
+                async for line in resp.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        break
+                    chunk = json.loads(payload)
+                    if "error" in chunk:
+                        raise _RequestFailed(f"stream error: {chunk['error']}")
+                    usage = chunk.get("usage")
+                    if isinstance(usage, dict) and "completion_tokens" in usage:
+                        new = int(usage["completion_tokens"]) - seen
+                        if isinstance(usage.get("prompt_tokens"), int):
+                            prompt = usage["prompt_tokens"]
+                    else:
+                        choices = chunk.get("choices") or ()
+                        new = 1 if choices and choices[0].get("text") else 0
+                    if new > 0:
+                        chunk_times.append(time.perf_counter())
+                        seen += new
+                        live.tokens += new
+                        live.chunks += 1
+            complete = True
+        except (_RequestFailed, httpx.HTTPError, ValueError) as err:
+            error = str(err) or type(err).__name__
+        finally:
+            # Also on cancellation (the level ended): keep what the request produced.
+            live.in_flight -= 1
+            self.record(self._result(start, chunk_times, seen, complete, error, prompt))
+
+    def _result(
+        self,
+        start: float,
+        chunk_times: list[float],
+        tokens: int,
+        complete: bool,
+        error: str | None,
+        prompt_tokens: int | None = None,
+    ) -> RequestResult:
+        t0 = self.t0
+        first = chunk_times[0] if chunk_times else None
+        last = chunk_times[-1] if chunk_times else None
+        return RequestResult(
+            start_s=start - t0,
+            end_s=time.perf_counter() - t0,
+            ttft_s=None if first is None else first - start,
+            last_token_s=None if last is None else last - t0,
+            output_tokens=tokens,
+            complete=complete,
+            error=error,
+            chunk_gaps_s=tuple(b - a for a, b in itertools.pairwise(chunk_times)),
+            prompt_tokens=prompt_tokens,
+        )
 
 
 async def warm_up(http: httpx.AsyncClient, prompt: Prompt, model: str, temperature: float) -> None:
     """One short request before a server's first level, not measured: the first request a
     server sees pays one-off costs (connections, lazy initialisation) no level should carry."""
     body = completion_body(Prompt(prompt.text, 2), model, temperature)
-    await _one_request(http, body, time.perf_counter(), LiveCounters())  # errors show later
+    try:
+        async with http.stream("POST", "/v1/completions", json=body) as resp:
+            await resp.aread()
+    except httpx.HTTPError:
+        pass  # a server that fails shows it in the first level
+
+
+async def _closed_loop(level: _Level, concurrency: int) -> None:
+    async def worker() -> None:
+        while True:
+            await level.request(level.next_body())
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def _open_loop(level: _Level, shape: OpenLoop, seed: int) -> None:
+    rng = random.Random(seed)  # the same arrival times at every depth: levels compare fairly
+    slots = None if shape.max_concurrency is None else asyncio.Semaphore(shape.max_concurrency)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def send(body: dict[str, object]) -> None:
+        if slots is None:
+            await level.request(body)
+            return
+        async with slots:
+            await level.request(body)
+
+    next_at = time.perf_counter()
+    try:
+        while True:
+            next_at += shape.gap_s(rng)
+            delay = next_at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = asyncio.create_task(send(level.next_body()))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _wait(level: _Level, driver: asyncio.Task[None], timeout_s: float | None) -> None:
+    """Until the level is done, its driver stops (a bug, never a request failure), or timeout."""
+    waiter = asyncio.create_task(level.done.wait())
+    try:
+        await asyncio.wait({driver, waiter}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
 
 
 async def run_level(
     http: httpx.AsyncClient,
     prompts: Sequence[Prompt],
-    concurrency: int,
+    shape: LoadShape,
     stop: StopRule,
     *,
     model: str = "default",
     temperature: float = 0.0,
     prompt_offset: int = 0,
     live: LiveCounters | None = None,
+    hooks: WindowHooks | None = None,
+    seed: int = 0,
 ) -> LevelLoad:
-    """Keep `concurrency` streams in flight until `stop`; return every request's timings."""
-    if concurrency < 1:
-        raise ValueError("concurrency must be >= 1")
+    """Run `shape` through a warm-up and one measured window; cut every stream at its end."""
     if not prompts:
         raise ValueError("no prompts to send")
+    hooks = hooks or WindowHooks()
     live = live or LiveCounters()
-    live.t0 = t0 = time.perf_counter()
-    cpu0 = time.process_time()
-    results: list[RequestResult] = []
-    next_prompt = prompt_offset
-    max_errors = max(concurrency, 5)
-
-    async def worker() -> None:
-        nonlocal next_prompt
-        while stop.requests is None or live.started < stop.requests:
-            live.started += 1
-            prompt = prompts[next_prompt % len(prompts)]
-            next_prompt += 1
-            body = completion_body(prompt, model, temperature)
-            task = asyncio.current_task()
-            result = await _one_request(http, body, t0, live)
-            results.append(result)
-            if task is not None and task.cancelling():
-                raise asyncio.CancelledError
-            if live.errors >= max_errors and live.errors > live.completed:
-                raise LoadError(
-                    f"{live.errors} of {len(results)} requests to {http.base_url}/v1/completions "
-                    f"failed; first error: {next(r.error for r in results if r.error)}"
-                )
-
-    workers = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    live.t0 = time.perf_counter()
+    live.warming_up = True
+    streams = shape.concurrency if isinstance(shape, ClosedLoop) else shape.max_concurrency
+    level = _Level(
+        http, prompts, stop, live, model=model, temperature=temperature,
+        prompt_offset=prompt_offset, max_errors=max(streams or 0, 5),
+    )  # fmt: skip
+    if isinstance(shape, ClosedLoop):
+        driver = asyncio.create_task(_closed_loop(level, shape.concurrency))
+    else:
+        driver = asyncio.create_task(_open_loop(level, shape, seed))
     try:
-        if stop.duration_s is None:
-            await asyncio.gather(*workers)
-        else:
-            done, _ = await asyncio.wait(
-                workers, timeout=stop.duration_s, return_when=asyncio.FIRST_EXCEPTION
-            )
-            for w in done:
-                if not w.cancelled() and (err := w.exception()) is not None:
-                    raise err
+        warmup = stop.warmup
+        if warmup > 0:
+            await _wait(level, driver, warmup)
+        window_start = time.perf_counter()
+        level.window_start = window_start - live.t0
+        live.warming_up = False
+        tokens0, cpu0 = live.tokens, time.process_time()
+        level.peak_in_flight = live.in_flight
+        await hooks.window_started()
+        await _wait(level, driver, stop.duration_s)
+        window_end = time.perf_counter()
+        tokens, cpu = live.tokens - tokens0, time.process_time() - cpu0
+        peak = level.peak_in_flight
+        await hooks.window_ended()
     finally:
-        for w in workers:
-            w.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
-    # Measured after the cut, so tokens that arrived while cancelling are inside the window.
-    elapsed = time.perf_counter() - t0
+        driver.cancel()
+        await asyncio.gather(driver, return_exceptions=True)
+    if level.failure is not None:
+        raise level.failure
+    if not driver.cancelled() and (bug := driver.exception()) is not None:
+        raise bug
     return LevelLoad(
-        concurrency=concurrency,
-        elapsed_s=elapsed,
-        tokens=sum(r.output_tokens for r in results),
-        requests=tuple(results),
-        client_cpu_s=time.process_time() - cpu0,
+        shape=shape,
+        concurrency=shape.concurrency if isinstance(shape, ClosedLoop) else peak,
+        warmup_s=level.window_start,
+        elapsed_s=window_end - window_start,
+        tokens=tokens,
+        requests=tuple(level.results),
+        client_cpu_s=cpu,
     )

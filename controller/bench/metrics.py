@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.scrape import ScrapeError, parse_counters, split_key
+from controller.daemon.scrape import ScrapeError, parse_counters, split_key
 from sglang_hooks.contract import (
     METRIC_EXPLORE_ITERATIONS,
     METRIC_GPU_SECONDS,

@@ -1,10 +1,13 @@
-"""What a sweep means: best depth per concurrency, crossovers, the table to push, and files.
+"""What a sweep means: best depth per level, crossovers, the table to push, and files.
 
-Crossovers are interpolated between measured concurrencies (linear in log2 concurrency, where
-the sweep's levels are evenly spaced), and converted to batch sizes with the mean batch the
-server's own counters reported at those levels. Batch size and concurrency differ once the
-server caps running requests (SGLang's default with speculation is 48), and the table is keyed
-by batch size.
+Crossovers are interpolated between measured levels (linear in log2 of the concurrency or the
+request rate, where the sweep's levels are evenly spaced), and converted to batch sizes with
+the mean batch the server's own counters reported at those levels. Batch size and concurrency
+differ once the server caps running requests (SGLang's default with speculation is 48), and
+the table is keyed by batch size.
+
+Levels flagged too short (no request finished in the window) or with other traffic on the
+server are shown but left out of every comparison: their numbers are not this load's.
 """
 
 from __future__ import annotations
@@ -24,39 +27,52 @@ from sglang_hooks.contract import PolicyError, PolicyTable, Tier
 # A depth change is recommended only where the new depth wins by more than this share: short
 # levels are noisy, and a tier that wins by 1% is not worth a boundary the batch can flap on.
 MIN_GAIN = 0.02
+BEST_SPEC = "best spec"
 
 
 @dataclass(frozen=True)
 class Crossover:
     from_series: str  # wins below the crossover
     to_series: str  # wins above it
-    concurrency: float
+    level: float  # concurrency, or request rate in open-loop mode
     batch: float | None
+    rate: bool = False  # `level` is a request rate
+
+    @property
+    def concurrency(self) -> float:
+        return self.level
 
     def describe(self) -> str:
-        at = f"concurrency ~{self.concurrency:.3g}"
+        at = f"~{self.level:.3g} req/s" if self.rate else f"concurrency ~{self.level:.3g}"
         if self.batch is not None:
             at += f" (batch ~{self.batch:.3g})"
         return f"{self.from_series} -> {self.to_series} at {at}"
 
 
-def _by_series(results: Iterable[LevelResult]) -> dict[str, dict[int, LevelResult]]:
-    out: dict[str, dict[int, LevelResult]] = {}
+def usable(results: Iterable[LevelResult]) -> list[LevelResult]:
+    """The levels a recommendation may rest on (not flagged)."""
+    return [r for r in results if not r.flags]
+
+
+def _by_series(results: Iterable[LevelResult]) -> dict[str, dict[float, LevelResult]]:
+    out: dict[str, dict[float, LevelResult]] = {}
     for r in results:
-        out.setdefault(r.series, {})[r.concurrency] = r
+        out.setdefault(r.series, {})[r.level] = r
     return out
 
 
-def best_depths(results: Sequence[LevelResult], min_gain: float = MIN_GAIN) -> dict[int, int]:
-    """Best forced depth per concurrency; the current depth is kept unless beaten by min_gain."""
-    spec = [r for r in results if r.depth is not None]
-    by_c: dict[int, list[LevelResult]] = {}
+def best_depths(results: Sequence[LevelResult], min_gain: float = MIN_GAIN) -> dict[float, int]:
+    """Best forced depth per level; the current depth is kept unless beaten by min_gain.
+
+    Flagged levels are left out."""
+    spec = [r for r in usable(results) if r.depth is not None]
+    by_level: dict[float, list[LevelResult]] = {}
     for r in spec:
-        by_c.setdefault(r.concurrency, []).append(r)
-    out: dict[int, int] = {}
+        by_level.setdefault(r.level, []).append(r)
+    out: dict[float, int] = {}
     current: int | None = None
-    for c in sorted(by_c):
-        rows = {r.depth: r.output_tok_per_s for r in by_c[c] if r.depth is not None}
+    for c in sorted(by_level):
+        rows = {r.depth: r.output_tok_per_s for r in by_level[c] if r.depth is not None}
         best = max(rows, key=lambda d: (rows[d], -d))
         if current in rows and rows[best] <= rows[current] * (1 + min_gain):
             best = current
@@ -65,7 +81,7 @@ def best_depths(results: Sequence[LevelResult], min_gain: float = MIN_GAIN) -> d
 
 
 def _interpolate(lo: LevelResult, hi: LevelResult, lo_b: LevelResult, hi_b: LevelResult) -> float:
-    """Fraction in [0, 1] of the way from concurrency lo to hi where series a meets series b."""
+    """Fraction in [0, 1] of the way from level lo to hi where series a meets series b."""
     d_lo = lo.output_tok_per_s - lo_b.output_tok_per_s
     d_hi = hi.output_tok_per_s - hi_b.output_tok_per_s
     if d_lo == d_hi:
@@ -80,22 +96,34 @@ def _at(frac: float, lo: float, hi: float, log: bool) -> float:
 
 
 def _crossover(
-    a: dict[int, LevelResult], b: dict[int, LevelResult], c_lo: int, c_hi: int, to: str
+    a: dict[float, LevelResult], b: dict[float, LevelResult], c_lo: float, c_hi: float, to: str
 ) -> Crossover:
     frac = _interpolate(a[c_lo], a[c_hi], b[c_lo], b[c_hi])
-    conc = _at(frac, c_lo, c_hi, log=True)
+    level = _at(frac, c_lo, c_hi, log=True)
     batches = [r.mean_batch for r in (a[c_lo], b[c_lo], a[c_hi], b[c_hi])]
     batch = None
     if all(x is not None for x in batches):
         b_lo = (batches[0] + batches[1]) / 2  # type: ignore[operator]
         b_hi = (batches[2] + batches[3]) / 2  # type: ignore[operator]
         batch = _at(frac, b_lo, b_hi, log=False)
-    return Crossover(next(iter(a.values())).series, to, conc, batch)
+    first = next(iter(a.values()))
+    return Crossover(first.series, to, level, batch, rate=first.request_rate is not None)
+
+
+def _envelope(
+    results: Sequence[LevelResult], min_gain: float
+) -> tuple[dict[float, LevelResult], dict[float, LevelResult]]:
+    """The best depth's level per level, and the no-spec server's, where both are usable."""
+    series = _by_series(usable(results))
+    best = best_depths(results, min_gain)
+    nospec = series.get(NO_SPEC, {})
+    envelope = {c: series[series_name(best[c])][c] for c in sorted(best) if c in nospec}
+    return envelope, {c: nospec[c] for c in envelope}
 
 
 def crossovers(results: Sequence[LevelResult], min_gain: float = MIN_GAIN) -> list[Crossover]:
     """Where the best depth changes, and where no-spec overtakes the best depth (if measured)."""
-    series = _by_series(results)
+    series = _by_series(usable(results))
     best = best_depths(results, min_gain)
     cs = sorted(best)
     out = []
@@ -104,20 +132,68 @@ def crossovers(results: Sequence[LevelResult], min_gain: float = MIN_GAIN) -> li
         if d_lo != d_hi:
             a, b = series[series_name(d_lo)], series[series_name(d_hi)]
             out.append(_crossover(a, b, c_lo, c_hi, series_name(d_hi)))
-    nospec = series.get(NO_SPEC)
-    if nospec:
-        # Compare the best speculative envelope with the no-spec server, level by level.
-        envelope = {c: series[series_name(best[c])][c] for c in cs if c in nospec}
-        ec = sorted(envelope)
-        for c_lo, c_hi in itertools.pairwise(ec):
-            lo_gap = envelope[c_lo].output_tok_per_s - nospec[c_lo].output_tok_per_s
-            hi_gap = envelope[c_hi].output_tok_per_s - nospec[c_hi].output_tok_per_s
-            if lo_gap > 0 >= hi_gap:
-                env = {c_lo: envelope[c_lo], c_hi: envelope[c_hi]}
-                cross = _crossover(env, nospec, c_lo, c_hi, NO_SPEC)
-                out.append(Crossover("best spec", NO_SPEC, cross.concurrency, cross.batch))
-                break
+    envelope, nospec = _envelope(results, min_gain)
+    ec = sorted(envelope)
+    for c_lo, c_hi in itertools.pairwise(ec):
+        lo_gap = envelope[c_lo].output_tok_per_s - nospec[c_lo].output_tok_per_s
+        hi_gap = envelope[c_hi].output_tok_per_s - nospec[c_hi].output_tok_per_s
+        if lo_gap > 0 >= hi_gap:
+            env = {c_lo: envelope[c_lo], c_hi: envelope[c_hi]}
+            cross = _crossover(env, nospec, c_lo, c_hi, NO_SPEC)
+            out.append(Crossover(BEST_SPEC, NO_SPEC, cross.level, cross.batch, cross.rate))
+            break
     return out
+
+
+@dataclass(frozen=True)
+class PlainServerWins:
+    """The server without speculation beat the best depth at every level both measured."""
+
+    gains: dict[float, float]  # level -> no-spec tok/s / best depth's tok/s - 1
+    rate: bool = False
+
+    @property
+    def low(self) -> float:
+        return min(self.gains.values())
+
+    @property
+    def high(self) -> float:
+        return max(self.gains.values())
+
+    def describe(self) -> str:
+        def at(level: float) -> str:
+            return f"{level:g} req/s" if self.rate else f"c={level:g}"
+
+        lo_level = min(self.gains, key=lambda c: self.gains[c])
+        hi_level = max(self.gains, key=lambda c: self.gains[c])
+        span = (
+            f"+{100 * self.low:.0f}%"
+            if len(self.gains) == 1 or round(100 * self.low) == round(100 * self.high)
+            else f"+{100 * self.low:.0f}% ({at(lo_level)}) to +{100 * self.high:.0f}% "
+            f"({at(hi_level)})"
+        )
+        return (
+            f"the server without speculation is faster than every depth at every level "
+            f"measured, by {span} tok/s over the best depth: serve without speculation"
+        )
+
+
+def plain_server_wins(
+    results: Sequence[LevelResult], min_gain: float = MIN_GAIN
+) -> PlainServerWins | None:
+    """Set when no-spec beats the best depth (by more than the noise margin) everywhere."""
+    envelope, nospec = _envelope(results, min_gain)
+    if not envelope:
+        return None
+    gains = {
+        c: nospec[c].output_tok_per_s / envelope[c].output_tok_per_s - 1
+        for c in envelope
+        if envelope[c].output_tok_per_s > 0
+    }
+    if len(gains) < len(envelope) or not all(g > min_gain for g in gains.values()):
+        return None
+    rate = next(iter(envelope.values())).request_rate is not None
+    return PlainServerWins(gains, rate)
 
 
 def recommend_table(
@@ -126,14 +202,14 @@ def recommend_table(
     version: int = 0,
     min_gain: float = MIN_GAIN,
 ) -> PolicyTable | None:
-    """Best depth per concurrency compressed into tiers keyed by batch size; None if no data."""
+    """Best depth per level compressed into tiers keyed by batch size; None if no usable data."""
     best = best_depths(results, min_gain)
     if not best:
         return None
-    changes = [c for c in crossovers(results, min_gain) if c.from_series != "best spec"]
+    changes = [c for c in crossovers(results, min_gain) if c.from_series != BEST_SPEC]
     tiers = [Tier(min_batch=1, depth=best[min(best)])]
     for change in changes:
-        edge = change.batch if change.batch is not None else change.concurrency
+        edge = change.batch if change.batch is not None else change.level
         min_batch = max(math.ceil(edge), tiers[-1].min_batch + 1)
         # Hysteresis: ~1/8 of the edge, kept inside the tier below (the contract requires it).
         room = min_batch - tiers[-1].min_batch - 1
@@ -145,6 +221,27 @@ def recommend_table(
         return PolicyTable.build(tiers, version=version, captured_depths=captured_depths)
     except PolicyError:
         return None
+
+
+def too_short_hint(results: Sequence[LevelResult], output_tokens: float | None) -> str | None:
+    """What to change when levels had no finished request: a window long enough for one
+    request at the slowest flagged level's per-stream speed, if it can be estimated."""
+    short = [r for r in results if r.too_short]
+    if not short:
+        return None
+    levels = ", ".join(f"{r.series} {r.label}" for r in short)
+    need = []
+    for r in short:
+        per_stream = r.output_tok_per_s / max(r.concurrency, 1)
+        if output_tokens and per_stream > 0:
+            need.append(output_tokens / per_stream)
+    advice = "use a longer --duration-per-level"
+    if need:
+        advice += f" (a request took about {max(need):.0f} s at the slowest of them)"
+    return (
+        f"too short: no request that started in the window finished in it ({levels}); their "
+        f"tok/s are left out of the recommendation; {advice}"
+    )
 
 
 # ----------------------------------------------------------------------------- files
@@ -169,10 +266,30 @@ def _round(v: Any) -> Any:
     return round(v, 3) if isinstance(v, float) and math.isfinite(v) else v
 
 
+def _level_key(level: float) -> str:
+    return f"{level:g}"
+
+
+def recommendation_text(outcome: SweepOutcome) -> str | None:
+    """One line: the table to push, or that a server without speculation wins."""
+    table = recommend_table(outcome.results, outcome.before.captured_depths)
+    plain = plain_server_wins(outcome.results)
+    if plain is not None:
+        kept = "" if table is None else f" (with speculation, the best table is {table.describe()})"
+        return plain.describe() + kept
+    if table is None:
+        return None
+    return f"recommended table (batch size -> depth): {table.describe()}"
+
+
 def outcome_json(outcome: SweepOutcome) -> dict[str, Any]:
     plan = outcome.plan
-    table = recommend_table(outcome.results, outcome.before.captured_depths)
-    return {
+    results = outcome.results
+    table = recommend_table(results, outcome.before.captured_depths)
+    plain = plain_server_wins(results)
+    rate = plan.mode == "rate"
+    best = {_level_key(c): d for c, d in best_depths(results).items()}
+    out: dict[str, Any] = {
         "format": BENCH_FORMAT,
         "url": plan.url,
         "no_spec_url": plan.no_spec_url,
@@ -186,20 +303,41 @@ def outcome_json(outcome: SweepOutcome) -> dict[str, Any]:
         "table_before_source": outcome.before.source,
         "restored": outcome.restored,
         "interrupted": outcome.interrupted,
-        "results": [{k: _round(v) for k, v in r.to_json().items()} for r in outcome.results],
-        "best_depth_by_concurrency": {str(c): d for c, d in best_depths(outcome.results).items()},
+        "results": [{k: _round(v) for k, v in r.to_json().items()} for r in results],
+        "best_depth_by_concurrency": {} if rate else best,
         "crossovers": [
             {
                 "from": c.from_series,
                 "to": c.to_series,
-                "concurrency": round(c.concurrency, 2),
+                ("request_rate" if c.rate else "concurrency"): round(c.level, 2),
                 "batch": None if c.batch is None else round(c.batch, 2),
             }
-            for c in crossovers(outcome.results)
+            for c in crossovers(results)
         ],
         "recommended_table": None if table is None else table.to_json(),
         "recommended_table_text": None if table is None else table.describe(),
+        # Added with open-loop load, warm-ups, SLOs and level flags:
+        "mode": plan.mode,
+        "request_rates": list(plan.request_rates),
+        "burstiness": plan.burstiness if rate else None,
+        "max_concurrency": plan.max_concurrency if rate else None,
+        "warmup_s": plan.stop.warmup,
+        "slo_ms": None if plan.slo is None else plan.slo.to_json(),
+        "flagged_levels": [
+            {"series": r.series, "level": r.level, "flags": r.flags} for r in results if r.flags
+        ],
+        "no_spec_wins": None
+        if plain is None
+        else {
+            "min_gain": round(plain.low, 4),
+            "max_gain": round(plain.high, 4),
+            "gain_by_level": {_level_key(c): round(g, 4) for c, g in plain.gains.items()},
+        },
+        "recommendation": recommendation_text(outcome),
     }
+    if rate:
+        out["best_depth_by_request_rate"] = best
+    return out
 
 
 def write_json(outcome: SweepOutcome, path: Path) -> None:
@@ -207,45 +345,62 @@ def write_json(outcome: SweepOutcome, path: Path) -> None:
 
 
 def plot(outcome: SweepOutcome, path: Path) -> None:
-    """tok/s and TPOT p50 against concurrency, one line per depth (+ no-spec), crossovers marked."""
+    """tok/s and TPOT p50 against the level, one line per depth (+ no-spec), crossovers marked;
+    flagged levels (too short, other traffic) drawn as red crosses, left out of the table."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     series = _by_series(outcome.results)
+    rate = outcome.plan.mode == "rate"
     fig, (ax_tok, ax_tpot) = plt.subplots(
         1, 2, figsize=(12, 4.8), gridspec_kw={"width_ratios": [3, 2]}
     )
+    flagged_drawn = False
     for name in sorted(series, key=lambda s: (s == NO_SPEC, s)):
         rows = [series[name][c] for c in sorted(series[name])]
-        xs = [r.concurrency for r in rows]
+        xs = [r.level for r in rows]
         style = {"linestyle": "--", "color": "black"} if name == NO_SPEC else {}
         ax_tok.plot(xs, [r.output_tok_per_s for r in rows], marker="o", label=name, **style)
-        tpot = [(r.concurrency, r.tpot_p50_ms) for r in rows if r.tpot_p50_ms is not None]
+        tpot = [(r.level, r.tpot_p50_ms) for r in rows if r.tpot_p50_ms is not None]
         if tpot:
             ax_tpot.plot(*zip(*tpot, strict=True), marker="o", label=name, **style)
+        bad = [r for r in rows if r.flags]
+        if bad:
+            ax_tok.scatter(
+                [r.level for r in bad], [r.output_tok_per_s for r in bad], marker="x", s=90,
+                color="red", zorder=5, label=None if flagged_drawn else "flagged (left out)",
+            )  # fmt: skip
+            for r in bad:
+                ax_tok.annotate(
+                    ", ".join(r.flags), (r.level, r.output_tok_per_s), textcoords="offset points",
+                    xytext=(4, -10), fontsize=7, color="red",
+                )  # fmt: skip
+            flagged_drawn = True
     for cross in crossovers(outcome.results):
-        ax_tok.axvline(cross.concurrency, color="grey", linestyle=":", linewidth=1)
+        ax_tok.axvline(cross.level, color="grey", linestyle=":", linewidth=1)
         ax_tok.annotate(
             f"{cross.from_series}→{cross.to_series}",
-            (cross.concurrency, 0.02), xycoords=("data", "axes fraction"),
+            (cross.level, 0.02), xycoords=("data", "axes fraction"),
             rotation=90, fontsize=8, color="dimgrey", ha="right", va="bottom",
         )  # fmt: skip
-    table = recommend_table(outcome.results, outcome.before.captured_depths)
-    levels = sorted({r.concurrency for r in outcome.results})
+    levels = sorted({r.level for r in outcome.results})
+    xlabel = "request rate (requests/s)" if rate else "concurrent streams"
     for ax, ylabel in ((ax_tok, "output tok/s (all streams)"), (ax_tpot, "TPOT p50 (ms)")):
         ax.set_xscale("log", base=2)
-        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.set_xticks(levels, [f"{c:g}" for c in levels])
         ax.minorticks_off()
-        ax.set_xlabel("concurrent streams")
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # no TPOT line when no request finished
+            ax.legend(fontsize=8)
     title = f"specctl bench: {outcome.plan.url}"
-    if table is not None:
-        title += f"\nrecommended table (batch size): {table.describe()}"
-    fig.suptitle(title, fontsize=10)
+    verdict = recommendation_text(outcome)
+    if verdict is not None:
+        title += "\n" + verdict
+    fig.suptitle(title, fontsize=10, wrap=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -1,10 +1,14 @@
-"""The sweep: force each depth through the admin RPC, run every concurrency level, restore.
+"""The sweep: force each depth through the admin RPC, run every level, restore.
 
 The server's table is read before anything is pushed and pushed back in a `finally`, so an
 error, Ctrl-C (the event loop cancels the sweep) or SIGTERM (handled the same way by
 `run_sweep`) leaves the server as it was. Between levels the table is read back: if another
 controller (a running daemon) pushed meanwhile, the sweep stops instead of measuring the
 wrong depth.
+
+Levels do not overlap: each one ends by closing its streams (SGLang aborts their requests),
+and the next starts once the server's running-request gauge reads 0 again (`drain`), with a
+bounded wait and a warning if it does not.
 """
 
 from __future__ import annotations
@@ -19,10 +23,17 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import httpx
+
+from controller.bench.latency import Slo, goodput, latencies
 from controller.bench.loadgen import (
+    ClosedLoop,
     LevelLoad,
     LiveCounters,
+    LoadShape,
+    OpenLoop,
     StopRule,
+    WindowHooks,
     make_client,
     run_level,
     warm_up,
@@ -41,6 +52,11 @@ from controller.bench.server_facts import server_facts
 from sglang_hooks.contract import PolicyError, single_depth_table, validate_tiers
 
 NO_SPEC = "no-spec"
+RUNNING_GAUGE = "sglang:num_running_reqs"
+QUEUED_GAUGE = "sglang:num_queue_reqs"
+# How long the server may take to empty after a level's streams are closed before the sweep
+# warns and goes on: SGLang aborts closed streams within a scheduler iteration or two.
+DRAIN_TIMEOUT_S = 10.0
 
 
 def series_name(depth: int | None) -> str:
@@ -59,14 +75,45 @@ class SweepPlan:
     no_spec_url: str | None = None
     model: str | None = None
     temperature: float = 0.0
+    # Open loop: requests arrive at these rates (requests/s) instead of a fixed concurrency.
+    request_rates: tuple[float, ...] = ()
+    burstiness: float = 1.0
+    max_concurrency: int | None = None
+    slo: Slo | None = None
+    drain_timeout_s: float | None = None  # None: DRAIN_TIMEOUT_S
+    seed: int = 0
 
-    def levels(self) -> list[tuple[int | None, int]]:
-        """(depth or None for the no-spec server, concurrency) in the order they run."""
-        out: list[tuple[int | None, int]] = [
-            (d, c) for d in self.depths for c in self.concurrencies
+    def __post_init__(self) -> None:
+        if bool(self.concurrencies) == bool(self.request_rates):
+            raise ValueError("give concurrency levels or request rates, not both")
+
+    @property
+    def mode(self) -> str:
+        """ "closed" (fixed concurrency) or "rate" (open-loop arrivals)."""
+        return "rate" if self.request_rates else "closed"
+
+    def shapes(self) -> list[LoadShape]:
+        if self.request_rates:
+            return [OpenLoop(r, self.burstiness, self.max_concurrency) for r in self.request_rates]
+        return [ClosedLoop(c) for c in self.concurrencies]
+
+    @property
+    def drain_timeout(self) -> float:
+        return DRAIN_TIMEOUT_S if self.drain_timeout_s is None else self.drain_timeout_s
+
+    def max_streams(self) -> int | None:
+        """The client's connection pool: the most streams a level can hold open."""
+        if self.request_rates:
+            return self.max_concurrency
+        return max(self.concurrencies)
+
+    def levels(self) -> list[tuple[int | None, LoadShape]]:
+        """(depth or None for the no-spec server, load) in the order they run."""
+        out: list[tuple[int | None, LoadShape]] = [
+            (d, shape) for d in self.depths for shape in self.shapes()
         ]
         if self.no_spec_url:
-            out += [(None, c) for c in self.concurrencies]
+            out += [(None, shape) for shape in self.shapes()]
         return out
 
 
@@ -74,10 +121,11 @@ class SweepPlan:
 class LevelResult:
     series: str  # "d3", or "no-spec" for the second server
     depth: int | None
+    # Streams in flight: the level's concurrency, or the most an open loop had at once.
     concurrency: int
-    requests: int  # completed requests
+    requests: int  # completed requests that started in the measured window
     errors: int
-    elapsed_s: float
+    elapsed_s: float  # the measured window (after the warm-up)
     output_tok_per_s: float
     ttft_p50_ms: float | None
     ttft_p90_ms: float | None
@@ -90,6 +138,24 @@ class LevelResult:
     # streams left over from the level before) was decoding too, so the numbers are not this
     # level's alone.
     foreign_traffic: bool = False
+    request_rate: float | None = None  # open loop: the arrival rate (requests/s)
+    burstiness: float | None = None
+    warmup_s: float = 0.0
+    request_per_s: float = 0.0  # completed requests per second of the window
+    ttft_p99_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    itl_p50_ms: float | None = None  # inter-token latency: gaps between streamed chunks
+    itl_p90_ms: float | None = None
+    itl_p99_ms: float | None = None
+    e2e_p50_ms: float | None = None
+    e2e_p99_ms: float | None = None
+    goodput_req_per_s: float | None = None  # requests that met the SLO, per second
+    slo_attainment: float | None = None  # their share of the window's finished requests
+    # No request that started in the window finished in it: the level is too short for its
+    # load, its tok/s is a partial picture and it is left out of every recommendation.
+    too_short: bool = False
+    drain_s: float | None = None  # from closing the level's streams to an idle server
+    drain_timed_out: bool = False
     # What `specctl sim fit` replays: the decode step from the server's counters, and the
     # request shape as the server counted it (mean prompt tokens, mean output tokens).
     step_ms: float | None = None
@@ -99,6 +165,25 @@ class LevelResult:
     # no client or network time in them.
     server_ttft_ms: float | None = None
     server_itl_ms: float | None = None
+
+    @property
+    def level(self) -> int | float:
+        """What the sweep varies: the concurrency, or the request rate in open-loop mode."""
+        return self.concurrency if self.request_rate is None else self.request_rate
+
+    @property
+    def label(self) -> str:
+        return f"c={self.concurrency}" if self.request_rate is None else f"{self.request_rate:g}/s"
+
+    @property
+    def flags(self) -> list[str]:
+        """Why this level is left out of the recommendation (empty: it is not)."""
+        out = []
+        if self.too_short:
+            out.append("too short")
+        if self.foreign_traffic:
+            out.append("other traffic")
+        return out
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -128,20 +213,25 @@ def has_foreign_traffic(concurrency: int, mean_batch: float | None) -> bool:
     return mean_batch > concurrency + max(FOREIGN_BATCH_MARGIN, FOREIGN_BATCH_SHARE * concurrency)
 
 
-def _percentile_ms(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    if len(values) == 1:
-        return 1000.0 * values[0]
-    return 1000.0 * statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
+@dataclass(frozen=True)
+class Drain:
+    """How a level's load left the server."""
+
+    seconds: float
+    idle: bool  # the server reported nothing running or queued before the timeout
+    busy: float | None = None  # running + queued requests last read (None: no gauges)
 
 
 def summarize(
-    depth: int | None, load: LevelLoad, before: Scrape | None, after: Scrape | None
+    depth: int | None,
+    load: LevelLoad,
+    before: Scrape | None,
+    after: Scrape | None,
+    slo: Slo | None = None,
+    drain: Drain | None = None,
 ) -> LevelResult:
     done = load.completed
-    ttft = [r.ttft_s for r in done if r.ttft_s is not None]
-    tpot = [t for r in done if (t := r.tpot_s) is not None]
+    lat = latencies(done)
     mean_batch = accept = step = ttft_s = itl_s = None
     if before is not None and after is not None:
         ttft_s = mean_between(before, after, TTFT_HISTOGRAM)
@@ -152,22 +242,41 @@ def summarize(
         if w is not None:
             mean_batch, accept, step = w.mean_batch, w.accept_length, w.step_ms
     prompts = [r.prompt_tokens for r in load.requests if r.prompt_tokens is not None]
+    good = goodput(slo, load.measured, load.elapsed_s) if slo is not None else None
+    open_loop = load.shape if isinstance(load.shape, OpenLoop) else None
+    window = load.elapsed_s
     return LevelResult(
         series=series_name(depth),
         depth=depth,
         concurrency=load.concurrency,
         requests=len(done),
         errors=len(load.errors),
-        elapsed_s=round(load.elapsed_s, 3),
+        elapsed_s=round(window, 3),
         output_tok_per_s=load.output_tok_per_s,
-        ttft_p50_ms=_percentile_ms(ttft, 50),
-        ttft_p90_ms=_percentile_ms(ttft, 90),
-        tpot_p50_ms=_percentile_ms(tpot, 50),
-        tpot_p90_ms=_percentile_ms(tpot, 90),
+        ttft_p50_ms=lat.ttft[0],
+        ttft_p90_ms=lat.ttft[1],
+        tpot_p50_ms=lat.tpot[0],
+        tpot_p90_ms=lat.tpot[1],
         mean_batch=mean_batch,
         accept_length=accept,
-        client_cpu_share=load.client_cpu_s / load.elapsed_s if load.elapsed_s > 0 else math.nan,
+        client_cpu_share=load.client_cpu_s / window if window > 0 else math.nan,
         foreign_traffic=has_foreign_traffic(load.concurrency, mean_batch),
+        request_rate=None if open_loop is None else open_loop.rate,
+        burstiness=None if open_loop is None else open_loop.burstiness,
+        warmup_s=round(load.warmup_s, 3),
+        request_per_s=len(done) / window if window > 0 else 0.0,
+        ttft_p99_ms=lat.ttft[2],
+        tpot_p99_ms=lat.tpot[2],
+        itl_p50_ms=lat.itl[0],
+        itl_p90_ms=lat.itl[1],
+        itl_p99_ms=lat.itl[2],
+        e2e_p50_ms=lat.e2e[0],
+        e2e_p99_ms=lat.e2e[2],
+        goodput_req_per_s=None if good is None else good.req_per_s,
+        slo_attainment=None if good is None else good.attainment,
+        too_short=not done,
+        drain_s=None if drain is None else round(drain.seconds, 3),
+        drain_timed_out=drain is not None and not drain.idle,
         step_ms=step,
         prompt_tokens=statistics.fmean(prompts) if prompts else None,
         output_tokens=statistics.fmean(r.output_tokens for r in done) if done else None,
@@ -182,7 +291,9 @@ class LevelObserver:
     def sweep_started(self, outcome: SweepOutcome) -> None:
         """`outcome` fills in as levels finish; keep it to report a sweep cut short."""
 
-    def level_started(self, series: str, concurrency: int, live: LiveCounters) -> None: ...
+    def level_started(self, series: str, shape: LoadShape, live: LiveCounters) -> None:
+        """A level starts (a fixed concurrency or a request rate); `live` counts its requests
+        and tokens as they arrive, warm-up included."""
 
     def level_finished(self, result: LevelResult) -> None: ...
 
@@ -201,38 +312,47 @@ def check_depths(depths: Sequence[int], state: ServerState) -> None:
             raise ServerError(f"--depths {depth}: {err.field}: {err.message}") from None
 
 
-# How long a level waits for the server to stop decoding before it measures anyway.
-IDLE_TIMEOUT_S = 30.0
+def _busy(scrape: Scrape | None) -> float | None:
+    """Running + queued requests from SGLang's gauges (None: the server does not export them).
+
+    SGLang refreshes these gauges every `decode_log_interval` iterations while busy, and at
+    once when the scheduler goes idle (0.5.17 and later), so 0 is read as soon as it is true."""
+    if scrape is None or RUNNING_GAUGE not in scrape.gauges:
+        return None
+    return scrape.gauges[RUNNING_GAUGE] + scrape.gauges.get(QUEUED_GAUGE, 0.0)
 
 
-async def wait_idle(
-    server: ServerClient, timeout_s: float | None = None, quiet_s: float = 0.3
-) -> bool:
-    """Wait until the server stops decoding: a stream cut at a level's deadline may still run
-    on a server that does not abort on disconnect, and would inflate the next level. Decoding
-    is seen in the contract's iteration counters (SGLang's running-requests gauge is refreshed
-    only every few dozen iterations, so it stays stale once the server is idle).
+async def drain(server: ServerClient, timeout_s: float, poll_s: float = 0.05) -> Drain:
+    """Wait until the server runs and queues nothing, at most `timeout_s` seconds."""
+    start = time.monotonic()
+    while True:
+        busy = _busy(await asyncio.to_thread(_scrape_or_none, server))
+        elapsed = time.monotonic() - start
+        if busy is None:
+            # No gauges: fall back on the decode counters standing still.
+            idle = await wait_idle(server, max(timeout_s - elapsed, 0.0))
+            return Drain(time.monotonic() - start, idle)
+        if busy <= 0:
+            return Drain(elapsed, True, 0.0)
+        if elapsed >= timeout_s:
+            return Drain(elapsed, False, busy)
+        await asyncio.sleep(poll_s)  # an await, so Ctrl-C / SIGTERM cancel here at once
 
-    False if the server was still decoding after `timeout_s` (traffic from someone else)."""
-    deadline = time.monotonic() + (IDLE_TIMEOUT_S if timeout_s is None else timeout_s)
+
+async def wait_idle(server: ServerClient, timeout_s: float, quiet_s: float = 0.3) -> bool:
+    """For a server without SGLang's gauges: wait until its decode counters stand still for
+    `quiet_s`. False if they still moved after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
     last = _iterations(server)
     while last is not None:
         if time.monotonic() >= deadline:
             return False
-        await asyncio.sleep(quiet_s)  # an await, so Ctrl-C / SIGTERM cancel here at once
+        await asyncio.sleep(quiet_s)
         now = _iterations(server)
         if now is None or now == last:
             return True
         last = now
     return True
-
-
-async def _settle(server: ServerClient, url: str, observer: LevelObserver) -> None:
-    if not await wait_idle(server):
-        observer.warning(
-            f"{url} kept decoding for {IDLE_TIMEOUT_S:g} s with no load from this "
-            "sweep; another client is using it, so the next level measures its traffic too"
-        )
 
 
 def _iterations(server: ServerClient) -> float | None:
@@ -249,33 +369,100 @@ def _scrape_or_none(server: ServerClient) -> Scrape | None:
         return None
 
 
+class _WindowScrapes(WindowHooks):
+    """Scrapes the server as a level's window opens and closes (off the event loop, so the
+    streams keep being read meanwhile)."""
+
+    def __init__(self, server: ServerClient) -> None:
+        self.server = server
+        self.before: Scrape | None = None
+        self.after: Scrape | None = None
+
+    async def window_started(self) -> None:
+        self.before = await asyncio.to_thread(_scrape_or_none, self.server)
+
+    async def window_ended(self) -> None:
+        self.after = await asyncio.to_thread(_scrape_or_none, self.server)
+
+
+class _Levels:
+    """Runs one server's levels: load, scrape, drain, summarize."""
+
+    def __init__(
+        self, plan: SweepPlan, server: ServerClient, observer: LevelObserver, offset: int
+    ) -> None:
+        self.plan = plan
+        self.server = server
+        self.observer = observer
+        self.offset = offset  # prompts already sent: every level gets fresh ones
+        self.model = plan.model or server.model_id() or "default"
+        self.warmed = False
+
+    async def warm_up(self, http: httpx.AsyncClient) -> None:
+        """One unmeasured request before this server's first level."""
+        if not self.warmed:
+            self.warmed = True
+            await warm_up(http, self.plan.prompts[-1], self.model, self.plan.temperature)
+
+    async def settle(self) -> None:
+        """Before the first level: the server should be idle, or someone else is using it."""
+        drained = await drain(self.server, self.plan.drain_timeout)
+        if not drained.idle:
+            self.observer.warning(
+                f"{self.server.url} was running {_requests(drained.busy)} before the sweep "
+                f"and still was after {self.plan.drain_timeout:g} s; another client is using "
+                "it, so the levels measure its traffic too"
+            )
+
+    async def measure(
+        self, http: httpx.AsyncClient, depth: int | None, shape: LoadShape
+    ) -> LevelResult:
+        plan = self.plan
+        live = LiveCounters()
+        series = series_name(depth)
+        self.observer.level_started(series, shape, live)
+        scrapes = _WindowScrapes(self.server)
+        load = await run_level(
+            http, plan.prompts, shape, plan.stop, model=self.model,
+            temperature=plan.temperature, prompt_offset=self.offset, live=live,
+            hooks=scrapes, seed=plan.seed,
+        )  # fmt: skip
+        self.offset += live.started
+        drained = await drain(self.server, plan.drain_timeout)
+        if not drained.idle:
+            self.observer.warning(
+                f"{self.server.url} still ran {_requests(drained.busy)} "
+                f"{plan.drain_timeout:g} s after level {series} {shape.describe()} closed its "
+                "streams; another client is using it (or it does not abort closed streams), "
+                "so the next level measures that traffic too"
+            )
+        return summarize(depth, load, scrapes.before, scrapes.after, plan.slo, drained)
+
+
+def _requests(n: float | None) -> str:
+    if n is None:
+        return "decode iterations"
+    return f"{n:.0f} request" + ("" if round(n) == 1 else "s")
+
+
 async def _run_levels(
     outcome: SweepOutcome,
     server: ServerClient,
     observer: LevelObserver,
 ) -> None:
     plan = outcome.plan
-    model = plan.model or server.model_id() or "default"
     base_version = outcome.before.version
-    offset = 0
+    levels = _Levels(plan, server, observer, offset=0)
+    await levels.settle()
     for i, depth in enumerate(plan.depths):
         forced = single_depth_table(depth, version=base_version + 1 + i)
         outcome.pushed = True  # set first: a push that times out may still have landed
         server.push(forced)
         observer.message(f"forced {series_name(depth)} on {plan.url} (version {forced.version})")
-        async with make_client(plan.url, max(plan.concurrencies)) as http:
-            if i == 0:
-                await warm_up(http, plan.prompts[-1], model, plan.temperature)
-            for c in plan.concurrencies:
-                live = LiveCounters()
-                await _settle(server, plan.url, observer)
-                observer.level_started(series_name(depth), c, live)
-                scrape0 = _scrape_or_none(server)
-                load = await run_level(
-                    http, plan.prompts, c, plan.stop, model=model,
-                    temperature=plan.temperature, prompt_offset=offset, live=live,
-                )  # fmt: skip
-                offset += live.started
+        async with make_client(plan.url, plan.max_streams()) as http:
+            await levels.warm_up(http)
+            for shape in plan.shapes():
+                result = await levels.measure(http, depth, shape)
                 now = server.state()
                 if now.version != forced.version:
                     raise ServerError(
@@ -283,11 +470,10 @@ async def _run_levels(
                         f"{now.version}, source {now.source!r}: {now.describe()}); stop other "
                         "controllers (e.g. the specctl daemon) before benchmarking"
                     )
-                result = summarize(depth, load, scrape0, _scrape_or_none(server))
                 outcome.results.append(result)
                 observer.level_finished(result)
     if plan.no_spec_url:
-        await _run_no_spec(outcome, observer, offset)
+        await _run_no_spec(outcome, observer, levels.offset)
 
 
 async def _run_no_spec(outcome: SweepOutcome, observer: LevelObserver, offset: int) -> None:
@@ -297,20 +483,12 @@ async def _run_no_spec(outcome: SweepOutcome, observer: LevelObserver, offset: i
         if not other.health():
             raise ServerError(f"{plan.no_spec_url}/health is not OK (--no-spec-url)")
         outcome.servers["no_spec"] = server_facts(other.server_info())
-        model = plan.model or other.model_id() or "default"
-        async with make_client(plan.no_spec_url, max(plan.concurrencies)) as http:
-            await warm_up(http, plan.prompts[-1], model, plan.temperature)
-            for c in plan.concurrencies:
-                live = LiveCounters()
-                await _settle(other, plan.no_spec_url, observer)
-                observer.level_started(NO_SPEC, c, live)
-                scrape0 = _scrape_or_none(other)
-                load = await run_level(
-                    http, plan.prompts, c, plan.stop, model=model,
-                    temperature=plan.temperature, prompt_offset=offset, live=live,
-                )  # fmt: skip
-                offset += live.started
-                result = summarize(None, load, scrape0, _scrape_or_none(other))
+        levels = _Levels(plan, other, observer, offset)
+        await levels.settle()
+        async with make_client(plan.no_spec_url, plan.max_streams()) as http:
+            await levels.warm_up(http)
+            for shape in plan.shapes():
+                result = await levels.measure(http, None, shape)
                 outcome.results.append(result)
                 observer.level_finished(result)
 

@@ -13,7 +13,8 @@ AROUND, AFTER = "AROUND", "AFTER"
 
 @dataclass(frozen=True)
 class SymbolSpec:
-    """A method (or, with `attribute`, a class field) the plugin relies on.
+    """A method (or, with `attribute`, a class field; with `instance`, an attribute that
+    `__init__` assigns on `self`) the plugin relies on.
 
     `module`/`cls` say where it is *defined* (what the guard parses); `params` are the
     leading parameters after `self` that the hook reads, by position and name.
@@ -25,6 +26,7 @@ class SymbolSpec:
     params: tuple[str, ...] = ()
     is_async: bool = False
     attribute: bool = False
+    instance: bool = False
 
     @property
     def where(self) -> str:

@@ -12,6 +12,8 @@ _METRICS = "sglang.srt.observability.metrics_collector"
 _TOKENIZER = "sglang.srt.managers.tokenizer_manager"
 _TOKENIZER_MIXIN = "sglang.srt.managers.tokenizer_control_mixin"
 _UTILS = "sglang.srt.managers.utils"
+_BATCH = "sglang.srt.managers.schedule_batch"
+_CONTEXT = "sglang.srt.runtime_context"
 
 
 def _hook(module: str, cls: str, name: str, kind: str, hook: str, *params: str,
@@ -34,6 +36,10 @@ COMMON_HOOKS: tuple[HookSpec, ...] = (
           "on_states_built", "cuda_graph_bs"),
     _hook(_WORKER, "EAGLEWorkerV2", "forward_batch_generation", AROUND,
           "time_launch", "batch"),
+    _hook(_WORKER, "EAGLEWorkerV2", "apply_runtime_state", AROUND,
+          "on_apply_state", "state"),
+    _hook(_WORKER, "EagleDraftWorker", "_draft_extend_for_decode", AROUND,
+          "skip_extend", "batch", "batch_result"),
     _hook(_RESULTS, "SchedulerBatchResultProcessor", "_resolve_spec_v2_tokens", AFTER,
           "count_result", "result", "batch"),
     _hook(_METRICS, "SchedulerMetricsCollector", "__init__", AFTER,
@@ -53,4 +59,13 @@ COMMON_READS: tuple[SymbolSpec, ...] = (
     SymbolSpec(_PARAMS, "AdaptiveSpeculativeParams", "candidate_steps"),
     SymbolSpec(_TOKENIZER_MIXIN, "TokenizerControlMixin", "get_internal_state",
                is_async=True),
+    # skip-extend: SGLang's own stub for a skipped draft extend
+    SymbolSpec(_WORKER, "EAGLEWorkerV2", "_stub_skipped_draft_extend",
+               ("batch", "batch_output")),
+    # emitted-token counts: the rows SGLang's output loop skips
+    SymbolSpec(_BATCH, "Req", "finished_reason", instance=True),
+    SymbolSpec(_BATCH, "Req", "is_retracted", instance=True),
+    # the override log each depth switch appends to
+    SymbolSpec(_CONTEXT, "RuntimeContext", "override", ("source",)),
+    SymbolSpec(_CONTEXT, "RuntimeContext", "_overrides_log", instance=True),
 )

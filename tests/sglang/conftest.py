@@ -52,11 +52,14 @@ else:
 
 @pytest.fixture(scope="session")
 def plugin_loaded() -> bool:
+    """SGLang's real loader ran the plugin; its hooks reach HookRegistry as each test imports
+    the module they patch (sglang_hooks/deferred.py)."""
     from sglang.srt.plugins import load_plugins
-    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from sglang_hooks import hooks, plugin
 
     load_plugins()
-    return bool(HookRegistry._patched)
+    return hooks.ADAPTER is not None and plugin.DEFERRED is not None
 
 
 @pytest.fixture

@@ -32,7 +32,12 @@ def test_serve_adds_what_the_plugin_needs_and_keeps_user_flags(tmp_path: Path) -
     assert env == {}  # SGLANG_PLUGINS unset: SGLang loads every installed plugin, specctl too
     assert "--speculative-adaptive" in argv and "--enable-metrics" in argv
     assert argv[argv.index("--speculative-adaptive-config") + 1] == str(tmp_path / "cfg.json")
-    assert any("--max-running-requests" in n for n in notes)
+    # SGLang would lower the cap to 48 with speculation: serve passes the plain server's cap
+    assert argv[argv.index("--max-running-requests") + 1] == str(launch.PLAIN_REQUEST_CAP)
+    assert any("added --max-running-requests 4096" in n and "48" in n for n in notes)
+    argv, _, notes = launch.build_command([*EAGLE, "--max-running-requests=96"], Path("c.json"))
+    assert argv.count("--max-running-requests") == 0 and "--max-running-requests=96" in argv
+    assert not any("max-running-requests" in n for n in notes)
     assert launch.admin_url(["--port", "31000", "--host", "0.0.0.0"]) == "http://127.0.0.1:31000"
     with pytest.raises(ValueError, match="--speculative-algorithm"):
         launch.build_command(["--model-path", "m"], tmp_path / "cfg.json")
@@ -83,8 +88,8 @@ def test_serve_checks_the_initial_depth_is_captured() -> None:
 def test_serve_command_refuses_an_uncaptured_initial_depth() -> None:
     from typer.testing import CliRunner
 
-    from controller.cli_app import app
-    from sglang_hooks import serve_cli  # noqa: F401  (registers the command)
+    import controller.cli.serve  # noqa: F401  (registers the command)
+    from controller.cli import app
 
     bad = CliRunner().invoke(app, ["serve", "--dry-run", "--depths", "0,1,2", "--", *EAGLE,
                                    "--speculative-num-steps", "3"])
@@ -98,8 +103,8 @@ def test_serve_command_refuses_an_uncaptured_initial_depth() -> None:
 def test_serve_warns_that_every_node_needs_the_same_policy_file(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from controller.cli_app import app
-    from sglang_hooks import serve_cli  # noqa: F401  (registers the command)
+    import controller.cli.serve  # noqa: F401  (registers the command)
+    from controller.cli import app
     from sglang_hooks.policy_file import table_fingerprint
 
     policy = tmp_path / "policy.yaml"

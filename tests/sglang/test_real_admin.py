@@ -80,6 +80,19 @@ def test_release_returns_control_to_sglang(controller: Any, runtime: SchedulerRu
     assert runtime.table is None and runtime.source == "none"
 
 
+def test_off_mode_switches_through_the_controller_with_or_without_a_table(
+    controller: Any, runtime: SchedulerRuntime
+) -> None:
+    out = controller.set_internal_state(_req({"specctl_off_mode": 0}))
+    assert out.updated is True and runtime.off_mode == "sglang" and runtime.table is None
+    out = controller.set_internal_state(_req({**encode_table(TABLE), "specctl_off_mode": 2}))
+    assert out.updated is True and runtime.off_mode == "skip-extend-all"
+    assert runtime.table == TABLE
+    out = controller.set_internal_state(_req({"specctl_off_mode": 7}))
+    assert out.updated is False and runtime.off_mode == "skip-extend-all"
+    assert "specctl_off_mode" in (runtime.last_rejection or "")
+
+
 def test_state_report_lands_in_the_real_output_message(runtime: SchedulerRuntime) -> None:
     from sglang.srt.managers.io_struct import GetInternalStateReqOutput
 
@@ -179,6 +192,37 @@ def test_uncaptured_depth_is_a_400_before_reaching_the_scheduler(client: Any) ->
     assert resp.status_code == 400
     detail = json.loads(resp.json()["message"])
     assert detail["field"] == "specctl_t0_depth" and "not captured" in detail["message"]
+
+
+def test_off_mode_push_is_applied_and_a_bad_code_is_a_400(client: Any,
+                                                          runtime: SchedulerRuntime) -> None:
+    resp = client.post("/set_internal_state", json={"server_args": {"specctl_off_mode": 0}})
+    assert resp.status_code == 200 and resp.json() == [True]
+    assert runtime.off_mode == "sglang"
+    resp = client.post("/set_internal_state", json={"server_args": {"specctl_off_mode": 3}})
+    assert resp.status_code == 400
+    assert json.loads(resp.json()["message"])["field"] == "specctl_off_mode"
+
+
+def test_smoke_off_mode_checks_pass_against_the_real_push_route(
+    client: Any, runtime: SchedulerRuntime
+) -> None:
+    """Pushes go through the real route; /server_info is stood in by its `internal_states`
+    part, built by the real report hook (the real route also needs a launched server's
+    arguments and scheduler info)."""
+    import httpx
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+
+    from sglang_hooks import smoke
+
+    def server_info(path: str) -> httpx.Response:
+        out = hooks.get_internal_state(GetInternalStateReqOutput(internal_state={}), None)
+        return httpx.Response(200, json={"internal_states": [out.internal_state]})
+
+    runtime.set_off_mode("skip-extend")
+    checks = smoke.off_mode_checks(client, SimpleNamespace(get=server_info))
+    assert len(checks) == 5 and all(ok for ok, _ in checks), checks
+    assert runtime.off_mode == "skip-extend"  # put back
 
 
 def test_non_numeric_value_is_refused_by_sglang_own_validation(client: Any) -> None:

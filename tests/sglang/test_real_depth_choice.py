@@ -114,6 +114,22 @@ def test_ema_cannot_switch_depth_while_a_table_rules(runtime: SchedulerRuntime,
     assert worker.speculative_num_steps == 3
 
 
+def test_sglang_choice_does_not_run_while_a_table_rules(runtime: SchedulerRuntime,
+                                                       tmp_path: Path) -> None:
+    """Under a table SGLang's EMA neither updates nor switches (each of its switches would
+    also log a line at INFO); after release it resumes from where it stopped."""
+    controller, _ = _controller(launch.adaptive_config([0, 1, 3]), tmp_path, initial=1)
+    [slot] = controller.params._slots.values()
+    before = (slot.ema_accept_len, slot._batch_count, slot.current_steps)
+    runtime.commit(runtime.apply_request(encode_table(PolicyTable.build([Tier(1, 3)], 1))))
+    for i in range(5000):  # accept nothing, then everything: SGLang would flip 1 <-> 0 <-> 3
+        controller.on_verify_complete([0, 0, 0, 0] if i % 200 < 100 else [3, 3, 3, 3], 4)
+    assert (slot.ema_accept_len, slot._batch_count, slot.current_steps) == before
+    runtime.commit(None)
+    controller.on_verify_complete([0, 0, 0, 0], 4)
+    assert slot._batch_count == before[1] + 1
+
+
 def test_exploration_is_reproducible_across_ranks(runtime: SchedulerRuntime, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Two TP ranks replaying the same batches pick the same depths (seeded by version)."""

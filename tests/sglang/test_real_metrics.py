@@ -125,7 +125,7 @@ def test_collector_labels_are_copied_so_dp_replicas_stay_apart(plugin_loaded: bo
     The daemon's own parser then reads one cell per DP replica."""
     from prometheus_client import CollectorRegistry
 
-    from controller.scrape import parse_counters, split_key
+    from controller.daemon.scrape import parse_counters, split_key
     from sglang_hooks.contract import METRIC_ITERATIONS
     from sglang_hooks.exporter import PrometheusExporter
 

@@ -1,0 +1,1 @@
+"""Benchmarks of specctl; `benchmarks.gpu` is the GPU end-to-end harness."""

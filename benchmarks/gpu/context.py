@@ -1,0 +1,93 @@
+"""What every phase of a command works with: the options, the run's state, the time budget,
+the servers' URLs and the prompts (built-in word prompts, or the dataset's)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.gpu import servers
+from benchmarks.gpu.greedy import GreedyPrompt, dataset_prompts
+from benchmarks.gpu.greedy import word_prompts as make_word_prompts
+from benchmarks.gpu.model_folders import ModelFolders
+from benchmarks.gpu.options import Options
+from benchmarks.gpu.state import RunState
+from controller.bench.prompts import Prompt, load_dataset, synthetic_prompts
+
+
+class PhaseError(RuntimeError):
+    """A phase could not do its job; the message says why and what to do. `result` keeps what
+    it measured before it failed."""
+
+    def __init__(self, message: str, result: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+# Kept back from a command's --budget for the summary, the archive and stopping the servers.
+BUDGET_RESERVE_S = 40.0
+
+
+@dataclass
+class Run:
+    opts: Options
+    state: RunState
+    deadline: float | None = None  # time.monotonic() by which this command must be done
+
+    def time_left(self) -> float:
+        """Seconds this command may still spend on phases (inf without --budget)."""
+        if self.deadline is None:
+            return float("inf")
+        return self.deadline - BUDGET_RESERVE_S - time.monotonic()
+
+    def cap(self, timeout_s: float) -> float:
+        """A subprocess timeout shortened to what the budget leaves."""
+        return max(5.0, min(timeout_s, self.time_left()))
+
+    @property
+    def dir(self) -> Path:
+        return self.state.run_dir
+
+    def say(self, text: str) -> None:
+        print(text, flush=True)
+
+    @property
+    def admin_key(self) -> str:
+        return str(self.state.data["admin_key"])
+
+    def url(self, role: str) -> str:
+        url = self.state.url(role)
+        if url is None:
+            raise PhaseError(f"no {role} server in {self.state.path}: run the `start` phase")
+        return url
+
+    def require_servers(self) -> None:
+        for role in (servers.SPEC, servers.PLAIN):
+            url = self.url(role)
+            if not servers.healthy(url):
+                raise PhaseError(f"the {role} server at {url} does not answer /health: "
+                                 f"run the `start` phase (log: {self.dir / 'logs'})")
+
+    def models(self) -> ModelFolders | None:
+        data = self.state.data.get("models")
+        return None if data is None else ModelFolders.from_json(data)
+
+    def dataset(self) -> Path | None:
+        if self.opts.dataset is not None:
+            return Path(self.opts.dataset)
+        models = self.models()
+        return Path(models.datasets[0]) if models is not None and models.datasets else None
+
+    def greedy_prompts(self) -> list[GreedyPrompt]:
+        dataset = self.dataset()
+        if dataset is not None:
+            return dataset_prompts(dataset, self.opts.greedy_prompts)
+        return make_word_prompts(self.opts.greedy_prompts)
+
+    def load_prompts(self) -> list[Prompt]:
+        dataset = self.dataset()
+        if dataset is not None:
+            return load_dataset(dataset, self.opts.output_tokens)
+        return synthetic_prompts(512, self.opts.prompt_tokens, self.opts.output_tokens)

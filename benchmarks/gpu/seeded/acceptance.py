@@ -1,0 +1,272 @@
+"""Measure a served head's acceptance per prompt family and depth from specctl's own counters.
+
+    python -m benchmarks.gpu.seeded.acceptance --url http://127.0.0.1:30000 \
+        --dataset DIR/family_a.jsonl --dataset DIR/family_b.jsonl --depths 1,2,3 [--off-spell 64]
+
+For every dataset and depth: push a one-tier table of that depth, send `--requests` requests
+at `--concurrency`, and read the depth's counters before and after: accept length =
+Δspecctl_decode_tokens_total / Δspecctl_decode_request_steps_total (tokens per request per
+verify, the bonus token included; docs/contract.md). From the accept lengths at depths 1..k,
+the acceptance of draft position k given the earlier ones is implied:
+r_k = L_k - L_(k-1) (L_0 = 1) is P(the first k drafts accepted), p_k = r_k / r_(k-1).
+
+`--off-spell N`: the same requests twice, at depth 3 (the deepest of --depths) throughout, and
+at depth 0 for their first N tokens before a push to depth 3; the accept length at depth 3
+after token N is compared. SGLang keeps extending the draft's KV cache at depth 0 unless
+SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND is set, so the difference shows what skipping the
+draft's catch-up costs on that server. The table live before the run is pushed back at the end.
+Works against a real SGLang server with the specctl plugin and against `specctl sim serve`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from controller.bench.loadgen import ClosedLoop, LiveCounters, StopRule, make_client, run_level
+from controller.bench.metrics import DepthWork, Scrape
+from controller.bench.prompts import DatasetError, Prompt, load_dataset
+from controller.bench.server_client import ServerClient, ServerError, admin_key_from_env
+from controller.bench.sweep import wait_idle
+from sglang_hooks.contract import PolicyTable, single_depth_table
+
+
+class AcceptanceError(RuntimeError):
+    """The measurement could not be made; the message says why and what to change."""
+
+
+def implied_positions(accept_lengths: dict[int, float]) -> dict[int, float]:
+    """P(draft k accepted | drafts 1..k-1 accepted), for each k with depths 1..k all measured."""
+    out: dict[int, float] = {}
+    prev_len, prev_reach = 1.0, 1.0
+    k = 1
+    while k in accept_lengths:
+        reach = max(accept_lengths[k] - prev_len, 0.0)
+        out[k] = reach / prev_reach if prev_reach > 0 else 0.0
+        prev_len, prev_reach = accept_lengths[k], reach
+        k += 1
+    return out
+
+
+def _work_at(before: Scrape, after: Scrape, depth: int) -> DepthWork:
+    return after.by_depth().get(depth, DepthWork()) - before.by_depth().get(depth, DepthWork())
+
+
+def _other_depths(before: Scrape, after: Scrape, depth: int) -> float:
+    """Iterations counted at other depths in between (should be none while a depth is forced)."""
+    a, b = after.by_depth(), before.by_depth()
+    return sum(
+        a[d].iterations - b.get(d, DepthWork()).iterations for d in a if d != depth
+    )
+
+
+@dataclass
+class Session:
+    server: ServerClient
+    url: str
+    version: int
+    model: str
+
+    def push_depth(self, depth: int) -> None:
+        self.version += 1
+        self.server.push(single_depth_table(depth, version=self.version))
+
+    async def settled_scrape(self) -> Scrape:
+        await wait_idle(self.server, timeout_s=30.0)
+        self.server.state()  # a /server_info read makes the plugin export its counts now
+        return self.server.scrape()
+
+
+async def measure_depth(
+    s: Session, prompts: Sequence[Prompt], depth: int, concurrency: int, requests: int
+) -> dict[str, Any]:
+    s.push_depth(depth)
+    before = await s.settled_scrape()
+    async with make_client(s.url, concurrency) as http:
+        load = await run_level(
+            http, prompts, ClosedLoop(concurrency), StopRule(requests=requests, warmup_s=0.0),
+            model=s.model,
+        )
+    after = await s.settled_scrape()
+    work = _work_at(before, after, depth)
+    if work.request_steps <= 0:
+        raise AcceptanceError(
+            f"{s.url}: no decode iterations were counted at depth {depth}; is the specctl "
+            "plugin active (specctl status) and was the depth captured (specctl serve --depths)?"
+        )
+    return {
+        "depth": depth,
+        "accept_length": round(work.tokens / work.request_steps, 4),
+        "iterations": work.iterations,
+        "mean_batch": round(work.request_steps / work.iterations, 2) if work.iterations else None,
+        "tokens": work.tokens,
+        "requests": len(load.completed),
+        "other_depth_iterations": _other_depths(before, after, depth),
+    }
+
+
+async def off_spell(
+    s: Session, prompts: Sequence[Prompt], off_tokens: int, depth: int, concurrency: int
+) -> dict[str, Any]:
+    """Depth `depth` after `off_tokens` tokens: preceded by depth 0, or at `depth` all along."""
+    arms: dict[str, Any] = {}
+    batch = [Prompt(p.text, off_tokens + max(p.output_tokens, 32)) for p in prompts[:concurrency]]
+    for arm, first_depth in (("on_throughout", depth), ("off_then_on", 0)):
+        s.push_depth(first_depth)
+        await wait_idle(s.server, timeout_s=30.0)
+        live = LiveCounters()
+        async with make_client(s.url, concurrency) as http:
+            task = asyncio.create_task(run_level(
+                http, batch, ClosedLoop(concurrency), StopRule(requests=len(batch), warmup_s=0.0),
+                model=s.model,
+                live=live,
+            ))  # fmt: skip
+            while live.tokens < off_tokens * len(batch) and not task.done():
+                await asyncio.sleep(0.01)
+            if first_depth != depth:
+                await asyncio.to_thread(s.push_depth, depth)
+            mid = await asyncio.to_thread(lambda: (s.server.state(), s.server.scrape())[1])
+            load = await task
+        after = await s.settled_scrape()
+        work = _work_at(mid, after, depth)
+        arms[arm] = {
+            "accept_length": round(work.tokens / work.request_steps, 4)
+            if work.request_steps else None,
+            "request_steps": work.request_steps,
+            "requests": len(load.completed),
+        }
+    on, off = arms["on_throughout"]["accept_length"], arms["off_then_on"]["accept_length"]
+    return {
+        "off_tokens": off_tokens,
+        "depth": depth,
+        **arms,
+        "loss": round(on - off, 4) if on is not None and off is not None else None,
+    }
+
+
+async def run(
+    url: str,
+    admin_key: str | None,
+    datasets: Sequence[Path],
+    depths: Sequence[int],
+    concurrency: int,
+    requests: int,
+    off_tokens: int | None,
+) -> dict[str, Any]:
+    try:
+        families = {p.stem: load_dataset(p, default_output_tokens=128) for p in datasets}
+    except DatasetError as err:
+        raise AcceptanceError(str(err)) from None
+    with ServerClient(url, admin_key) as server:
+        before = server.state()
+        missing = [d for d in (*depths, 0) if d not in before.captured_depths]
+        if before.inactive_reason or missing:
+            raise AcceptanceError(
+                f"{url}: " + (before.inactive_reason or
+                f"depths {missing} were not captured (captured: {list(before.captured_depths)});"
+                " start the server with specctl serve --depths covering them")
+            )  # fmt: skip
+        s = Session(server, url, before.version, server.model_id() or "default")
+        result: dict[str, Any] = {"url": url, "concurrency": concurrency,
+                                  "requests": requests, "families": {}}  # fmt: skip
+        try:
+            for name, prompts in families.items():
+                rows = [await measure_depth(s, prompts, d, concurrency, requests) for d in depths]
+                lengths = {r["depth"]: r["accept_length"] for r in rows}
+                result["families"][name] = {
+                    "depths": rows,
+                    "per_position": {
+                        str(k): round(v, 4) for k, v in implied_positions(lengths).items()
+                    },
+                }
+            if off_tokens:
+                first = next(iter(families.values()))
+                result["off_spell"] = await off_spell(
+                    s, first, off_tokens, max(depths), concurrency
+                )
+        finally:
+            _restore(s, before.table)
+    return result
+
+
+def _restore(s: Session, table: PolicyTable | None) -> None:
+    try:
+        if table is None:
+            s.server.push(None)
+        else:
+            s.version += 1
+            s.server.push(PolicyTable.build(table.tiers, version=s.version))
+    except ServerError as err:
+        print(f"warning: could not push back the table live before: {err}", file=sys.stderr)
+
+
+def render(result: dict[str, Any]) -> str:
+    lines = ["| family | depth | accept length | mean batch | iterations |",
+             "| --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for name, fam in result["families"].items():
+        for row in fam["depths"]:
+            lines.append(f"| {name} | {row['depth']} | {row['accept_length']:.3f} | "
+                         f"{row['mean_batch']} | {row['iterations']:.0f} |")  # fmt: skip
+    for name, fam in result["families"].items():
+        pos = ", ".join(f"p{k} {v:.3f}" for k, v in fam["per_position"].items())
+        lines.append(f"\n{name}: implied per-position acceptance {pos}")
+    if spell := result.get("off_spell"):
+        lines.append(
+            f"\noff spell: depth {spell['depth']} after {spell['off_tokens']} tokens: accept "
+            f"length {spell['on_throughout']['accept_length']} at depth {spell['depth']} "
+            f"throughout, {spell['off_then_on']['accept_length']} after depth 0 "
+            f"(loss {spell['loss']})"
+        )
+    return "\n".join(lines)
+
+
+def _depth_list(text: str) -> list[int]:
+    try:
+        depths = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--depths {text!r}: give integers like 1,2,3") from None
+    if not depths or depths[0] < 1:
+        raise argparse.ArgumentTypeError(f"--depths {text!r}: give draft depths >= 1")
+    return depths
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--url", required=True, help="the speculative server")
+    parser.add_argument("--dataset", type=Path, action="append", required=True,
+                        help="a JSONL prompt file (repeat for several families)")  # fmt: skip
+    parser.add_argument("--depths", type=_depth_list, default=[1, 2, 3])
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--requests", type=int, default=32, help="per family and depth")
+    parser.add_argument("--off-spell", type=int, default=None, metavar="N",
+                        help="also measure depth 3 after N tokens at depth 0")  # fmt: skip
+    parser.add_argument("--admin-key", default=None, help="or SPECCTL_ADMIN_KEY")
+    parser.add_argument("--out", type=Path, default=None, help="write the result as JSON")
+    args = parser.parse_args(argv)
+    if args.concurrency < 1 or args.requests < 1 or (args.off_spell is not None
+                                                      and args.off_spell < 1):  # fmt: skip
+        print("error: --concurrency, --requests and --off-spell must be >= 1", file=sys.stderr)
+        return 2
+    try:
+        result = asyncio.run(run(
+            args.url, admin_key_from_env(args.admin_key), args.dataset, args.depths,
+            args.concurrency, args.requests, args.off_spell,
+        ))  # fmt: skip
+    except (AcceptanceError, ServerError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(render(result))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,353 @@
+"""One closed-loop load trace run against a server under a chosen policy, and its report.
+
+    python -m benchmarks.gpu.seeded.trace run --policy daemon --url http://127.0.0.1:30000 \
+        --dataset a=DIR/family_a.jsonl --dataset b=DIR/family_b.jsonl --seconds 48 --out RESULTS
+    python -m benchmarks.gpu.seeded.trace compare RESULTS
+
+The trace is a list of phases (seconds, concurrency, dataset), run back to back with the
+bench's load generator (controller/bench/loadgen.py): `--seconds` scales the default one
+(low load, a ramp into saturation, back down, then a drift from family a to family b), or
+`--phases 5:2:a,5:64:a,...` gives one outright. Policies:
+
+- `plain`: `--url` is a server without speculation; nothing is pushed.
+- `static:D`: a one-tier table of depth D is pushed for the whole trace.
+- `sglang`: control is released (`specctl_tiers: 0`): SGLang's own adaptive choice of steps.
+- `daemon`: `specctl daemon` runs against the server for the trace (config written here,
+  intervals of seconds); `--daemon-store FILE` starts it from a copy of a store learned
+  earlier (e.g. the harness's daemon phase on the same model pair), else from nothing.
+
+Each run writes RESULTS/<policy>.json: output tok/s and TPOT p50/p90 for the whole trace and
+per phase, the table live after each phase, and for the daemon its pushes and final table.
+The table live before a run is pushed back after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.gpu.daemon_run import daemon_config, read_pushes, write_config
+from benchmarks.gpu.seeded.compare import CompareError, compare
+from controller.bench.loadgen import ClosedLoop, LevelLoad, StopRule, make_client, run_level
+from controller.bench.prompts import DatasetError, Prompt, load_dataset
+from controller.bench.server_client import ServerClient, ServerError, admin_key_from_env
+from sglang_hooks.contract import PolicyTable, single_depth_table
+
+# (share of the trace, concurrency, dataset): low load, a ramp into saturation, back down,
+# then the workload drifts from the easy family to the hard one at low load.
+DEFAULT_SHAPE = (
+    ("low", 0.15, 2, "a"),
+    ("ramp-8", 0.10, 8, "a"),
+    ("ramp-32", 0.10, 32, "a"),
+    ("saturation", 0.20, 128, "a"),
+    ("back-down", 0.15, 4, "a"),
+    ("drift-to-b", 0.30, 4, "b"),
+)
+DAEMON_START_WAIT_S = 4.0  # lets the daemon take its first scrape before the load starts
+
+
+class TraceError(RuntimeError):
+    """Bad options or a server that cannot run the policy; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    seconds: float
+    concurrency: int
+    dataset: str
+
+
+def default_trace(total_s: float) -> list[Phase]:
+    if total_s < 12:
+        raise TraceError(f"--seconds {total_s:g}: the default trace needs at least 12 s")
+    return [Phase(n, round(share * total_s, 2), c, d) for n, share, c, d in DEFAULT_SHAPE]
+
+
+def parse_phases(text: str) -> list[Phase]:
+    """'secs:concurrency:dataset,...' (e.g. '6:2:a,10:128:a,8:4:b')."""
+    phases = []
+    for i, part in enumerate(p for p in text.split(",") if p.strip()):
+        fields = part.strip().split(":")
+        try:
+            secs, conc, data = float(fields[0]), int(fields[1]), fields[2]
+        except (ValueError, IndexError):
+            raise TraceError(f"--phases item {i + 1} {part!r}: write seconds:concurrency:dataset, "
+                             "e.g. 6:2:a") from None  # fmt: skip
+        if secs <= 0 or conc < 1:
+            raise TraceError(f"--phases item {i + 1} {part!r}: seconds must be > 0 and "
+                             "concurrency >= 1")  # fmt: skip
+        phases.append(Phase(f"p{i + 1}-{conc}-{data}", secs, conc, data))
+    if not phases:
+        raise TraceError("--phases is empty: give e.g. 6:2:a,10:128:a")
+    return phases
+
+
+def parse_policy(text: str) -> tuple[str, int | None]:
+    if text in ("daemon", "sglang", "plain"):
+        return text, None
+    if text.startswith("static:"):
+        try:
+            depth = int(text.split(":", 1)[1])
+        except ValueError:
+            depth = -1
+        if depth >= 0:
+            return "static", depth
+    raise TraceError(f"--policy {text!r}: use daemon, sglang, plain or static:D (e.g. static:3)")
+
+
+def _percentile_ms(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return round(1000.0 * ordered[index], 2)
+
+
+def tpot_values(loads: Sequence[LevelLoad]) -> list[float]:
+    """TPOT of every request with two tokens or more (a request cut at a phase's end counts
+    over the tokens it got)."""
+    return [r.tpot_s for load in loads for r in load.requests if r.tpot_s is not None]
+
+
+def summarize_phase(phase: Phase, load: LevelLoad) -> dict[str, Any]:
+    tpots = tpot_values([load])
+    ttfts = [r.ttft_s for r in load.requests if r.ttft_s is not None]
+    return {
+        **asdict(phase),
+        "elapsed_s": round(load.elapsed_s, 2),
+        "tokens": load.tokens,
+        "tok_per_s": round(load.output_tok_per_s, 1),
+        "completed": len(load.completed),
+        "errors": len(load.errors),
+        "tpot_p50_ms": _percentile_ms(tpots, 0.5),
+        "tpot_p90_ms": _percentile_ms(tpots, 0.9),
+        "ttft_p50_ms": _percentile_ms(ttfts, 0.5),
+    }
+
+
+def summarize_trace(loads: Sequence[LevelLoad]) -> dict[str, Any]:
+    tokens = sum(load.tokens for load in loads)
+    seconds = sum(load.elapsed_s for load in loads)
+    tpots = tpot_values(loads)
+    return {
+        "tokens": tokens,
+        "seconds": round(seconds, 2),
+        "tok_per_s": round(tokens / seconds, 1) if seconds > 0 else 0.0,
+        "tpot_p50_ms": _percentile_ms(tpots, 0.5),
+        "tpot_p90_ms": _percentile_ms(tpots, 0.9),
+        "requests": sum(len(load.requests) for load in loads),
+        "errors": sum(len(load.errors) for load in loads),
+    }
+
+
+def _flush_cache(url: str, admin_key: str | None) -> bool:
+    """Drop SGLang's prefix cache so every policy starts from the same state (an admin route
+    when the server has an admin key). Best effort: False if it was missing or refused."""
+    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
+    try:
+        resp = httpx.post(f"{url.rstrip('/')}/flush_cache", headers=headers, timeout=10.0)
+    except httpx.HTTPError:
+        return False
+    return resp.status_code == 200
+
+
+async def _run_phases(
+    url: str, phases: Sequence[Phase], prompts: dict[str, list[Prompt]], model: str,
+    server: ServerClient | None,
+) -> tuple[list[LevelLoad], list[dict[str, Any]]]:  # fmt: skip
+    loads: list[LevelLoad] = []
+    rows: list[dict[str, Any]] = []
+    offsets = dict.fromkeys(prompts, 0)
+    async with make_client(url, max(p.concurrency for p in phases)) as http:
+        for phase in phases:
+            load = await run_level(
+                http, prompts[phase.dataset], ClosedLoop(phase.concurrency),
+                StopRule(duration_s=phase.seconds, warmup_s=0.0), model=model,
+                prompt_offset=offsets[phase.dataset],
+            )  # fmt: skip
+            offsets[phase.dataset] += len(load.requests)
+            loads.append(load)
+            row = summarize_phase(phase, load)
+            if server is not None:
+                state = await asyncio.to_thread(server.state)
+                row["table_after"] = state.describe()
+            rows.append(row)
+            print(f"  {phase.name:12s} c={phase.concurrency:<4d} {row['tok_per_s']:8.1f} tok/s  "
+                  f"TPOT p50 {row['tpot_p50_ms']} ms  p90 {row['tpot_p90_ms']} ms"
+                  + (f"  [{row['table_after']}]" if "table_after" in row else ""), flush=True)
+    return loads, rows
+
+
+@dataclass
+class RunSpec:
+    policy: str
+    url: str
+    phases: list[Phase]
+    datasets: dict[str, Path]
+    out: Path
+    admin_key: str | None = None
+    daemon_store: Path | None = None
+
+
+def _start_daemon(
+    spec: RunSpec, admin_key: str, total_s: float
+) -> tuple[subprocess.Popen[bytes], Path]:
+    store = spec.out / "daemon.sqlite"
+    if spec.daemon_store is not None:
+        if not spec.daemon_store.is_file():
+            raise TraceError(f"--daemon-store {spec.daemon_store}: no such file")
+        shutil.copyfile(spec.daemon_store, store)
+    else:
+        store.unlink(missing_ok=True)
+    config = spec.out / "daemon.yaml"
+    write_config(config, daemon_config(spec.url, admin_key, store, total_s + 30.0))
+    log = spec.out / "daemon.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "controller.cli", "daemon", "--config", str(config)],
+            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    return proc, log
+
+
+def _stop_daemon(proc: subprocess.Popen[bytes]) -> int | None:
+    for sig, wait in ((signal.SIGTERM, 15.0), (signal.SIGKILL, 5.0)):
+        if proc.poll() is not None:
+            break
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=wait)
+    return proc.poll()
+
+
+def run_policy(spec: RunSpec) -> dict[str, Any]:
+    kind, depth = parse_policy(spec.policy)
+    missing = sorted({p.dataset for p in spec.phases} - set(spec.datasets))
+    if missing:
+        raise TraceError(f"the trace uses dataset(s) {missing}: give --dataset NAME=FILE for each")
+    try:
+        prompts = {n: load_dataset(p, default_output_tokens=128) for n, p in spec.datasets.items()}
+    except DatasetError as err:
+        raise TraceError(str(err)) from None
+    spec.out.mkdir(parents=True, exist_ok=True)
+    admin_key = admin_key_from_env(spec.admin_key)
+    result: dict[str, Any] = {"policy": spec.policy, "url": spec.url,
+                              "trace": [asdict(p) for p in spec.phases],
+                              "started_at": time.strftime("%Y-%m-%dT%H:%M:%S")}  # fmt: skip
+    server = None if kind == "plain" else ServerClient(spec.url, admin_key)
+    before: PolicyTable | None = None
+    daemon: subprocess.Popen[bytes] | None = None
+    t0 = time.time()
+    try:
+        if server is not None:
+            state = server.state()
+            if state.inactive_reason:
+                raise TraceError(f"{spec.url}: the specctl plugin is inactive: "
+                                 f"{state.inactive_reason}")  # fmt: skip
+            before = state.table
+            if kind == "static":
+                assert depth is not None
+                if depth not in state.captured_depths:
+                    raise TraceError(f"--policy {spec.policy}: depth {depth} was not captured "
+                                     f"(captured: {list(state.captured_depths)})")  # fmt: skip
+                server.push(single_depth_table(depth, version=state.version + 1))
+            else:  # the daemon starts from SGLang's own choice too
+                server.push(None)
+        result["prefix_cache_flushed"] = _flush_cache(spec.url, admin_key)
+        model = (server or ServerClient(spec.url)).model_id() or "default"
+        total = sum(p.seconds for p in spec.phases)
+        if kind == "daemon":
+            if not admin_key:
+                raise TraceError("--policy daemon needs the server's admin key (--admin-key or "
+                                 "SPECCTL_ADMIN_KEY)")  # fmt: skip
+            daemon, log = _start_daemon(spec, admin_key, total)
+            time.sleep(DAEMON_START_WAIT_S)
+            if daemon.poll() is not None:
+                raise TraceError(f"specctl daemon exited at start (status {daemon.returncode}); "
+                                 f"see {log}")  # fmt: skip
+        print(f"trace: {len(spec.phases)} phases, {total:g} s, policy {spec.policy}", flush=True)
+        t0 = time.time()
+        loads, rows = asyncio.run(_run_phases(spec.url, spec.phases, prompts, model, server))
+        result["phases"] = rows
+        result["total"] = summarize_trace(loads)
+        if server is not None:
+            result["final_table"] = server.state().describe()
+    finally:
+        if daemon is not None:
+            code = _stop_daemon(daemon)
+            pushes = [p for p in read_pushes(spec.out / "daemon.sqlite") if p["t"] >= t0 - 1]
+            result["daemon"] = {
+                "exit_status": code,
+                "warm_start_store": str(spec.daemon_store) if spec.daemon_store else None,
+                "pushes": pushes,
+                "push_count": len(pushes),
+            }
+        if server is not None:
+            with contextlib.suppress(ServerError):
+                server.push(before)
+            server.close()
+    path = spec.out / f"{spec.policy.replace(':', '-')}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    total = result["total"]
+    print(f"{spec.policy}: {total['tok_per_s']} tok/s, TPOT p50 {total['tpot_p50_ms']} ms, "
+          f"p90 {total['tpot_p90_ms']} ms -> {path}", flush=True)  # fmt: skip
+    return result
+
+
+def _datasets(items: Sequence[str]) -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise TraceError(f"--dataset {item!r}: write NAME=FILE, e.g. a=DIR/family_a.jsonl")
+        out[name] = Path(path)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the trace under one policy")
+    run.add_argument("--policy", required=True, help="daemon, sglang, plain or static:D")
+    run.add_argument("--url", required=True)
+    run.add_argument("--dataset", action="append", default=[], metavar="NAME=FILE")
+    run.add_argument("--seconds", type=float, default=48.0, help="length of the default trace")
+    run.add_argument("--phases", default=None, help="secs:concurrency:dataset,... instead")
+    run.add_argument("--out", type=Path, required=True, help="results folder")
+    run.add_argument("--admin-key", default=None, help="or SPECCTL_ADMIN_KEY")
+    run.add_argument("--daemon-store", type=Path, default=None,
+                     help="daemon: start from a copy of this store")  # fmt: skip
+    cmp = sub.add_parser("compare", help="put every policy of a results folder side by side")
+    cmp.add_argument("results", type=Path)
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "compare":
+            print(compare(args.results))
+            return 0
+        phases = parse_phases(args.phases) if args.phases else default_trace(args.seconds)
+        run_policy(RunSpec(args.policy, args.url, phases, _datasets(args.dataset), args.out,
+                           args.admin_key, args.daemon_store))  # fmt: skip
+    except (TraceError, ServerError, CompareError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Start and stop the two servers of a run: speculative (`specctl serve`) and plain.
+
+Each server runs in its own process session (setsid) with its output appended to a log file,
+so it outlives the command that started it: a later command of a phased run finds it by the
+pid and URL in state.json. `backend="sim"` starts `specctl sim serve` instead of SGLang, for
+the CPU tests of the harness; everything downstream talks to both the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from benchmarks.gpu.model_folders import ModelFolders
+from benchmarks.gpu.procs import pid_alive, session_pids
+
+SPEC, PLAIN = "spec", "plain"
+# What the H200 runs needed (docs/sglang.md, "GPU end-to-end harness").
+COMMON_SGLANG_FLAGS = (
+    "--sampling-backend", "pytorch", "--context-length", "4096",
+    "--max-running-requests", "128", "--cuda-graph-max-bs-decode", "128", "--enable-metrics",
+)  # fmt: skip
+EAGLE3_FLAGS = (
+    "--speculative-algorithm", "EAGLE3", "--speculative-eagle-topk", "1",
+    "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    role: str
+    url: str
+    argv: list[str]
+    log: Path
+
+    def describe(self) -> str:
+        return shlex.join(self.argv)
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    backend: str  # "sglang" | "sim"
+    admin_key: str
+    spec_port: int
+    plain_port: int
+    depths: str = "0,1,2,3"
+    mem_fraction_first: float = 0.4
+    mem_fraction_second: float = 0.6
+    spec_first: bool = True
+    extra_args: tuple[str, ...] = ()
+    sim_profile: str = "h200-llama8b-eagle3"
+    sim_speedup: float = 1.0
+    python: str = sys.executable
+
+
+def plans(models: ModelFolders | None, opts: ServerOptions, log_dir: Path) -> list[LaunchPlan]:
+    """The launch of each server, in start order (the first gets mem_fraction_first)."""
+    order = [SPEC, PLAIN] if opts.spec_first else [PLAIN, SPEC]
+    out = []
+    for i, role in enumerate(order):
+        port = opts.spec_port if role == SPEC else opts.plain_port
+        mem = opts.mem_fraction_first if i == 0 else opts.mem_fraction_second
+        if opts.backend == "sim":
+            argv = _sim_argv(role, port, opts)
+        else:
+            if models is None:
+                raise ValueError("no model folders: run the `models` phase first")
+            argv = _sglang_argv(role, port, mem, models, opts)
+        out.append(LaunchPlan(role, f"http://127.0.0.1:{port}", argv, log_dir / f"{role}.log"))
+    return out
+
+
+def _sglang_argv(role: str, port: int, mem: float, models: ModelFolders,
+                 opts: ServerOptions) -> list[str]:
+    args = ["--model-path", models.target, "--host", "127.0.0.1", "--port", str(port),
+            *COMMON_SGLANG_FLAGS, "--admin-api-key", opts.admin_key,
+            "--mem-fraction-static", f"{mem:g}", *opts.extra_args]
+    if models.dummy:
+        args += ["--load-format", "dummy"]
+    if role == PLAIN:
+        return [opts.python, "-m", "sglang.launch_server", *args]
+    args += [*EAGLE3_FLAGS, "--speculative-draft-model-path", models.draft]
+    return [opts.python, "-m", "controller.cli", "serve", "--depths", opts.depths, "--", *args]
+
+
+def _sim_argv(role: str, port: int, opts: ServerOptions) -> list[str]:
+    argv = [opts.python, "-m", "controller.cli", "sim", "serve", "--profile", opts.sim_profile,
+            "--port", str(port), "--admin-key", opts.admin_key,
+            "--speedup", f"{opts.sim_speedup:g}"]
+    return argv + (["--no-speculative"] if role == PLAIN else [])
+
+
+class StartError(RuntimeError):
+    """A server did not come up; the message carries the tail of its log."""
+
+
+def launch(plan: LaunchPlan, env: dict[str, str] | None = None) -> int:
+    """Start `plan` in a new session, output appended to its log; return its pid."""
+    plan.log.parent.mkdir(parents=True, exist_ok=True)
+    with plan.log.open("ab") as log:
+        log.write(f"\n===== harness: starting {plan.role} at {time.strftime('%H:%M:%S')}: "
+                  f"{plan.describe()}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(
+            plan.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True, env={**os.environ, **(env or {})},
+        )  # fmt: skip
+    return proc.pid
+
+
+def healthy(url: str, timeout_s: float = 5.0) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_healthy(url: str, pid: int, log: Path, timeout_s: float) -> float:
+    """Seconds until /health answered 200; StartError if the process dies or time runs out."""
+    t0 = time.monotonic()
+    while True:
+        if healthy(url):
+            return time.monotonic() - t0
+        if not pid_alive(pid):
+            raise StartError(f"the server (pid {pid}) exited before {url}/health answered; "
+                             f"log tail:\n{log_tail(log)}")
+        if time.monotonic() - t0 > timeout_s:
+            raise StartError(f"{url}/health did not answer 200 within {timeout_s:g} s "
+                             f"(pid {pid} still running); log tail:\n{log_tail(log)}")
+        time.sleep(0.25)
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_bytes()[-20000:].decode(errors="replace")
+    except OSError as err:
+        return f"(no log: {err})"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def stop(pid: int, timeout_s: float = 30.0) -> str:
+    """SIGTERM to the server's session (the process group it leads), then SIGKILL if needed."""
+    members = session_pids(pid)
+    if not members and not pid_alive(pid):
+        return "not running"
+    for sig, wait in ((signal.SIGTERM, timeout_s), (signal.SIGKILL, 10.0)):
+        _signal_group(pid, members, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not any(pid_alive(p) for p in members | {pid}):
+                return "stopped" if sig == signal.SIGTERM else "killed"
+            time.sleep(0.1)
+        members |= session_pids(pid)
+    return "still running after SIGKILL"
+
+
+def _signal_group(leader: int, members: Sequence[int] | set[int], sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(leader, sig)
+    for p in members:  # children that left the leader's group but stayed in its session
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(p, sig)

@@ -1,0 +1,5 @@
+"""`python -m controller.cli`: the `specctl` console script without installing it."""
+
+from controller.cli import main
+
+main()

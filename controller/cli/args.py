@@ -1,0 +1,108 @@
+"""Option parsing shared by the commands: comma-separated number lists, output paths, and the
+one-line `error:` every command exits with.
+
+Light on purpose (typer and the standard library only): every command module imports it at
+start-up, `specctl --help` included.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+
+# The admin key's environment variable; controller.bench.server_client reads the same one
+# (not imported from there: that module loads httpx, too heavy for `--help`).
+ADMIN_KEY_ENV = "SPECCTL_ADMIN_KEY"
+
+
+def fail(message: str) -> typer.Exit:
+    """Print `error: message` as one line on stderr; returns the Exit to raise (status 2)."""
+    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
+    return typer.Exit(2)
+
+
+def _items(text: str, option: str, kind: str, example: str) -> list[str]:
+    """The comma-separated items of `text`; an empty one ('1,,4', '1,4,') is refused."""
+    parts = [p.strip() for p in text.split(",")]
+    if not any(parts):
+        raise typer.BadParameter(
+            f"expected comma-separated {kind} like {example}, got {text!r}", param_hint=option
+        )
+    if not all(parts):
+        raise typer.BadParameter(
+            f"{text!r} has an empty item (two commas in a row, or one at an end); "
+            f"write it like {example}",
+            param_hint=option,
+        )
+    return parts
+
+
+def parse_int_list(
+    text: str, option: str, minimum: int, maximum: int | None = None
+) -> tuple[int, ...]:
+    """'4,1,2' -> (1, 2, 4): sorted, unique, each in [minimum, maximum].
+
+    Raises typer.BadParameter naming `option` (printed as one `error:` line, exit 2).
+    """
+    parts = _items(text, option, "integers", "1,2,4")
+    values = []
+    for p in parts:
+        try:
+            values.append(int(p))
+        except ValueError:
+            raise typer.BadParameter(
+                f"{p!r} is not an integer; expected comma-separated integers like 1,2,4",
+                param_hint=option,
+            ) from None
+    wanted = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+    for v in values:
+        if v < minimum or (maximum is not None and v > maximum):
+            raise typer.BadParameter(f"{v} is out of range: values must be {wanted}",
+                                     param_hint=option)  # fmt: skip
+    return tuple(sorted(set(values)))
+
+
+def parse_positive_list(text: str, option: str) -> tuple[float, ...]:
+    """'4,0.5,2' -> (0.5, 2.0, 4.0): sorted, unique, each a finite number > 0."""
+    values = []
+    for p in _items(text, option, "numbers", "0.5,1,2"):
+        try:
+            v = float(p)
+        except ValueError:
+            raise typer.BadParameter(
+                f"{p!r} is not a number; expected comma-separated numbers like 0.5,1,2",
+                param_hint=option,
+            ) from None
+        if not 0 < v < float("inf"):
+            raise typer.BadParameter(f"{p} is out of range: values must be > 0",
+                                     param_hint=option)  # fmt: skip
+        values.append(v)
+    return tuple(sorted(set(values)))
+
+
+def output_file_problem(path: Path, option: str) -> str | None:
+    """Why a file cannot be written at `path` (checked before any long work), or None.
+
+    The folder must exist already: a typo in it should not create a tree of folders."""
+    if path.is_dir():
+        return f"{option} {path}: is a folder; give a file name (e.g. {path / 'policy.yaml'})"
+    parent = path.parent
+    if not parent.is_dir():
+        return f"{option} {path}: folder {parent} does not exist; create it or pick another path"
+    if not os.access(parent, os.W_OK):
+        return f"{option} {path}: folder {parent} is not writable; pick another path"
+    return None
+
+
+def plot_path_problem(path: Path, option: str = "--plot") -> str | None:
+    """Why a figure cannot be written to `path` (checked before any work), or None."""
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        return (
+            f"{option} {path}: unsupported format {path.suffix or '(no suffix)'!r}; "
+            f"use one of {', '.join(PLOT_SUFFIXES)}"
+        )
+    return output_file_problem(path, option)

@@ -1,0 +1,262 @@
+"""`specctl bench`: a sweep per forced depth on a live server, without restarts.
+
+This module declares the command and checks its options (every mistake is one `error:` line
+naming the option, exit 2, before anything is pushed); controller/cli/bench_run.py runs the
+sweep and prints it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from controller.cli import app
+from controller.cli.args import ADMIN_KEY_ENV, fail, parse_int_list, parse_positive_list
+from sglang_hooks.contract import MAX_DEPTH
+
+if TYPE_CHECKING:
+    from controller.bench.latency import Slo
+    from controller.bench.prompts import Prompt
+
+DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128,256"
+DEFAULT_DURATION_S = 20.0
+DEFAULT_OUTPUT_TOKENS = 256
+
+
+def _slo(items: list[str] | None) -> Slo | None:
+    from controller.bench.latency import SloError, parse_slo
+
+    if not items:
+        return None
+    try:
+        return parse_slo(items)
+    except SloError as err:
+        raise typer.BadParameter(str(err), param_hint="--goodput") from None
+
+
+def _prompts(
+    dataset: Path | None, prompt_tokens: int, output_tokens: int | None
+) -> tuple[list[Prompt], str]:
+    """The prompts to send and how to describe them; a one-line error if the dataset is bad."""
+    from controller.bench.prompts import DatasetError, read_dataset, synthetic_prompts
+
+    if dataset is None:
+        out = output_tokens or DEFAULT_OUTPUT_TOKENS
+        prompts = synthetic_prompts(4096, prompt_tokens, out)
+        return prompts, f"synthetic, {prompt_tokens} prompt tokens, {out} output tokens"
+    try:
+        data = read_dataset(dataset, DEFAULT_OUTPUT_TOKENS, fixed_output_tokens=output_tokens)
+    except DatasetError as err:
+        raise fail(f"--dataset: {err}") from None
+    source = data.describe()
+    if output_tokens is not None:
+        source += f", every output fixed at {output_tokens} tokens (--output-tokens)"
+    return data.prompts, source
+
+
+def _only_with_rate(request_rate: str | None, **given: object) -> None:
+    for option, value in given.items():
+        if value is not None and request_rate is None:
+            raise typer.BadParameter(
+                "applies to open-loop load only; add --request-rate RATES (requests/s), or "
+                "drop it to keep a fixed number of streams per level (--concurrency)",
+                param_hint=option,
+            )
+
+
+@app.command("bench")
+def bench(
+    url: Annotated[
+        str,
+        typer.Option(
+            help="The speculative server (SGLang with the specctl plugin, or `specctl sim serve`)."
+        ),
+    ],
+    concurrency: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated concurrency levels: streams kept in flight, each sending its "
+            f"next request when one ends. Default {DEFAULT_CONCURRENCY}.",
+        ),
+    ] = None,
+    request_rate: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated request rates (requests/s), instead of --concurrency: "
+            "requests arrive at that rate whatever the server does (open loop).",
+        ),
+    ] = None,
+    burstiness: Annotated[
+        float | None,
+        typer.Option(
+            help="With --request-rate: shape of the gamma-distributed gaps between arrivals; "
+            "1 = Poisson (default), below 1 burstier, above 1 more regular.",
+        ),
+    ] = None,
+    max_concurrency: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="With --request-rate: at most this many requests in flight (an arrival then "
+            "waits for a free stream). Default: no cap.",
+        ),
+    ] = None,
+    depths: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated depths to force, 0 = drafting off. "
+            "Default: every depth the server captured."
+        ),
+    ] = None,
+    no_spec_url: Annotated[
+        str | None,
+        typer.Option(
+            help="A second server started without speculation, "
+            "swept at the same levels for comparison."
+        ),
+    ] = None,
+    admin_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar=ADMIN_KEY_ENV, help="The server's --admin-api-key (needed to force depths)."
+        ),
+    ] = None,
+    requests_per_level: Annotated[
+        int | None,
+        typer.Option(min=1, help="End each level's window after this many completed requests."),
+    ] = None,
+    duration_per_level: Annotated[
+        float | None,
+        typer.Option(
+            min=0.01,
+            help=f"End each level's window after this many seconds "
+            f"(default {DEFAULT_DURATION_S:g} unless --requests-per-level).",
+        ),
+    ] = None,
+    warmup_per_level: Annotated[
+        float | None,
+        typer.Option(
+            min=0.0,
+            help="Seconds of unmeasured load before each level's window. Default: 10% of "
+            "--duration-per-level, or 1 s with --requests-per-level.",
+        ),
+    ] = None,
+    goodput: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Latency SLO in ms, e.g. ttft:500,tpot:50 (keys ttft, tpot, e2el; repeat or "
+            "comma-separate): adds goodput, the requests/s that met every bound.",
+        ),
+    ] = None,
+    dataset: Annotated[
+        Path | None,
+        typer.Option(
+            help='Prompts: JSONL lines {"prompt": "...", "output_tokens": N} (output_tokens '
+            "optional), or a ShareGPT dump (JSON array or JSONL of conversations; the reply "
+            "sets the output length).",
+        ),
+    ] = None,
+    prompt_tokens: Annotated[
+        int, typer.Option(min=1, help="Synthetic prompt length (tokens), when no --dataset.")
+    ] = 256,
+    output_tokens: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help=f"Tokens generated per request, EOS ignored. Default {DEFAULT_OUTPUT_TOKENS}, "
+            "or each record's own length with --dataset; given, it fixes every request's.",
+        ),
+    ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(help="Model name sent in requests. Default: the server's /v1/models."),
+    ] = None,
+    temperature: Annotated[float, typer.Option(min=0.0, help="Sampling temperature.")] = 0.0,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Folder for bench.csv, bench.json, bench.png. Default: ./bench-<time>."),
+    ] = None,
+) -> None:
+    """Measure tok/s and latency per speculation depth and load level.
+
+    For each depth, forces it through the admin RPC (read back from /server_info), loads
+    /v1/completions at each level (N streams in flight, or requests arriving at a rate), and
+    restores the server's previous table at the end (also on errors, Ctrl-C and SIGTERM).
+    Each level has an unmeasured warm-up, then a measured window; it reports tok/s, TTFT,
+    TPOT and inter-token latency (p50/p99), goodput under --goodput, the crossovers and the
+    table it recommends. Stop the specctl daemon first, or it will push over the forced depths.
+
+    \b
+    Examples:
+      specctl bench --url http://127.0.0.1:30000 --admin-key $KEY
+      specctl bench --url http://gpu1:30000 --depths 0,1,3 \\
+          --concurrency 1,4,16,64,256 --no-spec-url http://gpu1:30001 \\
+          --duration-per-level 60 --warmup-per-level 10 --out bench-k2
+      specctl bench --url http://gpu1:30000 --request-rate 1,2,4,8 \\
+          --burstiness 0.5 --max-concurrency 128 --goodput ttft:500,tpot:50 \\
+          --dataset ShareGPT_V3_unfiltered_cleaned_split.json
+      specctl sim serve --profile h200-moe-eagle3 --port 30000 --admin-key k &
+      specctl bench --url http://127.0.0.1:30000 --admin-key k \\
+          --concurrency 1,8,64 --requests-per-level 64 --output-tokens 64
+    """
+    from controller.daemon.config import url_problem
+
+    for option, value in (("--url", url), ("--no-spec-url", no_spec_url)):
+        if value is not None and (problem := url_problem(value)) is not None:
+            raise typer.BadParameter(problem, param_hint=option)
+    if concurrency is not None and request_rate is not None:
+        raise typer.BadParameter(
+            "give --concurrency (streams in flight) or --request-rate (arrivals per second), "
+            "not both",
+            param_hint="--request-rate",
+        )
+    _only_with_rate(request_rate, **{"--burstiness": burstiness,
+                                     "--max-concurrency": max_concurrency})  # fmt: skip
+    if burstiness is not None and not burstiness > 0:
+        raise typer.BadParameter(
+            f"must be > 0 (1 = Poisson arrivals), got {burstiness:g}", param_hint="--burstiness"
+        )
+    rates = () if request_rate is None else parse_positive_list(request_rate, "--request-rate")
+    levels = () if rates else parse_int_list(concurrency or DEFAULT_CONCURRENCY, "--concurrency", 1)
+    if requests_per_level is not None and duration_per_level is not None:
+        raise typer.BadParameter(
+            "give --requests-per-level or --duration-per-level, not both",
+            param_hint="--requests-per-level",
+        )
+    forced = None if depths is None else parse_int_list(depths, "--depths", 0, MAX_DEPTH)
+    slo = _slo(goodput)
+    prompts, source = _prompts(dataset, prompt_tokens, output_tokens)
+
+    from controller.bench.loadgen import StopRule
+    from controller.bench.server_client import ServerClient, ServerError
+    from controller.bench.sweep import SweepPlan
+    from controller.cli.bench_run import prepare_out_dir, run_bench
+
+    if requests_per_level is not None:
+        stop = StopRule(requests=requests_per_level, warmup_s=warmup_per_level)
+    else:
+        duration_s = duration_per_level or DEFAULT_DURATION_S
+        stop = StopRule(duration_s=duration_s, warmup_s=warmup_per_level)
+    if forced is None:
+        try:
+            with ServerClient(url) as probe:
+                forced = probe.state().captured_depths
+        except ServerError as err:
+            raise fail(str(err)) from None
+    out_dir = out or Path(f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    # Before the first push: a sweep whose results cannot be written is time lost.
+    problem = prepare_out_dir(out_dir)
+    if problem is not None:
+        raise fail(problem)
+    plan = SweepPlan(
+        url=url, depths=tuple(forced), concurrencies=levels, stop=stop, prompts=prompts,
+        prompt_source=source, admin_key=admin_key, no_spec_url=no_spec_url, model=model,
+        temperature=temperature, request_rates=rates, burstiness=burstiness or 1.0,
+        max_concurrency=max_concurrency, slo=slo,
+    )  # fmt: skip
+    code = run_bench(plan, out_dir)
+    if code:
+        raise typer.Exit(code)

@@ -1,0 +1,298 @@
+"""The work behind `specctl bench`: run the sweep with a progress display, print and write it.
+
+The progress bar covers the whole sweep and moves inside a level as its time passes (levels
+with a fixed duration), with an estimate of the time left; above it, one line per finished
+level. When the output is not a terminal the bar is not drawn, only those lines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from controller.bench.loadgen import LiveCounters, LoadError, LoadShape, StopRule
+from controller.bench.report import (
+    best_depths,
+    crossovers,
+    plot,
+    recommendation_text,
+    too_short_hint,
+    write_csv,
+    write_json,
+)
+from controller.bench.server_client import ServerError
+from controller.bench.sweep import LevelObserver, LevelResult, SweepOutcome, SweepPlan, run_sweep
+from controller.cli.args import fail
+from controller.cli.tables import print_table
+
+FOREIGN_NOTE = "batch above concurrency: other traffic on the server"
+
+# soft_wrap: an error stays one line even when stderr is a file or a pipe (80 columns).
+err_console = Console(stderr=True, soft_wrap=True)
+
+
+def level_fraction(live: LiveCounters | None, stop: StopRule) -> float:
+    """How far the running level is, in [0, 1): by time when levels have a fixed duration
+    (warm-up included); 0 when they end after a number of requests (not known in advance)."""
+    if live is None or stop.duration_s is None:
+        return 0.0
+    return min(live.elapsed_s() / (stop.warmup + stop.duration_s), 0.999)
+
+
+class _SweepBar(ProgressColumn):
+    """The whole sweep's bar: finished levels plus the running level's share."""
+
+    def __init__(self, stop: StopRule, width: int = 30) -> None:
+        super().__init__()
+        self.stop = stop
+        self.width = width
+
+    def render(self, task: Task) -> ProgressBar:
+        done = task.completed + level_fraction(task.fields.get("live"), self.stop)
+        return ProgressBar(total=task.total or 1, completed=done, width=self.width)
+
+
+class _TimeLeft(ProgressColumn):
+    """The sweep's remaining time when levels have a fixed duration (drains not counted)."""
+
+    def __init__(self, stop: StopRule) -> None:
+        super().__init__()
+        self.stop = stop
+
+    def render(self, task: Task) -> Text:
+        if self.stop.duration_s is None or task.total is None:
+            return Text("")
+        level_s = self.stop.warmup + self.stop.duration_s
+        left = task.total - task.completed - level_fraction(task.fields.get("live"), self.stop)
+        minutes, seconds = divmod(round(max(left, 0.0) * level_s), 60)
+        return Text(f"~{minutes}:{seconds:02d} left", style="progress.remaining")
+
+
+class _LiveColumn(ProgressColumn):
+    """The running level's own numbers, read from the load generator's counters."""
+
+    def render(self, task: Task) -> Text:
+        live: LiveCounters | None = task.fields.get("live")
+        if live is None:
+            return Text("")
+        t = live.elapsed_s()
+        rate = live.tokens / t if t > 0 else 0.0
+        phase = "warm-up" if live.warming_up else "measuring"
+        return Text(
+            f"{task.fields.get('level', '')} {phase} {t:5.1f} s  {live.completed} req  "
+            f"{live.errors} err  {rate:,.0f} tok/s",
+            style="cyan",
+        )
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f} ms"
+
+
+def level_line(r: LevelResult) -> str:
+    """One finished level, as printed above the progress bar."""
+    batch = "" if r.mean_batch is None else f"  batch {r.mean_batch:.1f}"
+    errors = f"  [red]{r.errors} errors[/red]" if r.errors else ""
+    good = (
+        ""
+        if r.goodput_req_per_s is None
+        else f"  goodput {r.goodput_req_per_s:.2f} req/s"
+        + ("" if r.slo_attainment is None else f" ({r.slo_attainment:.0%} in SLO)")
+    )
+    notes = [FOREIGN_NOTE] if r.foreign_traffic else []
+    if r.too_short:
+        notes.append("too short: no request finished in the window")
+    flags = "".join(f"  [yellow]{n}[/yellow]" for n in notes)
+    load = r.label if r.request_rate is None else f"{r.label} (c<={r.concurrency})"
+    return (
+        f"  {r.series:>7} {load:<10}{r.output_tok_per_s:9.1f} tok/s  TTFT {_ms(r.ttft_p50_ms)}"
+        f"  TPOT {_ms(r.tpot_p50_ms)}  ITL p99 {_ms(r.itl_p99_ms)}{batch}{good}{errors}{flags}"
+    )
+
+
+class _ProgressObserver(LevelObserver):
+    def __init__(self, progress: Progress, total_levels: int) -> None:
+        self.progress = progress
+        self.task = progress.add_task("sweep", total=total_levels)
+        self.outcome: SweepOutcome | None = None
+
+    def sweep_started(self, outcome: SweepOutcome) -> None:
+        self.outcome = outcome
+        self.message(f"server table before the sweep: {outcome.before.describe()}")
+
+    def level_started(self, series: str, shape: LoadShape, live: LiveCounters) -> None:
+        self.progress.update(self.task, live=live, level=f"{series} {shape.describe()}")
+
+    def level_finished(self, result: LevelResult) -> None:
+        self.progress.update(self.task, live=None)
+        self.progress.advance(self.task)
+        self.progress.console.print(level_line(result), highlight=False)
+
+    def message(self, text: str) -> None:
+        self.progress.console.print(f"[dim]{text}[/dim]")
+
+    def warning(self, text: str) -> None:
+        self.progress.console.print(f"[yellow]warning:[/yellow] {text}", soft_wrap=True)
+
+
+def _pair(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None else f"{a:.1f} / {b:.1f}"
+
+
+def _batch(r: LevelResult) -> str:
+    if r.mean_batch is None:
+        return "-"
+    return f"{r.mean_batch:.1f}" + ("!" if r.foreign_traffic else "")
+
+
+def results_table(results: list[LevelResult]) -> Table:
+    """One row per level; p90s and the rest are in bench.csv / bench.json."""
+    best = best_depths(results)
+    rate = any(r.request_rate is not None for r in results)
+    slo = any(r.goodput_req_per_s is not None for r in results)
+    flagged = any(r.flags for r in results)
+    table = Table(title="per (depth, level); * = best forced depth", box=None)
+    names = ["series", *(["rate/s", "max conc"] if rate else ["conc"]), "tok/s"]
+    names += ["req/s"] if rate else []
+    names += ["TTFT p50/p99 ms", "TPOT p50/p99 ms", "ITL p50/p99 ms"]
+    names += ["goodput req/s"] if slo else []
+    names += ["batch", "accept", "req"] + (["left out"] if flagged else [])
+    for name in names:
+        table.add_column(name, justify="left" if name in ("series", "left out") else "right")
+    for r in results:
+        star = "*" if r.depth is not None and best.get(r.level) == r.depth else " "
+        row = [r.series]
+        row += [f"{r.request_rate:g}", str(r.concurrency)] if rate else [str(r.concurrency)]
+        row.append(f"{r.output_tok_per_s:.1f}{star}")
+        if rate:
+            row.append(f"{r.request_per_s:.2f}")
+        row += [
+            _pair(r.ttft_p50_ms, r.ttft_p99_ms),
+            _pair(r.tpot_p50_ms, r.tpot_p99_ms),
+            _pair(r.itl_p50_ms, r.itl_p99_ms),
+        ]
+        if slo:
+            good = "-" if r.goodput_req_per_s is None else f"{r.goodput_req_per_s:.2f}"
+            if r.slo_attainment is not None:
+                good += f" ({r.slo_attainment:.0%})"
+            row.append(good)
+        row += [
+            _batch(r),
+            "-" if r.accept_length is None else f"{r.accept_length:.2f}",
+            f"{r.requests}" + (f" ({r.errors} err)" if r.errors else ""),
+        ]
+        if flagged:
+            row.append(", ".join(r.flags))
+        table.add_row(*row)
+    return table
+
+
+def prepare_out_dir(path: Path) -> str | None:
+    """Create the output folder and prove it is writable; why not, if it is not."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / ".specctl-write-check"
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        return f"--out {path}: cannot write there ({err.strerror or err}); pick another folder"
+    return None
+
+
+def mean_output_tokens(plan: SweepPlan) -> float:
+    return sum(p.output_tokens for p in plan.prompts) / max(len(plan.prompts), 1)
+
+
+def report(outcome: SweepOutcome, out_dir: Path, console: Console) -> None:
+    results = outcome.results
+    print_table(console, results_table(results))
+    foreign = [r for r in results if r.foreign_traffic]
+    if foreign:
+        levels = ", ".join(f"{r.series} {r.label}" for r in foreign)
+        console.print(
+            f"[yellow]![/yellow] {FOREIGN_NOTE} ({levels}); those levels measure more than this "
+            "sweep's load: rerun them on an idle server"
+        )
+    short = too_short_hint(results, mean_output_tokens(outcome.plan))
+    if short is not None:
+        console.print(f"[yellow]![/yellow] {short}")
+    cross = crossovers(results)
+    console.print("crossovers: " + ("; ".join(c.describe() for c in cross) or "none measured"))
+    verdict = recommendation_text(outcome)
+    if verdict is not None:
+        console.print(f"[bold]{verdict}[/bold]")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        write_json(outcome, out_dir / "bench.json")
+        write_csv(results, out_dir / "bench.csv")
+        plot(outcome, out_dir / "bench.png")
+    except OSError as err:
+        raise fail(f"--out {out_dir}: cannot write the results ({err.strerror or err})") from None
+    console.print(
+        f"wrote {out_dir / 'bench.csv'}, {out_dir / 'bench.json'}, {out_dir / 'bench.png'}"
+    )
+
+
+def describe_plan(plan: SweepPlan) -> str:
+    if plan.request_rates:
+        cap = "" if plan.max_concurrency is None else f", at most {plan.max_concurrency} in flight"
+        load = (
+            f"request rate [{', '.join(f'{r:g}' for r in plan.request_rates)}] req/s "
+            f"(burstiness {plan.burstiness:g}{cap})"
+        )
+    else:
+        load = f"concurrency {list(plan.concurrencies)}"
+    slo = "" if plan.slo is None else f", goodput SLO {plan.slo.describe()}"
+    return (
+        f"bench {plan.url}: depths {list(plan.depths)} x {load}, {plan.stop.describe()}{slo}, "
+        f"prompts: {plan.prompt_source}"
+    )
+
+
+def run_bench(plan: SweepPlan, out_dir: Path) -> int:
+    """Run the sweep, print and write what finished; the exit status (130: interrupted)."""
+    console = Console(soft_wrap=True)
+    console.print(describe_plan(plan), highlight=False)
+    progress = Progress(
+        TextColumn("[bold]levels"), _SweepBar(plan.stop),
+        TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), _TimeLeft(plan.stop),
+        _LiveColumn(), console=console, transient=True,
+    )  # fmt: skip
+    observer = _ProgressObserver(progress, len(plan.levels()))
+    code = 0
+    try:
+        with progress:
+            run_sweep(plan, observer)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        err_console.print("[yellow]interrupted[/yellow]: writing the levels that finished")
+        code = 130
+    except (ServerError, LoadError) as err:
+        err_console.print(f"[red]error:[/red] {err}")
+        code = 2
+    outcome = observer.outcome
+    if outcome is not None:
+        if outcome.pushed and outcome.restored is not None:
+            console.print(f"server table restored: {outcome.restored}")
+        elif outcome.pushed:
+            err_console.print(
+                "[red]the previous table could not be restored[/red]; check the server"
+            )
+        if outcome.results:
+            try:
+                report(outcome, out_dir, console)
+            except typer.Exit as exit_:
+                return int(exit_.exit_code or 2)
+    return code

@@ -1,0 +1,234 @@
+"""`specctl sim ...`: run the simulator (profiles, sweep, serve)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from controller.cli import app
+from controller.cli.args import parse_int_list
+from sglang_hooks.contract import MAX_DEPTH
+
+if TYPE_CHECKING:
+    from sims.profile import Profile
+    from sims.workload import Scenario
+
+sim_app = typer.Typer(help="Simulated SGLang server: sweeps, a served stand-in, evaluations.")
+app.add_typer(sim_app, name="sim")
+
+
+def _profile(name_or_path: str) -> Profile:
+    from sims.profile import ProfileError, load_profile
+
+    try:
+        return load_profile(name_or_path)
+    except ProfileError as err:
+        raise typer.BadParameter(str(err), param_hint="--profile") from None
+
+
+def scenario_option(name_or_path: str, option: str = "--scenario") -> Scenario:
+    """A built-in scenario or a scenario YAML; a usage error naming `option` otherwise."""
+    from sims.workload import ScenarioError, load_scenario
+
+    try:
+        return load_scenario(name_or_path)
+    except ScenarioError as err:
+        raise typer.BadParameter(
+            f"{err}; pass a built-in scenario (specctl sim scenarios) or a scenario YAML",
+            param_hint=option,
+        ) from None
+
+
+@sim_app.command("profiles")
+def list_profiles() -> None:
+    """List the built-in profiles.
+
+    \b
+    Examples:
+      specctl sim profiles
+      specctl sim sweep --profile "$(specctl sim profiles | head -1)"
+    """
+    from sims.profile import builtin_profiles
+
+    for name in builtin_profiles():
+        typer.echo(name)
+
+
+@sim_app.command("scenarios")
+def list_scenarios() -> None:
+    """List the built-in scenarios with their duration.
+
+    \b
+    Examples:
+      specctl sim scenarios
+      specctl sim evaluate --scenario bursty
+    """
+    from sims.workload import builtin_scenarios, load_scenario
+
+    for name in builtin_scenarios():
+        sc = load_scenario(name)
+        typer.echo(
+            f"{name}\t{sc.duration_s / 60:.0f} min\t{sc.description.strip().splitlines()[0]}"
+        )
+
+
+@sim_app.command("sweep")
+def sweep(
+    profile: Annotated[str, typer.Option(help="Built-in profile name or path to a YAML file")],
+    concurrency: Annotated[
+        str, typer.Option(help="Closed-loop client counts, comma-separated")
+    ] = "1,2,4,8,16,32,64,128,256",
+    depths: Annotated[
+        str | None, typer.Option(help="Depths to sweep (default: the profile's captured depths)")
+    ] = None,
+    duration: Annotated[float, typer.Option(help="Simulated seconds per point")] = 300.0,
+    warmup: Annotated[float, typer.Option(help="Simulated seconds not scored per point")] = 30.0,
+    prompt_tokens: Annotated[
+        int | None,
+        typer.Option(help="Prompt length of every request (default: the profile's reference)"),
+    ] = None,
+    output_tokens: Annotated[
+        int | None,
+        typer.Option(help="Output length of every request (default: the profile's reference)"),
+    ] = None,
+    phase: Annotated[
+        str | None, typer.Option(help="Acceptance phase (default: the profile's default)")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Random seed")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+) -> None:
+    """Closed-loop throughput, step time and acceptance per (depth, concurrency), the no-spec
+    baseline and the oracle's best depth per concurrency.
+
+    \b
+    Examples:
+      specctl sim sweep --profile h200-llama8b-eagle3 --concurrency 1,16,256
+      specctl sim sweep --profile h200-moe-eagle3 --depths 0,1,3 --duration 120
+      specctl sim sweep --profile h200-moe-eagle3 --json | jq .warnings
+    """
+    from sims.sweep import SweepSpec, render_table, run_sweep
+
+    prof = _profile(profile)
+    conc = list(parse_int_list(concurrency, "--concurrency", 1))
+    depth_list = (
+        list(parse_int_list(depths, "--depths", 0, MAX_DEPTH))
+        if depths
+        else list(prof.captured_depths)
+    )
+    bad = [d for d in depth_list if d not in prof.captured_depths]
+    if bad:
+        raise typer.BadParameter(
+            f"depth {bad[0]} is not captured by profile {prof.name} "
+            f"(captured: {prof.captured_depths})",
+            param_hint="--depths",
+        )
+    if duration <= 0:
+        raise typer.BadParameter(f"must be > 0, got {duration:g}", param_hint="--duration")
+    if not 0 <= warmup < duration:
+        raise typer.BadParameter(
+            f"must be >= 0 and shorter than --duration ({duration:g} s), got {warmup:g}: "
+            "the warm-up is the start-up ramp, the scored window must be longer",
+            param_hint="--warmup",
+        )
+    if phase is not None and phase not in prof.acceptance.phases:
+        raise typer.BadParameter(
+            f"unknown phase {phase!r}; the profile defines {sorted(prof.acceptance.phases)}",
+            param_hint="--phase",
+        )
+    spec = SweepSpec(
+        concurrency=conc,
+        depths=depth_list,
+        duration_s=duration,
+        warmup_s=warmup,
+        prompt_tokens=prompt_tokens or prof.reference_workload.prompt_tokens,
+        output_tokens=output_tokens or prof.reference_workload.output_tokens,
+        phase=phase,
+        seed=seed,
+    )
+    if as_json:
+        result = run_sweep(prof, spec)
+        typer.echo(json.dumps(result.to_json(), indent=None))
+        return
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from controller.cli.tables import print_table
+
+    console = Console()
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task(f"sweeping {prof.name}", total=spec.points())
+        result = run_sweep(prof, spec, on_point=lambda: progress.advance(task))
+    for table in render_table(result):
+        print_table(console, table)
+    for warning in result.warnings():
+        console.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
+
+
+@sim_app.command("serve")
+def serve(
+    profile: Annotated[str, typer.Option(help="Built-in profile name or path to a YAML file")],
+    host: Annotated[str, typer.Option(help="Address to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: pick a free one)")] = 30000,
+    speedup: Annotated[float, typer.Option(help="Simulated seconds per wall second")] = 1.0,
+    admin_key: Annotated[
+        str | None, typer.Option(help="Admin API key for /set_internal_state")
+    ] = None,
+    api_key: Annotated[str | None, typer.Option(help="API key for the other endpoints")] = None,
+    seed: Annotated[int, typer.Option(help="Random seed")] = 0,
+    concurrency: Annotated[
+        float, typer.Option(min=0.0, help="Background closed-loop clients (synthetic load)")
+    ] = 0.0,
+    scenario: Annotated[
+        str | None,
+        typer.Option(help="Drive the background load from a scenario instead of --concurrency"),
+    ] = None,
+    speculative: Annotated[
+        bool, typer.Option("--speculative/--no-speculative", help="EAGLE-3 on, or a plain server")
+    ] = True,
+) -> None:
+    """Serve a simulated SGLang server (SGLang's HTTP API + the specctl plugin's contract).
+
+    \b
+    Examples:
+      specctl sim serve --profile h200-moe-eagle3 --port 30000 --admin-key k
+      specctl sim serve --profile h200-moe-eagle3 --port 30001 --no-speculative
+      specctl sim serve --profile h200-llama8b-eagle3 --scenario ramp --speedup 10
+    """
+    from sims.http import ServedSimulation
+    from sims.server import SimulatedServer
+    from sims.workload import Workload
+
+    prof = _profile(profile)
+    if not speedup > 0:
+        raise typer.BadParameter(
+            f"must be > 0 simulated seconds per wall second (1: real time), got {speedup:g}",
+            param_hint="--speedup",
+        )
+    if scenario is not None:
+        workload = scenario_option(scenario).workload
+    else:
+        workload = Workload.closed(concurrency)
+    server = SimulatedServer(
+        prof,
+        workload,
+        seed=seed,
+        admin_key=admin_key,
+        api_key=api_key,
+        speculative=speculative,
+    )
+    try:
+        served = ServedSimulation(server, host=host, port=port, speedup=speedup, log_level="info")
+    except OSError as err:
+        typer.echo(
+            f"error: cannot listen on {host}:{port} ({err.strerror or err}); pick another "
+            "--port (0 picks a free one) or stop what is using it",
+            err=True,
+        )
+        raise typer.Exit(2) from None
+    typer.echo(
+        f"simulated {prof.name} ({'EAGLE-3' if speculative else 'no speculation'}) on "
+        f"{served.base_url}, clock x{speedup:g}; Ctrl-C to stop"
+    )
+    served.serve_forever()

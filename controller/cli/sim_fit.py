@@ -1,0 +1,171 @@
+"""`specctl sim fit`: a simulator profile fitted to `specctl bench` results of one server."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from controller.cli.sim import sim_app
+from sims.profile import ProfileError, load_profile
+
+if TYPE_CHECKING:
+    from sims.fit.report import Report
+
+DEFAULT_BASE = "h200-llama8b-eagle3"
+err_console = Console(stderr=True, soft_wrap=True)
+
+
+def _fail(message: str) -> typer.Exit:
+    err_console.print(f"[red]error:[/red] {message}", highlight=False)
+    return typer.Exit(2)
+
+
+def _out_problem(out: Path) -> str | None:
+    if out.is_dir():
+        return f"--out {out}: is a folder; give a file name such as {out / 'profile.yaml'}"
+    if out.suffix not in (".yaml", ".yml"):
+        return f"--out {out}: give a .yaml file name (profiles are YAML)"
+    folder = out.parent if str(out.parent) else Path(".")
+    if not folder.is_dir():
+        return f"--out {out}: folder {folder} does not exist; create it first"
+    try:
+        probe = folder / ".specctl-write-check"
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        return f"--out {out}: cannot write there ({err.strerror or err}); pick another folder"
+    return None
+
+
+@sim_app.command("fit")
+def fit(
+    benches: Annotated[
+        list[Path],
+        typer.Argument(
+            help="bench.json files from `specctl bench` against one server (several: e.g. two "
+            "prompt lengths, which pins the context and prefill terms)",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[Path, typer.Option(help="Where to write the fitted profile (.yaml)")],
+    base: Annotated[
+        str,
+        typer.Option(help="Profile whose values the fields a bench cannot see keep"),
+    ] = DEFAULT_BASE,
+    name: Annotated[
+        str | None, typer.Option(help="Name of the fitted profile (default: --out's file name)")
+    ] = None,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Processes replaying levels in parallel (default: 1 under 24 levels, else the "
+            "CPUs, up to 8)",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+) -> None:
+    """Fit a simulator profile to your own server from a `specctl bench` run.
+
+    Reads the levels of BENCH.json (tok/s, TTFT, TPOT, the server's own step and latency
+    figures per depth and concurrency, the plain server's too when the bench had
+    --no-spec-url) and the servers' limits it recorded, fits the profile's target, draft,
+    prefill and client costs by least squares, replays the bench on the fitted profile and
+    prints measured against simulated tok/s and TPOT.
+
+    Examples:
+
+      specctl bench --url http://gpu1:30000 --no-spec-url http://gpu1:30001 --out bench-h200
+
+      specctl sim fit bench-h200/bench.json --out h200-mine.yaml
+
+      specctl sim sweep --profile h200-mine.yaml --concurrency 1,8,64
+    """
+    from sims.fit.bench_file import BenchFileError, load_bench
+    from sims.fit.fitting import FitError, fit_profile
+    from sims.fit.pool import Replayer
+    from sims.fit.profile_file import with_provenance, write_profile
+    from sims.fit.report import Report, render, replay_rows
+
+    problem = _out_problem(out)
+    if problem is not None:
+        raise _fail(problem)
+    try:
+        base_profile = load_profile(base)
+    except ProfileError as err:
+        raise _fail(f"--base: {err}") from None
+    try:
+        runs = [load_bench(path) for path in benches]
+    except BenchFileError as err:
+        raise _fail(str(err)) from None
+    console = Console(stderr=as_json)
+    profile_name = name or out.stem
+    limits = {run.path: run.request_limit for run in runs}
+    count = sum(len(run.levels) for run in runs)
+    auto = 1 if count < 24 else min(8, os.cpu_count() or 1)
+    with Replayer(jobs or auto) as replayer:
+        try:
+            with console.status("fitting", spinner="dots") as status:
+                result = fit_profile(
+                    runs, base_profile, profile_name, replayer=replayer,
+                    progress=lambda msg: status.update(msg),
+                )  # fmt: skip
+        except FitError as err:
+            raise _fail(str(err)) from None
+        result.profile = with_provenance(result, base_profile, runs)
+        try:
+            write_profile(result.profile, out)
+        except OSError as err:
+            raise _fail(f"--out {out}: cannot write it ({err.strerror or err})") from None
+        rows = replay_rows(result.profile, result.levels, limits, replayer)
+    report = Report(result, base_profile, rows, str(out))
+    if as_json:
+        typer.echo(json.dumps(report.to_json()))
+        return
+    console.print(fields_table(report))
+    for line in kept_lines(report):
+        console.print(line, highlight=False)
+    for line in render(report):
+        console.print(line)
+    clocks = {run.spec.speedup for run in runs} | {r.no_spec.speedup for r in runs if r.no_spec}
+    if clocks != {1.0}:
+        console.print(
+            f"times on the server's own clock (the bench ran at --speedup "
+            f"{', '.join(f'{c:g}' for c in sorted(clocks))})"
+        )
+    for note in result.notes:
+        console.print(f"[yellow]note[/yellow]: {note}")
+    console.print(f"wrote {out} ({result.evaluations} evaluations, {result.seconds:.1f} s)")
+
+
+def fields_table(report: Report) -> Table:
+    from sims.fit.fitting import describe_fields
+
+    table = Table(title="fitted profile fields", box=None)
+    for col in ("field", "value", "base", "fitted"):
+        table.add_column(col, justify="left" if col == "field" else "right", no_wrap=True)
+    for row in describe_fields(report.result, report.base):
+        table.add_row(
+            row["field"],
+            f"{row['value']:.4g}",
+            f"{row['base']:.4g}",
+            "yes" if row["fitted"] else "kept",
+        )
+    prof = report.result.profile
+    lengths = ", ".join(f"d{d} {v:.2f}" for d, v in report.result.accept_lengths.items())
+    table.caption = (
+        f"running cap {prof.scheduler.max_running_requests_spec} (spec) / "
+        f"{prof.scheduler.max_running_requests_nospec} (plain); accept length {lengths or '-'}"
+    )
+    return table
+
+
+def kept_lines(report: Report) -> list[str]:
+    return [f"kept {key} (the base's): {why}" for key, why in report.result.kept.items()]

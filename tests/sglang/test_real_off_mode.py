@@ -1,0 +1,106 @@
+"""The off mode's skipped draft extend, through SGLang's real methods.
+
+Real: `EagleDraftWorker._draft_extend_for_decode` (patched by the plugin's loader; the real
+body runs whenever the plugin does not skip) and `EAGLEWorkerV2._stub_skipped_draft_extend`
+(SGLang's own stub, the one its SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND switch uses), both
+SGLang 0.5.23's code. Stand-ins, because the workers need a GPU model runner: the two `self`
+objects (`_spec_worker`: the device, top-k and draft runner config the stub reads; the draft
+worker: nothing, so the real extend fails at once on it, which is how a test sees that it
+ran) and the batch/result pair (the sequence lengths and the next draft input).
+"""
+
+from __future__ import annotations
+
+import types
+from types import SimpleNamespace as NS
+from typing import Any
+
+import pytest
+
+from sglang_hooks.contract import PolicyTable, Tier
+from sglang_hooks.runtime import SchedulerRuntime
+
+HIDDEN = 64
+
+
+def _spec_worker(steps: int) -> Any:
+    import torch
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    runner = NS(model_config=NS(spec_hidden_size=HIDDEN, dtype=torch.bfloat16),
+                spec_algorithm=NS(is_standalone=lambda: False))
+    worker = NS(device="cpu", topk=1, speculative_num_steps=steps,
+                draft_worker=NS(draft_runner=runner))
+    worker._stub_skipped_draft_extend = types.MethodType(
+        EAGLEWorkerV2._stub_skipped_draft_extend, worker)
+    return worker
+
+
+def _extend(runtime: SchedulerRuntime, batch_size: int, steps: int,
+            want: tuple[int, bool] = (0, False)) -> Any:
+    """One decode launch: the depth choice (drawn until it is `want`: depth, probe), then
+    the draft extend SGLang calls after verify."""
+    import torch
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+    runtime.spec_worker = _spec_worker(steps)
+    for _ in range(1000):
+        if (runtime.choose(batch_size), runtime.launch_explore) == want:
+            break
+    else:
+        raise AssertionError(f"the table never chose {want} at batch size {batch_size}")
+    batch = NS(seq_lens=torch.zeros(batch_size, dtype=torch.int64))
+    result = NS(next_draft_input=NS(topk_p=None, topk_index=None, hidden_states=None))
+    EagleDraftWorker._draft_extend_for_decode(NS(), batch, result)
+    return result.next_draft_input
+
+
+@pytest.fixture
+def off_table(runtime: SchedulerRuntime, plugin_loaded: bool) -> SchedulerRuntime:
+    runtime.activate({0, 1, 3}, None)
+    runtime.commit(PolicyTable.build([
+        Tier(1, 3, explore_share=0.5, explore_depths=(0,)),
+        Tier(16, 0, hysteresis=2),
+        Tier(64, 0, hysteresis=8, explore_share=0.5, explore_depths=(3,)),
+    ], 5))
+    return runtime
+
+
+def test_skip_extend_stubs_the_draft_inputs_in_an_off_tier(off_table: SchedulerRuntime) -> None:
+    assert off_table.off_mode == "skip-extend"
+    out = _extend(off_table, 20, steps=0)
+    assert out.topk_p.shape == (20, 1) and float(out.topk_p.abs().sum()) == 0.0
+    assert out.topk_index.shape == (20, 1) and out.hidden_states.shape == (20, HIDDEN)
+    assert off_table.skipped_extends == 1
+
+
+@pytest.mark.parametrize(("mode", "batch", "skips"), [
+    ("sglang", 20, False),  # SGLang's depth 0: the extend runs
+    ("skip-extend", 100, False),  # the off tier probes depth 3: keep the draft warm
+    ("skip-extend-all", 100, True),
+])
+def test_which_modes_and_tiers_keep_the_real_extend(off_table: SchedulerRuntime, mode: str,
+                                                     batch: int, skips: bool) -> None:
+    off_table.set_off_mode(mode)
+    if skips:
+        _extend(off_table, batch, steps=0)
+        assert off_table.skipped_extends == 1
+    else:
+        with pytest.raises(AttributeError):  # the real extend ran on the stand-in worker
+            _extend(off_table, batch, steps=0)
+        assert off_table.skipped_extends == 0
+
+
+def test_a_depth_zero_probe_in_a_speculative_tier_keeps_the_extend(
+    off_table: SchedulerRuntime,
+) -> None:
+    with pytest.raises(AttributeError):
+        _extend(off_table, 4, steps=0, want=(0, True))
+    assert off_table.skipped_extends == 0
+
+
+def test_a_worker_not_at_depth_zero_is_never_skipped(off_table: SchedulerRuntime) -> None:
+    """If the runtime state did not switch (the worker still runs 3), the real extend runs."""
+    with pytest.raises(AttributeError):
+        _extend(off_table, 20, steps=3)
+    assert off_table.skipped_extends == 0

@@ -1,0 +1,206 @@
+"""What bench makes of its levels: flagged levels left out, a plain server that wins, latency
+percentiles, goodput under an SLO, ShareGPT datasets, and bench.json staying compatible."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from controller.bench.latency import Slo, SloError, goodput, latencies, parse_slo, percentile_ms
+from controller.bench.loadgen import RequestResult, StopRule
+from controller.bench.prompts import DatasetError, read_dataset, synthetic_prompts
+from controller.bench.report import (
+    best_depths,
+    crossovers,
+    outcome_json,
+    plain_server_wins,
+    plot,
+    recommend_table,
+    recommendation_text,
+    too_short_hint,
+)
+from controller.bench.server_client import ServerState
+from controller.bench.sweep import LevelResult, SweepOutcome, SweepPlan, series_name
+
+
+def level(  # type: ignore[no-untyped-def]
+    depth: int | None, conc: int, tok_s: float, batch: float | None = None, **kw
+) -> LevelResult:
+    return LevelResult(
+        series=series_name(depth), depth=depth, concurrency=conc, requests=10, errors=0,
+        elapsed_s=1.0, output_tok_per_s=tok_s, ttft_p50_ms=1.0, ttft_p90_ms=2.0,
+        tpot_p50_ms=1.0, tpot_p90_ms=2.0, mean_batch=batch, accept_length=1.5,
+        client_cpu_share=0.1, **kw,
+    )  # fmt: skip
+
+
+def outcome(results: list[LevelResult], **plan_kw) -> SweepOutcome:  # type: ignore[no-untyped-def]
+    plan = SweepPlan(
+        url="http://127.0.0.1:1", depths=(0, 1, 3), concurrencies=(1, 4, 16),
+        stop=StopRule(duration_s=10), prompts=synthetic_prompts(1, 8, 8), prompt_source="t",
+        **plan_kw,
+    )  # fmt: skip
+    before = ServerState(None, 0, (0, 1, 2, 3), "none", None, 1)
+    return SweepOutcome(plan=plan, before=before, results=results)
+
+
+def test_a_level_with_no_finished_request_is_left_out_of_the_recommendation() -> None:
+    # At c=64, d0 "wins" on a partial tok/s; no request finished there, so it must not count.
+    short = level(0, 64, 900, 48.0, too_short=True)
+    results = [level(3, 1, 100, 1.0), level(0, 1, 60, 1.0), level(3, 64, 500, 48.0), short]
+    assert best_depths(results) == {1: 3, 64: 3}
+    table = recommend_table(results, captured_depths=[0, 3])
+    assert table is not None and table.describe() == "1+: d3"
+    hint = too_short_hint(results, output_tokens=256)
+    assert hint is not None and "d0 c=64" in hint and "--duration-per-level" in hint
+    # 900 tok/s over 64 streams is ~14 tok/s each: a 256-token request needs ~18 s.
+    assert "about 18 s" in hint
+
+
+def test_only_flagged_levels_give_no_table_at_all() -> None:
+    flagged = [level(3, 8, 500, 8.0, too_short=True), level(1, 8, 400, 13.0, foreign_traffic=True)]
+    assert best_depths(flagged) == {} and recommend_table(flagged) is None
+    assert crossovers(flagged) == []
+
+
+def test_a_plain_server_that_wins_everywhere_is_said_with_its_margin() -> None:
+    spec = [
+        level(0, 1, 100, 1.0), level(1, 1, 90, 1.0),
+        level(0, 16, 800, 16.0), level(1, 16, 700, 16.0),
+    ]  # fmt: skip
+    nospec = [level(None, 1, 110), level(None, 16, 1000)]
+    wins = plain_server_wins(spec + nospec)
+    assert wins is not None
+    assert wins.gains == pytest.approx({1: 0.10, 16: 0.25})
+    text = recommendation_text(outcome(spec + nospec))
+    assert text is not None
+    assert "server without speculation is faster than every depth at every level" in text
+    assert "+10% (c=1) to +25% (c=16)" in text and "1+: off" in text
+    # Where speculation still wins somewhere, it is the table that is recommended.
+    mixed = [*spec, level(None, 1, 80), level(None, 16, 1000)]
+    assert plain_server_wins(mixed) is None
+    assert recommendation_text(outcome(mixed)) == "recommended table (batch size -> depth): 1+: off"
+
+
+def test_bench_json_keeps_its_keys_and_adds_the_new_ones() -> None:
+    spec = [level(3, 1, 100, 1.0), level(3, 4, 300, 4.0, too_short=True)]
+    data = outcome_json(outcome(spec))
+    for key in (
+        "url", "no_spec_url", "depths", "concurrencies", "stop", "prompts", "table_before",
+        "table_before_source", "restored", "interrupted", "results", "best_depth_by_concurrency",
+        "crossovers", "recommended_table", "recommended_table_text",
+    ):  # fmt: skip
+        assert key in data, key
+    assert data["best_depth_by_concurrency"] == {"1": 3}
+    assert data["flagged_levels"] == [{"series": "d3", "level": 4, "flags": ["too short"]}]
+    assert data["mode"] == "closed" and data["warmup_s"] == 1.0
+    old_fields = {"series", "concurrency", "output_tok_per_s", "ttft_p90_ms", "foreign_traffic"}
+    assert old_fields <= set(data["results"][0])
+    json.dumps(data)  # serialisable as is
+
+
+def test_the_figure_marks_flagged_levels(tmp_path: Path) -> None:
+    results = [level(3, 1, 100, 1.0), level(3, 4, 300, 4.0, too_short=True),
+               level(3, 16, 500, 40.0, foreign_traffic=True)]  # fmt: skip
+    path = tmp_path / "bench.svg"
+    plot(outcome(results), path)
+    svg = path.read_text()
+    # matplotlib writes each text as a comment before its glyphs.
+    assert "<!-- too short -->" in svg and "<!-- other traffic -->" in svg
+    assert "<!-- flagged (left out) -->" in svg
+
+
+def result(ttft: float, tokens: int, duration: float, complete: bool = True) -> RequestResult:
+    gaps = tuple([(duration - ttft) / (tokens - 1)] * (tokens - 1))
+    return RequestResult(
+        start_s=0.0, end_s=duration, ttft_s=ttft, last_token_s=duration, output_tokens=tokens,
+        complete=complete, chunk_gaps_s=gaps,
+    )  # fmt: skip
+
+
+def test_percentiles_include_p99_and_stay_inside_the_data() -> None:
+    values = [i / 1000 for i in range(1, 101)]  # 1..100 ms
+    assert percentile_ms(values, 50) == pytest.approx(50.5)
+    assert percentile_ms(values, 99) == pytest.approx(99.01)
+    assert percentile_ms([0.004], 99) == pytest.approx(4.0) and percentile_ms([], 50) is None
+    lat = latencies([result(0.1, 11, 1.1), result(0.2, 11, 2.2)])
+    assert lat.tpot[0] == pytest.approx(150.0)  # (100 + 200) / 2 ms
+    assert lat.itl[2] == pytest.approx(200.0) and lat.e2e[0] == pytest.approx(1650.0)
+
+
+def test_goodput_counts_requests_that_meet_every_slo() -> None:
+    slo = parse_slo(["ttft:150,tpot:120"])
+    assert slo == Slo(ttft_ms=150, tpot_ms=120)
+    done = [result(0.1, 11, 1.1), result(0.2, 11, 1.2), result(0.1, 11, 3.1)]
+    failed = dataclasses.replace(done[0], complete=False, error="HTTP 500")
+    # Good: the first only (the second misses TTFT, the third TPOT 300 ms); 4 finished.
+    g = goodput(slo, [*done, failed], window_s=2.0)
+    assert g.req_per_s == pytest.approx(0.5) and g.attainment == pytest.approx(0.25)
+    assert parse_slo(["ttft:500", "e2el:2000"]).describe() == "ttft:500 e2el:2000 ms"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (["ttft"], "expected KEY:MILLISECONDS with KEY one of ttft, tpot, e2el"),
+        (["latency:5"], "expected KEY:MILLISECONDS"),
+        (["tpot:fast"], "'fast' is not a number of milliseconds"),
+        (["tpot:0"], "the bound must be > 0 ms"),
+        (["tpot:5,tpot:6"], "tpot is given twice"),
+        ([""], "no SLO given"),
+    ],
+)
+def test_slo_errors_name_the_part(text: list[str], message: str) -> None:
+    with pytest.raises(SloError, match=message):
+        parse_slo(text)
+
+
+SHAREGPT = [
+    {"id": "a", "conversations": [
+        {"from": "human", "value": "What is speculative decoding?"},
+        {"from": "gpt", "value": "x" * 400},
+        {"from": "human", "value": "More?"},
+    ]},
+    {"id": "b", "conversations": [{"from": "gpt", "value": "no question first"}]},
+    {"id": "c", "conversations": [
+        {"from": "system", "value": "be brief"},
+        {"from": "user", "value": "Hi"},
+        {"from": "assistant", "value": "Hello there, friend"},
+    ]},
+]  # fmt: skip
+
+
+def test_sharegpt_json_array_and_jsonl_give_prompts_and_reply_lengths(tmp_path: Path) -> None:
+    array = tmp_path / "sharegpt.json"
+    array.write_text(json.dumps(SHAREGPT))
+    lines = tmp_path / "sharegpt.jsonl"
+    lines.write_text("\n".join(json.dumps(r) for r in SHAREGPT) + "\n")
+    for path in (array, lines):
+        data = read_dataset(path, default_output_tokens=256)
+        assert [(p.text, p.output_tokens) for p in data.prompts] == [
+            ("What is speculative decoding?", 100),  # 400 characters ~ 100 tokens
+            ("Hi", 5),
+        ]
+        assert data.skipped == 1 and data.conversations
+        assert "2 conversations, 1 skipped" in data.describe()
+    fixed = read_dataset(array, 256, fixed_output_tokens=64)
+    assert {p.output_tokens for p in fixed.prompts} == {64}
+
+
+def test_dataset_errors_name_the_record_and_the_field(tmp_path: Path) -> None:
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps([{"conversations": "hi"}]))
+    with pytest.raises(DatasetError, match=r"d.json: record 0: 'conversations' must be a list"):
+        read_dataset(path, 16)
+    path.write_text(json.dumps([{"conversations": [{"from": "human"}]}]))
+    with pytest.raises(DatasetError, match=r"conversations\[0\] must be an object with 'from'"):
+        read_dataset(path, 16)
+    path.write_text(json.dumps([{"conversations": [{"from": "gpt", "value": "x"}]}]))
+    with pytest.raises(DatasetError, match="1 conversations had no human turn with a reply"):
+        read_dataset(path, 16)
+    path.write_text('[{"prompt": "x"},')
+    with pytest.raises(DatasetError, match=r"d.json:1: not valid JSON"):
+        read_dataset(path, 16)

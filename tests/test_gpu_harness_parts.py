@@ -1,0 +1,199 @@
+"""Parts of the GPU harness on CPU: greedy comparison, log windows and counts, trimming and
+packing, process sessions, memory growth; real loopback HTTP against the simulator."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tarfile
+import time
+
+import httpx
+import pytest
+
+from benchmarks.gpu import memory, servers
+from benchmarks.gpu.greedy import (
+    GreedyPrompt,
+    RunResult,
+    compare,
+    first_divergence,
+    generate_ids,
+    word_prompts,
+)
+from benchmarks.gpu.pack import MAX_LOG_BYTES, pack
+from benchmarks.gpu.procs import pid_alive, session_pids, session_rss
+from benchmarks.gpu.server_log import (
+    RUNTIME_SWITCH,
+    SGLANG_OWN_CHOICE,
+    ControlMonitor,
+    count_lines,
+    trim_log,
+)
+from sglang_hooks.contract import push_body, single_depth_table
+
+
+def test_first_divergence():
+    assert first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert first_divergence([1, 2, 3], [1, 9, 3]) == 1
+    assert first_divergence([1, 2, 3], [1, 2]) == 2
+    assert first_divergence([], []) is None
+
+
+def test_compare_counts_flips_per_prompt():
+    prompts = [GreedyPrompt("a", input_ids=(1, 2)), GreedyPrompt("b", text="x")]
+    ref = RunResult("plain", outputs=[[5, 6, 7], [8, 9]], pushes_during=[0, 0])
+    got = RunResult("spec", outputs=[[5, 6, 7], [8, 4]], pushes_during=[3, 2])
+    report = compare(ref, got, prompts)
+    assert (report["identical"], report["flips"], report["first_divergences"]) == (1, 1, [1])
+    assert report["pushes_during_requests"] == 5
+    row = report["per_prompt"][1]
+    assert row["reference_ids_from_divergence"] == [9] and row["ids_from_divergence"] == [4]
+    assert prompts[0].body(4)["input_ids"] == [1, 2] and prompts[1].body(4)["text"] == "x"
+    assert prompts[0].body(4)["sampling_params"] == {
+        "temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
+
+
+def test_word_prompts_are_deterministic_token_ids():
+    a, b = word_prompts(3, words=10), word_prompts(3, words=10)
+    assert a == b and len({p.input_ids for p in a}) == 3
+    assert all(p.length == 10 for p in a)
+
+
+@pytest.mark.parametrize("sim_server", [{"speedup": 200}], indirect=True)
+def test_sim_generate_answers_output_ids_independent_of_depth(sim_server):
+    url = sim_server.base_url
+    prompt, other = word_prompts(2, words=12)
+    with httpx.Client(base_url=url, timeout=30) as client:
+        first = generate_ids(client, prompt, 24)
+        assert client.post("/set_internal_state",
+                           json=push_body(single_depth_table(0, version=5))).json() == [True]
+        assert generate_ids(client, prompt, 24) == first and len(first) == 24
+        assert generate_ids(client, other, 24) != first
+        text = client.post("/generate", json={"text": "hello", "sampling_params": {
+            "max_new_tokens": 5}}).json()
+        assert len(text["output_ids"]) == 5
+
+
+def test_count_lines_inside_and_outside_windows(tmp_path):
+    log = tmp_path / "spec.log"
+    lines = [f"[t] {SGLANG_OWN_CHOICE}: steps 3 -> 2\n", f"[t] {RUNTIME_SWITCH}: 2 -> 0\n",
+             "[t] Decode batch\n", f"[t] {RUNTIME_SWITCH}: 0 -> 3\n"]
+    log.write_text("".join(lines))
+    second = len(lines[0])
+    third = second + len(lines[1])
+    counts = count_lines(log, [[second, third], [third + len(lines[2]), log.stat().st_size]])
+    assert counts[SGLANG_OWN_CHOICE] == {"total": 1, "under_table": 0}
+    assert counts[RUNTIME_SWITCH] == {"total": 2, "under_table": 2}
+    assert count_lines(tmp_path / "missing.log", [])[RUNTIME_SWITCH]["total"] == 0
+
+
+@pytest.mark.parametrize("sim_server", [{"speedup": 50}], indirect=True)
+def test_control_monitor_marks_only_log_written_while_a_table_is_live(sim_server, tmp_path):
+    """The log is written by this test (the simulator logs no SGLang lines); the table state
+    is the simulator's, read over HTTP as the monitor reads SGLang's."""
+    log = tmp_path / "spec.log"
+    log.write_text("start\n")
+    url = sim_server.base_url
+    monitor = ControlMonitor(url, log, interval_s=0.05).start()
+
+    def write_for(seconds: float, text: str) -> None:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            with log.open("a") as fh:
+                fh.write(text + "\n")
+            time.sleep(0.02)
+
+    with httpx.Client(base_url=url, timeout=10) as client:
+        write_for(0.6, f"released {SGLANG_OWN_CHOICE}")
+        client.post("/set_internal_state", json=push_body(single_depth_table(3, version=1)))
+        time.sleep(0.2)
+        write_for(0.6, f"held {RUNTIME_SWITCH}")
+        client.post("/set_internal_state", json=push_body(None))
+        time.sleep(0.2)
+        write_for(0.6, f"released again {SGLANG_OWN_CHOICE}")
+    windows = monitor.stop()
+    assert windows and monitor.failed_polls == 0
+    counts = count_lines(log, windows)
+    assert counts[SGLANG_OWN_CHOICE]["under_table"] == 0
+    assert counts[SGLANG_OWN_CHOICE]["total"] > 20
+    # Lines written right around a push may fall outside a window, never the other way round.
+    assert counts[RUNTIME_SWITCH]["under_table"] >= counts[RUNTIME_SWITCH]["total"] - 10 > 0
+
+
+def test_trim_and_pack_keep_the_folder_small(tmp_path):
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    big = run / "logs" / "spec.log"
+    with big.open("w") as fh:
+        for i in range(60_000):
+            fh.write(f"[2026-01-01 00:00:00] Decode batch. #running-req: {i % 128}, gen "
+                     f"throughput (token/s): {i * 1.5:.2f}\n")
+    assert big.stat().st_size > MAX_LOG_BYTES
+    (run / "summary.md").write_text("# x\n")
+    (run / "store.sqlite-wal").write_text("x")
+    short = tmp_path / "short.log"
+    info = trim_log(big, short, head=10, tail=20)
+    text = short.read_text()
+    assert info["left_out"] == 60_000 - 30 and "lines left out" in text
+    assert "Decode batch. #running-req: #, gen throughput (token/s): #" in text
+    packed = pack(run, tmp_path / "out" / "run.tar.gz")
+    with tarfile.open(packed["path"]) as tar:
+        names = tar.getnames()
+        manifest = tar.extractfile("run/MANIFEST.txt").read().decode()  # type: ignore[union-attr]
+    assert "run/logs/spec.log.trimmed" in names and "run/summary.md" in names
+    assert "run/logs/spec.log" not in names and "run/store.sqlite-wal" not in names
+    assert "logs/spec.log: 60000 lines" in manifest
+    assert packed["bytes"] < 200_000
+
+
+def test_a_server_session_is_found_measured_and_stopped():
+    # A stand-in server: a shell in its own session with a child, as SGLang has schedulers.
+    proc = subprocess.Popen(["/bin/sh", "-c", "sleep 60 & sleep 60"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 5
+        while len(session_pids(proc.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        members = session_pids(proc.pid)
+        assert proc.pid in members and len(members) == 3
+        rss = session_rss(proc.pid)
+        assert set(rss) == members and all(b > 0 for _, b in rss.values())
+        sample = memory.sample(proc.pid, "probe")
+        assert sample.rss_mib is not None and sample.rss_mib > 0
+        assert servers.stop(proc.pid, timeout_s=5) == "stopped"
+        proc.wait(timeout=5)
+        assert not any(pid_alive(p) for p in members)
+        assert servers.stop(proc.pid) == "not running"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_memory_growth_against_a_limit():
+    samples = [memory.MemorySample(0, "a", 100.0, None, 10.0),
+               memory.MemorySample(1, "b", 180.0, None, 12.0),
+               memory.MemorySample(2, "c", 150.0, None, 11.0)]
+    gpu = memory.growth(samples, "gpu_used_mib", 40.0)
+    assert (gpu.grew, gpu.peak, gpu.ok) == (50.0, 180.0, False)
+    assert memory.growth(samples, "rss_mib", 40.0).ok is True
+    unmeasured = memory.growth(samples, "gpu_server_mib", 1.0)
+    assert unmeasured.ok is None and "not measured" in unmeasured.describe()
+
+
+def test_sim_launch_plan_matches_the_sglang_one_in_shape(tmp_path):
+    from benchmarks.gpu.model_folders import TINY, build_dummy_folders
+
+    models = build_dummy_folders(tmp_path, TINY)
+    opts = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1, plain_port=2,
+                                 extra_args=("--log-level", "info"), python=sys.executable)
+    spec, plain = servers.plans(models, opts, tmp_path)
+    assert spec.role == "spec" and "--speculative-draft-model-path" in spec.argv
+    assert spec.argv[2:5] == ["controller.cli", "serve", "--depths"]
+    assert "--mem-fraction-static" in spec.argv and "0.4" in spec.argv
+    assert plain.argv[2] == "sglang.launch_server" and "0.6" in plain.argv
+    assert not any(a.startswith("--speculative") for a in plain.argv)
+    shared = [a for a in plain.argv[3:] if a not in ("0.6", "2")]
+    assert all(a in spec.argv for a in shared)  # the same flags minus speculation
+    assert "--load-format" in plain.argv and "--log-level" in plain.argv
+    order = servers.plans(models, servers.ServerOptions(
+        backend="sglang", admin_key="k", spec_port=1, plain_port=2, spec_first=False), tmp_path)
+    assert [p.role for p in order] == ["plain", "spec"] and "0.4" in order[0].argv

@@ -1,0 +1,105 @@
+"""`python -m benchmarks.gpu.seeded.trace` (run under each policy, then compare) against served
+simulators: a speculative one with the plugin contract and a plain one (real HTTP over
+loopback, the real `specctl daemon` as a subprocess, the real SQLite store)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.gpu.seeded import trace
+from controller.bench.server_client import ServerClient
+from sglang_hooks.contract import PolicyTable, Tier
+
+PHASES = "2:2:a,2.5:24:a,2:4:b"
+
+
+def _dataset(path, words: str):
+    path.write_text("".join(json.dumps({"prompt": f"{words} {i}", "output_tokens": 32}) + "\n"
+                            for i in range(32)))  # fmt: skip
+    return f"{path.stem}={path}"
+
+
+def test_default_trace_shape_and_phase_parsing():
+    phases = trace.default_trace(48)
+    assert sum(p.seconds for p in phases) == pytest.approx(48)
+    assert max(p.concurrency for p in phases) == 128
+    assert [p.dataset for p in phases][-1] == "b" and phases[0].dataset == "a"
+    parsed = trace.parse_phases("6:2:a, 10:128:a,8:4:b")
+    assert [(p.seconds, p.concurrency, p.dataset) for p in parsed] == \
+        [(6, 2, "a"), (10, 128, "a"), (8, 4, "b")]
+    for bad in ("6:2", "x:2:a", "0:2:a", "5:0:a", ""):
+        with pytest.raises(trace.TraceError, match="--phases"):
+            trace.parse_phases(bad)
+    assert trace.parse_policy("static:3") == ("static", 3)
+    for bad in ("static:x", "static:-1", "eagle"):
+        with pytest.raises(trace.TraceError, match="--policy"):
+            trace.parse_policy(bad)
+
+
+def test_every_policy_then_compare(sim_server_factory, tmp_path, capsys):
+    spec = sim_server_factory(admin_key="k", speedup=1.0)
+    plain = sim_server_factory(speculative=False, speedup=1.0)
+    live = PolicyTable.build([Tier(1, 2), Tier(32, 0)], version=3)
+    with ServerClient(spec.base_url, "k") as client:
+        client.push(live)
+    data = [_dataset(tmp_path / "a.jsonl", "the model"), _dataset(tmp_path / "b.jsonl", "a batch")]
+    results = tmp_path / "results"
+    for policy, url in (("static:3", spec.base_url), ("sglang", spec.base_url),
+                        ("daemon", spec.base_url), ("plain", plain.base_url)):
+        args = ["run", "--policy", policy, "--url", url, "--phases", PHASES, "--out", str(results),
+                "--admin-key", "k"]  # fmt: skip
+        for d in data:
+            args += ["--dataset", d]
+        assert trace.main(args) == 0, policy
+    static = json.loads((results / "static-3.json").read_text())
+    assert [p["name"] for p in static["phases"]] == ["p1-2-a", "p2-24-a", "p3-4-b"]
+    assert all(p["table_after"] == "1+: d3" for p in static["phases"])
+    for key in ("tok_per_s", "tpot_p50_ms", "tpot_p90_ms"):
+        assert static["total"][key] > 0
+        assert all(p[key] > 0 for p in static["phases"])
+    assert static["phases"][1]["tpot_p50_ms"] > static["phases"][0]["tpot_p50_ms"]  # load costs
+    released = json.loads((results / "sglang.json").read_text())
+    assert released["final_table"] == "released (SGLang's own choice)"
+    daemon = json.loads((results / "daemon.json").read_text())
+    assert daemon["daemon"]["exit_status"] == 0
+    assert daemon["daemon"]["warm_start_store"] is None
+    assert daemon["daemon"]["push_count"] == len(daemon["daemon"]["pushes"])
+    assert (results / "daemon.log").is_file() and (results / "daemon.sqlite").is_file()
+    assert "table_after" not in json.loads((results / "plain.json").read_text())["phases"][0]
+    with ServerClient(spec.base_url, "k") as client:  # every run pushed back what was live
+        assert client.state().table.tiers == live.tiers
+
+    assert trace.main(["compare", str(results)]) == 0
+    table = (results / "compare.md").read_text()
+    assert table.count("\n") == 2 + 4  # header, rule, one row per policy
+    summary = json.loads((results / "compare.json").read_text())
+    assert set(summary["policies"]) == {"static:3", "sglang", "daemon", "plain"}
+    assert (results / "compare.png").stat().st_size > 10_000
+    capsys.readouterr()
+
+    # a warm start copies the store given, and leaves the original alone
+    before = (results / "daemon.sqlite").read_bytes()
+    args = ["run", "--policy", "daemon", "--url", spec.base_url, "--phases", "2:2:a",
+            "--out", str(tmp_path / "warm"), "--admin-key", "k", "--daemon-store",
+            str(results / "daemon.sqlite"), "--dataset", data[0]]  # fmt: skip
+    assert trace.main(args) == 0
+    warm = json.loads((tmp_path / "warm" / "daemon.json").read_text())
+    assert warm["daemon"]["warm_start_store"] == str(results / "daemon.sqlite")
+    assert (results / "daemon.sqlite").read_bytes() == before
+
+
+def test_errors_name_the_option(sim_server_factory, tmp_path, capsys):
+    spec = sim_server_factory(admin_key="k")
+    data = _dataset(tmp_path / "a.jsonl", "x")
+    base = ["run", "--url", spec.base_url, "--out", str(tmp_path / "r"), "--admin-key", "k"]
+    assert trace.main([*base, "--policy", "static:9", "--phases", "1:1:a", "--dataset", data]) == 2
+    assert "depth 9 was not captured" in capsys.readouterr().err
+    assert trace.main([*base, "--policy", "static:1", "--phases", "1:1:b", "--dataset", data]) == 2
+    assert "--dataset NAME=FILE" in capsys.readouterr().err
+    assert trace.main([*base, "--policy", "plain", "--phases", "1:1:a",
+                       "--dataset", "a.jsonl"]) == 2  # fmt: skip
+    assert "write NAME=FILE" in capsys.readouterr().err
+    assert trace.main(["compare", str(tmp_path / "empty")]) == 2
+    assert "no trace results" in capsys.readouterr().err

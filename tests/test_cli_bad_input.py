@@ -93,6 +93,10 @@ CASES: list[tuple[list[str], list[str]]] = [
     (["demo", "--seed", "x"], ["--seed:", "must be an integer, got x"]),
     # sim
     (["sim", "profiles", "--nope"], ["No such option: --nope"]),
+    (["sim", "fit", "{root}/none.json", "--out", "{root}/p.yaml"], ["no such file"]),
+    (["sim", "fit", "{policy}", "--out", "{root}/p.txt"], ["--out", ".yaml"]),
+    (["sim", "fit", "{policy}", "--out", "{root}/p.yaml", "--base", "nope"],
+     ["--base:", "unknown profile 'nope'"]),
     (["sim", "scenarios", "--nope"], ["No such option: --nope"]),
     (["sim", "sweep", "--profile", "nope"], ["--profile:", "unknown profile 'nope'"]),
     (["sim", "sweep", "--profile", "{bad_yaml}"], ["--profile:", "line 4, column 6"]),

@@ -55,14 +55,17 @@ def push_before(url: str) -> None:
 def test_short_sweep_measures_each_depth_restores_the_table_and_writes_reports(
     sim_server_factory, tmp_path: Path
 ) -> None:
-    spec = sim_server_factory(admin_key=KEY, speedup=200)
-    nospec = sim_server_factory(speedup=200, speculative=False)
+    # Slower clocks and longer replies than FAST alone: requests must outlast the client's
+    # own turnaround, or a busy machine's client never keeps 4 streams in flight.
+    spec = sim_server_factory(admin_key=KEY, speedup=50)
+    nospec = sim_server_factory(speedup=50, speculative=False)
     push_before(spec.base_url)
     out = tmp_path / "bench"
     result = CliRunner().invoke(
         app,
         ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", "0,3",
-         "--concurrency", "1,4", "--no-spec-url", nospec.base_url, "--out", str(out), *FAST],
+         "--concurrency", "1,4", "--no-spec-url", nospec.base_url, "--out", str(out), *FAST,
+         "--output-tokens", "48"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     rows = list(csv.DictReader((out / "bench.csv").open()))

@@ -197,3 +197,21 @@ def test_sim_launch_plan_matches_the_sglang_one_in_shape(tmp_path):
     order = servers.plans(models, servers.ServerOptions(
         backend="sglang", admin_key="k", spec_port=1, plain_port=2, spec_first=False), tmp_path)
     assert [p.role for p in order] == ["plain", "spec"] and "0.4" in order[0].argv
+
+
+def test_phases_that_need_only_the_speculative_server_run_without_the_plain_one(
+    sim_server, tmp_path
+):
+    """The smoke test and the daemon talk to the speculative server alone: a plain server
+    that is down must stop the phases that compare against it, not these."""
+    from benchmarks.gpu.context import PhaseError, Run
+    from benchmarks.gpu.options import Options
+    from benchmarks.gpu.state import RunState
+
+    state = RunState(tmp_path)
+    state.servers[servers.SPEC] = {"url": sim_server.base_url}
+    state.servers[servers.PLAIN] = {"url": "http://127.0.0.1:9"}  # nothing listens there
+    run = Run(Options(), state)
+    run.require_servers(servers.SPEC)
+    with pytest.raises(PhaseError, match="plain server"):
+        run.require_servers()

@@ -63,8 +63,9 @@ class Run:
             raise PhaseError(f"no {role} server in {self.state.path}: run the `start` phase")
         return url
 
-    def require_servers(self) -> None:
-        for role in (servers.SPEC, servers.PLAIN):
+    def require_servers(self, *roles: str) -> None:
+        """Each of `roles` (default: both servers) answers /health, or PhaseError."""
+        for role in roles or (servers.SPEC, servers.PLAIN):
             url = self.url(role)
             if not servers.healthy(url):
                 raise PhaseError(f"the {role} server at {url} does not answer /health: "

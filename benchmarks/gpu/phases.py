@@ -184,7 +184,7 @@ def phase_stop(run: Run) -> dict[str, Any]:
 
 
 def phase_smoke(run: Run) -> dict[str, Any]:
-    run.require_servers()
+    run.require_servers(servers.SPEC)  # the plain server is not needed here
     argv = [sys.executable, "-m", "sglang_hooks.smoke", "--url", run.url(servers.SPEC),
             "--admin-key", run.admin_key, "--seconds-per-depth", f"{run.opts.smoke_seconds:g}"]
     timeout = 2 * (run.opts.smoke_seconds + 10) + 60
@@ -327,7 +327,7 @@ def phase_bench(run: Run) -> dict[str, Any]:
 
 
 def phase_daemon(run: Run) -> dict[str, Any]:
-    run.require_servers()
+    run.require_servers(servers.SPEC)  # the plain server is not needed here
     o = run.opts
     folder = run.dir / "daemon"
     folder.mkdir(parents=True, exist_ok=True)

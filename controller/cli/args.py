@@ -106,3 +106,15 @@ def plot_path_problem(path: Path, option: str = "--plot") -> str | None:
             f"use one of {', '.join(PLOT_SUFFIXES)}"
         )
     return output_file_problem(path, option)
+
+
+def write_problem(folder: Path, option: str, given: Path) -> str | None:
+    """Why files cannot be written into `folder` (None when they can), as one line naming
+    `option` and the value the user gave."""
+    try:
+        probe = folder / ".specctl-write-check"
+        probe.touch()
+        probe.unlink()
+    except OSError as err:
+        return f"{option} {given}: cannot write there ({err.strerror or err}); pick another folder"
+    return None

@@ -35,7 +35,7 @@ from controller.bench.report import (
 )
 from controller.bench.server_client import ServerError
 from controller.bench.sweep import LevelObserver, LevelResult, SweepOutcome, SweepPlan, run_sweep
-from controller.cli.args import fail
+from controller.cli.args import fail, write_problem
 from controller.cli.tables import print_table
 
 FOREIGN_NOTE = "batch above concurrency: other traffic on the server"
@@ -204,12 +204,9 @@ def prepare_out_dir(path: Path) -> str | None:
     """Create the output folder and prove it is writable; why not, if it is not."""
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".specctl-write-check"
-        probe.touch()
-        probe.unlink()
     except OSError as err:
         return f"--out {path}: cannot write there ({err.strerror or err}); pick another folder"
-    return None
+    return write_problem(path, "--out", path)
 
 
 def mean_output_tokens(plan: SweepPlan) -> float:

@@ -11,8 +11,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from controller.cli.args import write_problem
 from controller.cli.sim import sim_app
-from sims.profile import ProfileError, load_profile
 
 if TYPE_CHECKING:
     from sims.fit.report import Report
@@ -34,13 +34,7 @@ def _out_problem(out: Path) -> str | None:
     folder = out.parent if str(out.parent) else Path(".")
     if not folder.is_dir():
         return f"--out {out}: folder {folder} does not exist; create it first"
-    try:
-        probe = folder / ".specctl-write-check"
-        probe.touch()
-        probe.unlink()
-    except OSError as err:
-        return f"--out {out}: cannot write there ({err.strerror or err}); pick another folder"
-    return None
+    return write_problem(folder, "--out", out)
 
 
 @sim_app.command("fit")
@@ -51,6 +45,7 @@ def fit(
             help="bench.json files from `specctl bench` against one server (several: e.g. two "
             "prompt lengths, which pins the context and prefill terms)",
             show_default=False,
+            metavar="BENCH.json",
         ),
     ],
     out: Annotated[Path, typer.Option(help="Where to write the fitted profile (.yaml)")],
@@ -80,12 +75,10 @@ def fit(
     prefill and client costs by least squares, replays the bench on the fitted profile and
     prints measured against simulated tok/s and TPOT.
 
+    \b
     Examples:
-
-      specctl bench --url http://gpu1:30000 --no-spec-url http://gpu1:30001 --out bench-h200
-
-      specctl sim fit bench-h200/bench.json --out h200-mine.yaml
-
+      specctl bench --url http://gpu:30000 --no-spec-url http://gpu:30001 --out b
+      specctl sim fit b/bench.json --out h200-mine.yaml
       specctl sim sweep --profile h200-mine.yaml --concurrency 1,8,64
     """
     from sims.fit.bench_file import BenchFileError, load_bench
@@ -93,6 +86,7 @@ def fit(
     from sims.fit.pool import Replayer
     from sims.fit.profile_file import with_provenance, write_profile
     from sims.fit.report import Report, render, replay_rows
+    from sims.profile import ProfileError, load_profile
 
     problem = _out_problem(out)
     if problem is not None:

@@ -19,9 +19,11 @@ from typer.testing import CliRunner
 from controller.cli import app
 from sims.engine import Engine
 from sims.fit.bench_file import BenchFileError, BenchRun, load_bench
-from sims.fit.fitting import acceptance_rates, fit_profile, split_levels
+from sims.fit.fitting import fit_profile, split_levels
+from sims.fit.framing import acceptance_rates
 from sims.fit.replay import LevelShape, replay
 from sims.fit.replayed_bench import replayed_bench
+from sims.fit.report import Report, replay_rows
 from sims.profile import load_profile
 from sims.workload import Workload
 
@@ -124,6 +126,36 @@ def test_one_prompt_length_keeps_the_context_term_and_says_why() -> None:
     result = fit_profile(replayed((160,), concurrency=(1, 4)), load_profile(TRUTH), "f")
     assert "target.kv_us_per_req_per_1k_ctx" not in result.keys
     assert "one context length" in result.kept["target.kv_us_per_req_per_1k_ctx"]
+
+
+def test_a_level_the_model_cannot_reproduce_is_an_outlier_with_its_reason() -> None:
+    """A level whose tokens came 70% slower than the server's own step allows (as if
+    something outside the GPU timer stalled it) is set aside and named; the rest still
+    recovers the truth, and the report gives the error with and without it."""
+    truth = load_profile(TRUTH)
+    run = replayed((160,))[0]
+    levels = list(run.levels)
+    i = next(k for k, lv in enumerate(levels) if lv.label == "d1 c=8")
+    slow = levels[i]
+    assert slow.tpot_p50_ms and slow.server_itl_ms
+    levels[i] = replace(
+        slow, tok_per_s=slow.tok_per_s / 1.7, tpot_p50_ms=slow.tpot_p50_ms * 1.7,
+        server_itl_ms=slow.server_itl_ms * 1.7,
+    )  # fmt: skip
+    result = fit_profile([replace(run, levels=tuple(levels))], truth, "f")
+    [outlier] = result.outliers
+    assert outlier.level is levels[i] and levels[i] not in result.levels
+    assert "misses it by" in outlier.reason and "outside the timer" in outlier.reason
+    for depth, batch in ((None, 8), (0, 8), (1, 1), (3, 8)):
+        got, want = (float(p.iteration_ms(depth, batch, 192)) for p in (result.profile, truth))
+        assert got == pytest.approx(want, rel=0.03), (depth, batch)
+    limits = {run.path: None}
+    rows = replay_rows(result.profile, result.levels, limits, None, [levels[i]])
+    report = Report(result, truth, rows, "f.yaml").to_json()
+    assert [r["outlier"] for r in report["rows"]].count(True) == 1
+    assert report["error"]["tok_per_s"]["worst"] < 0.1
+    assert report["error_with_outliers"]["tok_per_s"]["worst_at"] == "d1 c=8"
+    assert report["outliers"][0]["reason"] == outlier.reason
 
 
 def test_unfit_levels_are_named_with_their_reason() -> None:

@@ -23,6 +23,9 @@ def _facts(profile: Profile, speculative: bool) -> ServerFacts:
         full_depth=profile.full_depth if speculative else None,
         model=profile.name,
         version=None,
+        off_mode=(
+            ("sglang" if profile.draft.extend_at_depth0 else "skip-extend") if speculative else None
+        ),
     )
 
 
@@ -34,6 +37,7 @@ def replayed_bench(
     prompt_tokens: int,
     output_tokens: int,
     seconds: float,
+    warmup_s: float = 0.0,
     seed: int = 7,
     phase: str | None = None,
     name: str = "replayed",
@@ -43,7 +47,7 @@ def replayed_bench(
     levels = []
     for depth in (*depths, None):
         for c in concurrency:
-            shape = LevelShape(depth, c, prompt_tokens, output_tokens, seconds)
+            shape = LevelShape(depth, c, prompt_tokens, output_tokens, seconds, warmup_s=warmup_s)
             r = replay(profile, shape, seed=seed, phase=phase)
             spec = depth is not None
             accept = None
@@ -70,6 +74,7 @@ def replayed_bench(
                     foreign_traffic=False,
                     server_ttft_ms=r.server_ttft_ms,
                     server_itl_ms=r.server_itl_ms,
+                    warmup_s=warmup_s,
                 )
             )
     return BenchRun(

@@ -187,3 +187,4 @@ def host_floor_guess(profile: Profile, levels: Sequence[Level]) -> float:
         if per_token > HOST_MARGIN * step:
             rates.append(1000.0 * per_token / batch)
     return min(rates) if rates else 0.0
+

@@ -26,6 +26,7 @@ docs/simulator.md describes the fit and its limits.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ PRIOR_WEIGHT = 0.005  # a field e times its base costs as much as a 0.5% misfit 
 SEARCH_SEEDS = (0, 1)
 SEARCH_EVALUATIONS = 300  # replays of every level (per seed) the second pass may spend
 OUTLIER_SHARE = 0.1  # at most this share of the levels (and at least one) may be set aside
+CANDIDATES = 3  # the worst-missed levels tried as the outlier, each refitted without
 # The closed loop's shape, which the replay alone tells apart: the first pass holds them.
 SHAPE_KEYS = (
     "scheduler.frontend_ms",
@@ -92,6 +94,7 @@ class FitResult:
     accept_lengths: dict[int, float]
     notes: list[str] = field(default_factory=list)
     outliers: list[Outlier] = field(default_factory=list)  # left out of the fit, with why
+    cost: float = math.nan  # the second pass's last cost (replay misfit and prior)
 
 
 def split_levels(runs: Sequence[BenchRun]) -> tuple[list[Level], list[Unfit]]:
@@ -133,6 +136,7 @@ class _Fitter:
     replayer: Replayer
     say: Callable[[str], None]
     evaluations: int = 0
+    cost: float = math.nan
 
     def __post_init__(self) -> None:
         self.limits = {run.path: run.request_limit for run in self.runs}
@@ -187,6 +191,7 @@ class _Fitter:
             bounds=vec.log_bounds(),
             options={"maxfev": budget, "xtol": 0.02, "ftol": 1e-3},
         )
+        self.cost = float(found.fun)
         return with_values(start, vec.log_values(found.x))
 
 
@@ -227,6 +232,7 @@ def _fit_levels(
         seconds=time.perf_counter() - t0,
         accept_lengths=measured_accept_lengths(levels),
         notes=notes,
+        cost=fitter.cost,
     )
 
 
@@ -269,20 +275,27 @@ def fit_profile(
     most = max(1, int(OUTLIER_SHARE * len(levels)))
     while set_aside and len(outliers) < most and len(result.levels) > 2:
         errors = level_errors(result.profile, result.levels, limits, replayer, SEARCH_SEEDS)
-        worst = max(errors, key=lambda e: e.worst)
-        if worst.worst <= OUTLIER_ERROR:
+        missed = sorted((e for e in errors if e.worst > OUTLIER_ERROR), key=lambda e: -e.worst)
+        if not missed:
             break
-        say(f"refitting without {worst.level.label}, which the fit misses by "
-            f"{100 * worst.worst:.0f}%")  # fmt: skip
-        rest = [lv for lv in result.levels if lv is not worst.level]
-        refit = _fit_levels(
-            runs, base, name, rest, unfit, budget=budget // 2, warm=result.profile, **options
-        )
-        evaluations += refit.evaluations
-        again = level_errors(refit.profile, [worst.level], limits, replayer, SEARCH_SEEDS)[0]
+        # An anomalous level can bend the fit so far that another is missed worse: each of
+        # the worst few is refitted without, and the one whose absence fits the rest best goes.
+        trials = []
+        for candidate in missed[:CANDIDATES]:
+            say(f"refitting without {candidate.level.label}, which the fit misses by "
+                f"{100 * candidate.worst:.0f}%")  # fmt: skip
+            rest = [lv for lv in result.levels if lv is not candidate.level]
+            refit = _fit_levels(
+                runs, base, name, rest, unfit, budget=budget // CANDIDATES,
+                warm=result.profile, **options,
+            )  # fmt: skip
+            evaluations += refit.evaluations
+            trials.append((refit.cost, candidate.level, refit))
+        _, level, refit = min(trials, key=lambda trial: trial[0])
+        again = level_errors(refit.profile, [level], limits, replayer, SEARCH_SEEDS)[0]
         if again.worst <= OUTLIER_ERROR:
             break  # the others bent the fit; without them it holds: not an outlier
-        outliers.append(Outlier(worst.level, outlier_reason(again, result.levels)))
+        outliers.append(Outlier(level, outlier_reason(again, result.levels)))
         result = refit
     result.outliers = outliers
     result.evaluations = evaluations

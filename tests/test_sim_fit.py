@@ -19,8 +19,10 @@ from typer.testing import CliRunner
 from controller.cli import app
 from sims.engine import Engine
 from sims.fit.bench_file import BenchFileError, BenchRun, load_bench
+from sims.fit.closed_form import host_floor_guess
 from sims.fit.fitting import fit_profile, split_levels
 from sims.fit.framing import acceptance_rates
+from sims.fit.outliers import slower_than_more_streams
 from sims.fit.replay import LevelShape, replay
 from sims.fit.replayed_bench import replayed_bench
 from sims.fit.report import Report, replay_rows
@@ -276,3 +278,23 @@ def test_the_reader_expects_what_the_bench_writes() -> None:
 
     assert bench_file.BENCH_FORMAT == report.BENCH_FORMAT
     assert bench_file.NO_SPEC == sweep.NO_SPEC
+
+
+def test_host_floor_start_and_the_trend_reason() -> None:
+    """The host floor's start comes from a level that accepts nothing and ran slower per token
+    than its step; a level slower per iteration than the same series at twice the requests is
+    named as against the model's trend."""
+    truth = load_profile(TRUTH)
+    run = replayed((160,), concurrency=(1, 8))[0]
+    plain8 = next(lv for lv in run.levels if lv.label == "no-spec c=8")
+    assert host_floor_guess(truth, run.levels) == 0.0  # the truth has no floor
+    assert plain8.tpot_p50_ms is not None
+    slow = replace(plain8, tpot_p50_ms=3 * plain8.tpot_p50_ms)
+    assert host_floor_guess(truth, [slow]) == pytest.approx(1000 * slow.tpot_p50_ms / 8)
+    d1 = [lv for lv in run.levels if lv.series == "d1"]
+    one, eight = sorted(d1, key=lambda lv: lv.concurrency)
+    assert slower_than_more_streams(one, d1) is None
+    assert eight.server_itl_ms is not None
+    stalled = replace(one, server_itl_ms=eight.server_itl_ms)
+    reason = slower_than_more_streams(stalled, [stalled, eight])
+    assert reason is not None and "about as long as at 8 streams" in reason

@@ -81,8 +81,9 @@ def fit(
     Reads the levels of BENCH.json (tok/s, TTFT, TPOT, the server's own step and latency
     figures per depth and concurrency, the plain server's too when the bench had
     --no-spec-url) and the servers' limits it recorded, fits the profile's target, draft,
-    prefill and client costs by least squares, replays the bench on the fitted profile and
-    prints measured against simulated tok/s and TPOT.
+    prefill, host and client costs (least squares on the server's own figures, then a search
+    over replays of the bench), names the levels it cannot reproduce, and prints measured
+    against simulated tok/s and TPOT.
 
     \b
     Examples:

@@ -15,6 +15,7 @@ from sims.profile import Profile
 
 TTFT_WEIGHT = 0.5  # TTFT is the noisiest figure (one prefill decides it)
 HOST_MARGIN = 1.15  # a level's time per iteration this far above its step suggests a host floor
+FEW_STREAMS = 16  # up to here a speculative level's new requests mostly prefill one at a time
 
 
 def _pad(profile: Profile, speculative: bool, batch: float) -> float:
@@ -188,3 +189,47 @@ def host_floor_guess(profile: Profile, levels: Sequence[Level]) -> float:
             rates.append(1000.0 * per_token / batch)
     return min(rates) if rates else 0.0
 
+
+def prefill_stall_guess(levels: Sequence[Level]) -> float | None:
+    """What one new request's prefill stalls the running ones (ms), from the speculative levels
+    that accept drafts, have the server's step counters and at most `FEW_STREAMS` streams:
+    random acceptance spreads their requests out, so each new one mostly prefills alone,
+    inside the others' TPOT. Per level: (TPOT x accept length - step) per iteration, over the
+    requests that arrive per iteration (batch x accept length / output tokens); the median.
+    None where no level qualifies."""
+    stalls = []
+    for lv in levels:
+        accept, step, per_token = lv.accept_length, lv.step_ms, lv.tpot_p50_ms
+        if not (accept and accept > 1.0 and step and per_token and lv.output_tokens):
+            continue
+        if not 1 < lv.concurrency <= FEW_STREAMS:
+            continue
+        arrivals = (lv.mean_batch or lv.concurrency) * accept / lv.output_tokens
+        stall = (per_token * accept - step) / arrivals
+        if stall > 0:
+            stalls.append(stall)
+    return float(np.median(stalls)) if stalls else None
+
+
+def prefill_split(profile: Profile, levels: Sequence[Level]) -> dict[str, float]:
+    """A second start for the second pass: a lone request's prefill cut to what
+    `prefill_stall_guess` says it stalls, the rest of its TTFT moved to the hand-off to the
+    scheduler (`dispatch_ms`, which stalls nothing). The closed form cannot split the two (both
+    are in TTFT) and the replay's cost has a valley along the split, so the search runs from
+    both starts. Empty where the bench does not tell, or the prefill stalls no more already."""
+    stall = prefill_stall_guess(levels)
+    prompts = [lv.prompt_tokens for lv in levels if lv.prompt_tokens]
+    if stall is None or not prompts:
+        return {}
+    s, d = profile.scheduler, profile.draft
+    prompt = float(np.median(prompts))
+    lone = s.prefill_fixed_ms + d.prefill_ms + s.prefill_us_per_token * prompt / 1e3
+    if lone <= stall:
+        return {}
+    share = stall / lone
+    return {
+        "scheduler.prefill_fixed_ms": s.prefill_fixed_ms * share,
+        "scheduler.prefill_us_per_token": s.prefill_us_per_token * share,
+        "draft.prefill_ms": d.prefill_ms * share,
+        "scheduler.dispatch_ms": s.dispatch_ms + lone - stall,
+    }

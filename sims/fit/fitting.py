@@ -44,6 +44,7 @@ from sims.fit.closed_form import (
     host_floor_guess,
     largest_batch,
     largest_forward_tokens,
+    prefill_split,
     steps_measured,
     typical_step_ms,
 )
@@ -65,6 +66,7 @@ SEARCH_SEEDS = (0, 1)
 SEARCH_EVALUATIONS = 300  # replays of every level (per seed) the second pass may spend
 OUTLIER_SHARE = 0.1  # at most this share of the levels (and at least one) may be set aside
 CANDIDATES = 3  # the worst-missed levels tried as the outlier, each refitted without
+START_MARGIN = 0.05  # a second pass from another start must cost this much less to be taken
 # The closed loop's shape, which the replay alone tells apart: the first pass holds them.
 SHAPE_KEYS = (
     "scheduler.frontend_ms",
@@ -216,9 +218,22 @@ def _fit_levels(
     fitter = _Fitter(runs, levels, framed, keys, replayer, say)
     start = fitter.closed_form()
     loop = [k for k in keys if k in LOOP_KEYS]
+    starts = [start]
     if warm is not None:
-        start = with_values(start, {k: read(warm, k) for k in loop})
-    current = fitter.search(start, loop, budget, "the closed loop") if loop else start
+        starts = [with_values(start, {k: read(warm, k) for k in loop})]
+    elif "scheduler.dispatch_ms" in loop and (split := prefill_split(start, levels)):
+        starts.append(with_values(start, split))
+    current = start
+    if loop:
+        # From each start; a later one is taken only if it fits clearly better (the first is
+        # the closed form's, which the others only rearrange).
+        best_cost = math.inf
+        for i, begin in enumerate(starts, 1):
+            stage = "the closed loop" + (f", start {i} of {len(starts)}" if len(starts) > 1 else "")
+            found = fitter.search(begin, loop, budget, stage)
+            if fitter.cost < (1.0 - START_MARGIN) * best_cost:
+                current, best_cost = found, fitter.cost
+        fitter.cost = best_cost
     if not steps_measured(levels, fitter.refs):
         current = fitter.search(current, keys, budget // 2, "every field")
     notes = [note] if (note := off_mode_note(runs, base, off_mode)) else []

@@ -243,7 +243,10 @@ def render(report: Report) -> list[Any]:
             )
             every = summarize(report.rows, which, outliers=True)
             if every is not None and fitted < len(report.rows):
-                line += f"; with the outliers, worst {100 * every.worst:.1f}% ({every.worst_at})"
+                line += (
+                    f"; with the outliers, median {100 * every.median:.1f}%, "
+                    f"worst {100 * every.worst:.1f}% ({every.worst_at})"
+                )
             lines.append(line)
     for o in report.result.outliers:
         lines.append(f"[yellow]outlier[/yellow]: {o.level.label} ({o.level.source}): {o.reason}")

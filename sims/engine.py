@@ -81,6 +81,12 @@ class SimStats:
     ttft_sum_s: float = 0.0
     decode_sum_s: float = 0.0
     tokens_after_first: int = 0
+    # As SGLang's histograms observe them, when they happen rather than when a request ends:
+    # time to the first token of every request that got one, and the time running requests
+    # waited for their next tokens (running requests x iteration time, prefills included).
+    first_tokens: int = 0
+    first_token_wait_s: float = 0.0
+    running_wait_s: float = 0.0
 
     def copy(self) -> SimStats:
         out = SimStats(**{k: v for k, v in self.__dict__.items()})
@@ -121,7 +127,8 @@ class Gauges:
     spec_num_steps: float = 0.0
 
 
-# A waiting request: (rid, prompt tokens, output tokens, phase index, arrival time, closed loop)
+# A waiting request: (rid, prompt tokens, output tokens, phase index, the time it reached the
+# server (its client sent it; the server's own TTFT and latency count from here), closed loop)
 _Waiting = tuple[int, int, int, int, float, bool]
 
 # Columns of the running-request matrix (one row per running request).
@@ -199,11 +206,19 @@ class Engine:
         self._listeners: dict[int, RequestListener] = {}
         self._arrival_time: dict[int, float] = {}
         self._overhead_s = profile.scheduler.request_overhead_ms / 1000.0
+        self._lag_s_per_stream = profile.scheduler.client_us_per_stream / 1e6
         cv = profile.scheduler.request_overhead_cv
         self._overhead_sigma = math.sqrt(math.log1p(cv * cv))
         self._think_s = workload.think_time_s
         self._frontend_s = profile.scheduler.frontend_ms / 1000.0
-        self._untimed_s = profile.scheduler.untimed_ms / 1000.0
+        self._dispatch_s = profile.scheduler.dispatch_ms / 1000.0
+        self._prefill_fixed_ms = profile.scheduler.prefill_fixed_ms + (
+            profile.draft.prefill_ms if speculative else 0.0
+        )
+        self._via_send = self._frontend_s > 0.0 or self._dispatch_s > 0.0
+        self._untimed_ms = profile.scheduler.untimed_ms
+        self._host_us = (profile.scheduler.host_us_per_req, profile.scheduler.host_us_per_token)
+        self._host_bound = profile.host_bound
         self._frontend_free = 0.0
         # Closed-loop clients stop sending once this many requests were sent (None: never).
         self.request_limit: int | None = None
@@ -211,7 +226,7 @@ class Engine:
         # request, when a list (sent = queued unless a front end delays requests).
         self.request_log: list[tuple[float, float, float, float, int]] | None = None
         self._first_token_at: dict[int, float] = {}
-        self._sent_at: dict[int, float] = {}
+        self._queued_at: dict[int, float] = {}
         self._gi_start = self._decode_totals()
         self._gi_t0 = 0.0
         self._gi_first_tokens = 0
@@ -324,6 +339,17 @@ class Engine:
         w = (ctx - grid[j]) / (grid[j + 1] - grid[j])
         return row[j] + w * (row[j + 1] - row[j])
 
+    def decode_ms(self, depth: int, n: int, tokens: float) -> tuple[float, float]:
+        """(wall, GPU-timed) ms of a decode iteration at `depth` over `n` running requests
+        emitting `tokens`: the host work beside the forward bounds it from below."""
+        ms = self.iteration_ms(depth, n)
+        gpu = ms - self._untimed_ms
+        if not self._host_bound:
+            return ms, gpu
+        per_req, per_token = self._host_us
+        host = (per_req * n + per_token * tokens) / 1000.0
+        return (ms if host <= gpu else host + self._untimed_ms), gpu
+
     def phase_counts(self) -> list[int]:
         """Running requests per acceptance phase (index: profile.acceptance.phases order)."""
         return list(self._phase_count)
@@ -429,13 +455,15 @@ class Engine:
         arrived: float | None = None,
     ) -> int:
         """Queue a request that reached the scheduler at `arrived` (default: now; the
-        scheduler sees it at this iteration boundary) after its client sent it at `sent`."""
+        scheduler sees it at this iteration boundary) after its client sent it at `sent`
+        (default: when it reached the scheduler)."""
         rid = self._next_rid
         self._next_rid += 1
-        if sent is not None and self.request_log is not None:
-            self._sent_at[rid] = sent
         at = self.now if arrived is None else arrived
-        self._queue.append((rid, prompt, output, self._draw_phase(), at, closed_loop))
+        if self.request_log is not None:
+            self._queued_at[rid] = at
+        entered = at if sent is None else sent
+        self._queue.append((rid, prompt, output, self._draw_phase(), entered, closed_loop))
         self._st.submitted_requests += 1
         return rid
 
@@ -489,7 +517,7 @@ class Engine:
             target = self.target_concurrency()
             while self._clients < target and self._may_send():
                 self._clients += 1
-                if self._frontend_s > 0.0:
+                if self._via_send:
                     self._send(now)
                 else:
                     self._new_workload_request(True)
@@ -563,13 +591,14 @@ class Engine:
             kv_free -= need
         if not admitted:
             return False
-        dt = (sched.prefill_fixed_ms + sched.prefill_us_per_token * tokens / 1000.0) / 1000.0
+        dt = (self._prefill_fixed_ms + sched.prefill_us_per_token * tokens / 1000.0) / 1000.0
         dt *= self._noise_factor()
         self.now += dt
         self.forward_ct += 1
         st = self._st
         st.prefill_iterations += 1
         st.prefill_seconds += dt
+        st.running_wait_s += self.n * dt  # the running requests stall through it
         for w in admitted:
             self._start(w)
         # SGLang refreshes the request gauges at every prefill too, not only every 40 decodes.
@@ -592,6 +621,8 @@ class Engine:
         self._gi_first_tokens += 1
         self._arrival_time[rid] = arrival
         self._first_token_at[rid] = self.now
+        self._st.first_tokens += 1
+        self._st.first_token_wait_s += self.now - arrival
         listener = self._listeners.get(rid)
         if listener is not None:
             listener.on_tokens(1, self.now)
@@ -617,13 +648,13 @@ class Engine:
         st.decode_sum_s += self.now - first
         st.tokens_after_first += max(output - 1, 0)
         if self.request_log is not None:
-            sent = self._sent_at.pop(rid, arrival)
-            self.request_log.append((sent, arrival, first, self.now, output))
+            queued = self._queued_at.pop(rid, arrival)
+            self.request_log.append((arrival, queued, first, self.now, output))
         listener = self._listeners.pop(rid, None)
         if listener is not None:
             listener.on_done(self.now, "length")
         if closed_loop:
-            overhead = self._overhead_s
+            overhead = self._overhead_s + self._lag_s_per_stream * self._clients
             if self._overhead_sigma > 0.0:
                 s = self._overhead_sigma
                 overhead *= float(self._rng_overhead.lognormal(-s * s / 2, s))
@@ -633,11 +664,13 @@ class Engine:
         self._send(t + self._think_s)
 
     def _send(self, sent: float) -> None:
-        """A closed-loop client sends at `sent`; it reaches the queue past the front end."""
+        """A closed-loop client sends at `sent`; it reaches the queue past the front end (one
+        request at a time) and the hand-off to the scheduler (all at once)."""
         t = sent
         if self._frontend_s > 0.0:  # one request at a time through the front end
             t = max(t, self._frontend_free) + self._frontend_s
             self._frontend_free = t
+        t += self._dispatch_s
         self._heap_seq += 1
         heapq.heappush(self._arrivals, (t, self._heap_seq, sent))
         if t < self._next_event:
@@ -688,10 +721,12 @@ class Engine:
         self._ctx_total += tokens
 
         noise = self._noise_factor()
-        dt = self.iteration_ms(depth, n) * noise / 1000.0
+        wall_ms, gpu_ms = self.decode_ms(depth, n, tokens)
+        dt = wall_ms * noise / 1000.0
         self.now += dt
         self.forward_ct += 1
         self.last_depth = depth
+        self._st.running_wait_s += n * dt
 
         key = (depth, self._buckets[n])
         c = self.counters.get(key)
@@ -700,7 +735,7 @@ class Engine:
         c[0] += 1
         c[1] += n
         c[2] += tokens
-        c[3] += dt - self._untimed_s * noise  # what the server's GPU timer sees
+        c[3] += gpu_ms * noise / 1000.0  # what the server's GPU timer sees
         if explore:
             c[4] += 1
         if self.policy.wants_feedback:

@@ -55,11 +55,12 @@ def decode_curves(
     spec_b, spec_ctx = at(True)
     curves: dict[int, np.ndarray] = {}
     for d in profile.captured_depths:
-        ms = profile.iteration_ms(d, spec_b, spec_ctx)
-        tps = batch * profile.acceptance.expected_length(phase, d) / (ms / 1000.0)
+        accept = profile.acceptance.expected_length(phase, d)
+        ms = profile.decode_step_ms(d, spec_b, spec_ctx, accept, real_batch=batch)
+        tps = batch * accept / (ms / 1000.0)
         curves[d] = np.where(batch <= cap_spec, tps, np.nan)
     nb, nctx = at(False)
-    nospec = batch / (profile.iteration_ms(None, nb, nctx) / 1000.0)
+    nospec = batch / (profile.decode_step_ms(None, nb, nctx, real_batch=batch) / 1000.0)
     nospec = np.where(batch <= cap_nospec, nospec, np.nan)
     return batch.astype(int), curves, nospec
 
@@ -172,7 +173,7 @@ class OraclePolicy:
         best_depth, best_rate = self.depths[0], -1.0
         for k, d in enumerate(self.depths):
             tokens = sum(c * self.expected[p][k] for p, c in enumerate(counts) if c)
-            rate = tokens / engine.iteration_ms(d, batch_size)
+            rate = tokens / engine.decode_ms(d, batch_size, tokens)[0]
             if rate > best_rate:
                 best_depth, best_rate = d, rate
         return best_depth, False

@@ -5,6 +5,7 @@ The cost model turns it into the time of one decode iteration at batch size B an
 
     t_iter(s, B)  = t_target(B, n=s+1) + t_extend(B, n=s+1) + s * t_draft(B) + sched + spec_sched
     t_iter(0, B)  = t_target(B, n=1)   + t_extend(B, n=1)                    + sched + spec_sched
+                    (t_extend left out when the draft extend is skipped at depth 0)
     t_nospec(B)   = t_target(B, n=1)                                         + sched
     (sched = sched_ms + untimed_ms; the server's GPU timer sees an iteration less untimed_ms)
 
@@ -15,8 +16,13 @@ The cost model turns it into the time of one decode iteration at batch size B an
     t_compute      = compute_per_token * T
     smoothmax(a,b) = (a**p + b**p) ** (1/p)                         (roofline knee, p = sharpness)
 
-Depth 0 still pays the draft extend that keeps the draft KV cache warm, so a speculative server
-at depth 0 is slower than a server without speculation (as measured upstream).
+An iteration lasts at least the host work that runs beside its forward (`decode_step_ms`):
+
+    t_wall(s, B) = max(t_iter(s, B) - untimed, host_per_req*B + host_per_token*tokens) + untimed
+
+SGLang's depth 0 still pays the draft extend that keeps the draft KV cache warm, so a
+speculative server at depth 0 is slower than a server without speculation (as measured
+upstream); the plugin's `skip-extend` off mode skips it (`draft.extend_at_depth0: false`).
 
 All functions are numpy-vectorised over the batch size so the simulator and the oracle can
 evaluate whole curves at once.
@@ -92,6 +98,17 @@ class DraftCost(_Strict):
     spec_sched_ms: NonNeg = Field(
         0.0, description="Extra CPU work per speculative iteration (verify bookkeeping)"
     )
+    prefill_ms: NonNeg = Field(
+        0.0,
+        description="What a prefill batch costs more with speculation on (the draft model's "
+        "own pass over the new prompts and its first draft), per prefill",
+    )
+    extend_at_depth0: bool = Field(
+        True,
+        description="Depth 0 runs the draft extend (SGLang's own depth 0, the plugin's `sglang` "
+        "off mode); false: the plugin's `skip-extend` mode skips it, and depth 0 pays a "
+        "verify-mode forward and spec_sched_ms only",
+    )
 
 
 class SchedulerCost(_Strict):
@@ -101,6 +118,16 @@ class SchedulerCost(_Strict):
         description="Per decode iteration, host time outside what the server's GPU timer "
         "measures (scheduling that does not overlap the forward): in every iteration, not in "
         "specctl_decode_gpu_seconds_total",
+    )
+    host_us_per_req: NonNeg = Field(
+        0.0,
+        description="Host (CPU) work per decode iteration and running request that SGLang's "
+        "overlap scheduler runs beside the GPU forward (each request's result, its stream): "
+        "an iteration lasts at least host_us_per_req x batch + host_us_per_token x tokens; "
+        "the GPU timer does not see the wait",
+    )
+    host_us_per_token: NonNeg = Field(
+        0.0, description="The same host work per token an iteration emits (detokenising it)"
     )
     prefill_fixed_ms: NonNeg = Field(description="Fixed cost of one prefill batch")
     prefill_us_per_token: NonNeg = Field(description="Prefill cost per prompt token")
@@ -120,7 +147,21 @@ class SchedulerCost(_Strict):
         0.0,
         description="Per-request time in the server's one front-end process (HTTP parsing, "
         "tokenising) before the scheduler sees it, one request at a time: requests sent "
-        "together wait for each other (closed-loop clients; counted in their TTFT)",
+        "together wait for each other (closed-loop clients; in the server's TTFT and the "
+        "client's)",
+    )
+    dispatch_ms: NonNeg = Field(
+        0.0,
+        description="Per-request time between the front end and the scheduler's queue that "
+        "requests spend side by side, not one at a time (inter-process hand-offs, the "
+        "scheduler picking the request up): it delays the request and counts in the "
+        "server's TTFT and the client's, but stalls no decoding (closed-loop clients)",
+    )
+    client_us_per_stream: NonNeg = Field(
+        0.0,
+        description="How much later, per stream it keeps open, a closed-loop client notices a "
+        "request's first token and its end (a load generator or HTTP front end busier with "
+        "every stream): adds to the gap before its next request and to the TTFT it measures",
     )
     ttft_overhead_ms: NonNeg = Field(
         0.0,
@@ -253,13 +294,46 @@ class Profile(_Strict):
         if depth is None:
             return self.target_ms(batch, 1, context) + sched
         n = depth + 1
+        extend = (
+            self.draft_extend_ms(batch, n, context)
+            if depth > 0 or self.draft.extend_at_depth0
+            else 0.0
+        )
         return (
             self.target_ms(batch, n, context)
-            + self.draft_extend_ms(batch, n, context)
+            + extend
             + depth * self.draft_step_ms(batch, context)
             + sched
             + self.draft.spec_sched_ms
         )
+
+    def host_ms(self, batch: Any, tokens: Any) -> Any:
+        """Host work of one decode iteration over `batch` requests emitting `tokens` tokens."""
+        s = self.scheduler
+        return (s.host_us_per_req * np.asarray(batch, float) + s.host_us_per_token * tokens) / 1e3
+
+    @property
+    def host_bound(self) -> bool:
+        return self.scheduler.host_us_per_req > 0 or self.scheduler.host_us_per_token > 0
+
+    def decode_step_ms(
+        self,
+        depth: int | None,
+        batch: Any,
+        context: Any = None,
+        tokens_per_req: Any = 1.0,
+        real_batch: Any = None,
+    ) -> np.ndarray:
+        """Wall time (ms) of one decode iteration: `iteration_ms`, or the host work beside its
+        forward when that takes longer. `batch` is what the GPU runs (CUDA-graph padded),
+        `real_batch` the requests the host handles (default: `batch`)."""
+        step = self.iteration_ms(depth, batch, context)
+        if not self.host_bound:
+            return step
+        b = np.asarray(batch if real_batch is None else real_batch, float)
+        untimed = self.scheduler.untimed_ms
+        host = self.host_ms(b, b * np.asarray(tokens_per_req, float))
+        return np.asarray(np.maximum(step - untimed, host) + untimed)
 
     def max_running(self, speculative: bool) -> int:
         s = self.scheduler
@@ -273,7 +347,7 @@ class Profile(_Strict):
             else self.acceptance.expected_length(phase or self.acceptance.default_phase, depth)
         )
         b = np.asarray(batch, float)
-        return b * accept / (self.iteration_ms(depth, b) / 1000.0)
+        return b * accept / (self.decode_step_ms(depth, b, tokens_per_req=accept) / 1000.0)
 
 
 class ProfileError(ValueError):

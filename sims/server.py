@@ -282,6 +282,12 @@ class SimulatedServer:
             state["inactive_reason"] = None
             state["iteration"] = self.engine.forward_ct
             state["unattributed_results"] = 0
+            # What depth 0 runs, as the plugin names its off modes (read-only here: the
+            # profile decides).
+            if self.engine.speculative:
+                state["off_mode"] = (
+                    "sglang" if self.engine.profile.draft.extend_at_depth0 else "skip-extend"
+                )
             return state
 
     # ------------------------------------------------------------------ readback

@@ -109,6 +109,8 @@ CASES: list[tuple[list[str], list[str]]] = [
     (["sim", "fit", "{policy}", "--out", "{root}/p.txt"], ["--out", ".yaml"]),
     (["sim", "fit", "{policy}", "--out", "{root}/p.yaml", "--base", "nope"],
      ["--base:", "unknown profile 'nope'"]),
+    (["sim", "fit", "{policy}", "--out", "{root}/p.yaml", "--off-mode", "fast"],
+     ["--off-mode:", "'fast' is not one of sglang, skip-extend, skip-extend-all"]),
     (["sim", "scenarios", "--nope"], ["No such option: --nope"]),
     (["sim", "sweep", "--profile", "nope"], ["--profile:", "unknown profile 'nope'"]),
     (["sim", "sweep", "--profile", "{bad_yaml}"], ["--profile:", "line 4, column 6"]),

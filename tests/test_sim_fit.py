@@ -18,48 +18,30 @@ from typer.testing import CliRunner
 
 from controller.cli import app
 from sims.engine import Engine
-from sims.fit.bench_file import BenchFileError, BenchRun, Level, ServerFacts, load_bench
-from sims.fit.fitting import acceptance_rates, fit_profile, split_levels
+from sims.fit.bench_file import BenchFileError, BenchRun, load_bench
+from sims.fit.closed_form import host_floor_guess
+from sims.fit.fitting import fit_profile, split_levels
+from sims.fit.framing import acceptance_rates
+from sims.fit.outliers import slower_than_more_streams
 from sims.fit.replay import LevelShape, replay
+from sims.fit.replayed_bench import replayed_bench
+from sims.fit.report import Report, replay_rows
 from sims.profile import load_profile
 from sims.workload import Workload
 
 TRUTH = Path(__file__).parent / "data" / "fit_truth.yaml"
 
 
-def facts(cap: int) -> ServerFacts:
-    return ServerFacts(cap, 400_000, 16384, 32768, 1.0, (0, 1, 2, 3, 4), 3, "truth", "0.5.23")
-
-
-def replayed_bench(
+def replayed(
     prompts: tuple[int, ...], concurrency=(1, 8), depths=(0, 1, 3), output=64, seconds=8.0
 ) -> list[BenchRun]:
     """One bench per prompt length, its levels measured by replaying the truth profile."""
     truth = load_profile(TRUTH)
-    runs = []
-    for prompt in prompts:
-        levels = []
-        for depth in (*depths, None):
-            for c in concurrency:
-                shape = LevelShape(depth, c, prompt, output, seconds)
-                r = replay(truth, shape, seed=7, phase="chat")
-                accept = truth.acceptance.expected_length("chat", depth) if depth else 1.0
-                levels.append(
-                    Level(
-                        source=f"p{prompt}", series="no-spec" if depth is None else f"d{depth}",
-                        depth=depth, concurrency=c, requests=r.completed, errors=0,
-                        elapsed_s=r.elapsed_s, tok_per_s=r.tok_per_s, ttft_p50_ms=r.ttft_p50_ms,
-                        tpot_p50_ms=r.tpot_p50_ms,
-                        step_ms=r.step_ms if depth is not None else None,
-                        mean_batch=r.mean_batch if depth is not None else None,
-                        accept_length=accept if depth is not None else None,
-                        prompt_tokens=float(prompt), output_tokens=float(output),
-                        foreign_traffic=False, server_ttft_ms=r.server_ttft_ms,
-                        server_itl_ms=r.server_itl_ms,
-                    )
-                )  # fmt: skip
-        runs.append(BenchRun(f"p{prompt}", tuple(levels), facts(32), facts(64), None, seconds))
-    return runs
+    return [
+        replayed_bench(truth, depths=depths, concurrency=concurrency, prompt_tokens=prompt,
+                       output_tokens=output, seconds=seconds, phase="chat", name=f"p{prompt}")
+        for prompt in prompts
+    ]  # fmt: skip
 
 
 def test_replay_of_one_stream_is_the_cost_model() -> None:
@@ -115,7 +97,7 @@ def test_fit_recovers_every_cost_from_two_prompt_lengths() -> None:
     """Two prompt lengths pin the context and prefill terms too; the fit starts from the
     h200-llama8b-eagle3 profile, whose costs are 2-10x off the truth's."""
     truth = load_profile(TRUTH)
-    runs = replayed_bench((160, 800))
+    runs = replayed((160, 800))
     result = fit_profile(runs, load_profile("h200-llama8b-eagle3"), "fitted")
     prof = result.profile
     assert "target.kv_us_per_req_per_1k_ctx" in result.keys and not result.unfit
@@ -143,13 +125,43 @@ def test_fit_recovers_every_cost_from_two_prompt_lengths() -> None:
 
 
 def test_one_prompt_length_keeps_the_context_term_and_says_why() -> None:
-    result = fit_profile(replayed_bench((160,), concurrency=(1, 4)), load_profile(TRUTH), "f")
+    result = fit_profile(replayed((160,), concurrency=(1, 4)), load_profile(TRUTH), "f")
     assert "target.kv_us_per_req_per_1k_ctx" not in result.keys
     assert "one context length" in result.kept["target.kv_us_per_req_per_1k_ctx"]
 
 
+def test_a_level_the_model_cannot_reproduce_is_an_outlier_with_its_reason() -> None:
+    """A level whose tokens came 70% slower than the server's own step allows (as if
+    something outside the GPU timer stalled it) is set aside and named; the rest still
+    recovers the truth, and the report gives the error with and without it."""
+    truth = load_profile(TRUTH)
+    run = replayed((160,))[0]
+    levels = list(run.levels)
+    i = next(k for k, lv in enumerate(levels) if lv.label == "d1 c=8")
+    slow = levels[i]
+    assert slow.tpot_p50_ms and slow.server_itl_ms
+    levels[i] = replace(
+        slow, tok_per_s=slow.tok_per_s / 1.7, tpot_p50_ms=slow.tpot_p50_ms * 1.7,
+        server_itl_ms=slow.server_itl_ms * 1.7,
+    )  # fmt: skip
+    result = fit_profile([replace(run, levels=tuple(levels))], truth, "f")
+    [outlier] = result.outliers
+    assert outlier.level is levels[i] and levels[i] not in result.levels
+    assert "misses it by" in outlier.reason and "outside the timer" in outlier.reason
+    for depth, batch in ((None, 8), (0, 8), (1, 1), (3, 8)):
+        got, want = (float(p.iteration_ms(depth, batch, 192)) for p in (result.profile, truth))
+        assert got == pytest.approx(want, rel=0.03), (depth, batch)
+    limits = {run.path: None}
+    rows = replay_rows(result.profile, result.levels, limits, None, [levels[i]])
+    report = Report(result, truth, rows, "f.yaml").to_json()
+    assert [r["outlier"] for r in report["rows"]].count(True) == 1
+    assert report["error"]["tok_per_s"]["worst"] < 0.1
+    assert report["error_with_outliers"]["tok_per_s"]["worst_at"] == "d1 c=8"
+    assert report["outliers"][0]["reason"] == outlier.reason
+
+
 def test_unfit_levels_are_named_with_their_reason() -> None:
-    run = replayed_bench((160,), concurrency=(1, 4))[0]
+    run = replayed((160,), concurrency=(1, 4))[0]
     levels = list(run.levels)
     levels[1] = replace(levels[1], foreign_traffic=True)
     levels[2] = replace(levels[2], requests=0)
@@ -266,3 +278,23 @@ def test_the_reader_expects_what_the_bench_writes() -> None:
 
     assert bench_file.BENCH_FORMAT == report.BENCH_FORMAT
     assert bench_file.NO_SPEC == sweep.NO_SPEC
+
+
+def test_host_floor_start_and_the_trend_reason() -> None:
+    """The host floor's start comes from a level that accepts nothing and ran slower per token
+    than its step; a level slower per iteration than the same series at twice the requests is
+    named as against the model's trend."""
+    truth = load_profile(TRUTH)
+    run = replayed((160,), concurrency=(1, 8))[0]
+    plain8 = next(lv for lv in run.levels if lv.label == "no-spec c=8")
+    assert host_floor_guess(truth, run.levels) == 0.0  # the truth has no floor
+    assert plain8.tpot_p50_ms is not None
+    slow = replace(plain8, tpot_p50_ms=3 * plain8.tpot_p50_ms)
+    assert host_floor_guess(truth, [slow]) == pytest.approx(1000 * slow.tpot_p50_ms / 8)
+    d1 = [lv for lv in run.levels if lv.series == "d1"]
+    one, eight = sorted(d1, key=lambda lv: lv.concurrency)
+    assert slower_than_more_streams(one, d1) is None
+    assert eight.server_itl_ms is not None
+    stalled = replace(one, server_itl_ms=eight.server_itl_ms)
+    reason = slower_than_more_streams(stalled, [stalled, eight])
+    assert reason is not None and "about as long as at 8 streams" in reason

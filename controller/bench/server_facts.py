@@ -46,8 +46,8 @@ def server_facts(info: dict[str, Any]) -> dict[str, Any]:
 
     `effective_max_running_requests_per_dp` is the running-request cap SGLang actually applies
     (rank 0), which differs from `max_running_requests` when SGLang chose or lowered it.
-    `captured_depths` comes from the specctl plugin's state; `simulated` (profile, speedup)
-    only from `specctl sim serve`.
+    `captured_depths` and `off_mode` come from the specctl plugin's state; `simulated`
+    (profile, speedup) only from `specctl sim serve`.
     """
     out: dict[str, Any] = {}
     for key in FACT_KEYS:
@@ -63,6 +63,9 @@ def server_facts(info: dict[str, Any]) -> dict[str, Any]:
     out["captured_depths"] = (
         sorted(d for d in depths if isinstance(d, int)) if isinstance(depths, list) else None
     )
+    # What the plugin runs at depth 0 (`sglang` pays the draft extend, `skip-extend` not).
+    mode = specctl.get("off_mode") if isinstance(specctl, dict) else None
+    out["off_mode"] = mode if isinstance(mode, str) else None
     simulated = info.get("simulated")
     if isinstance(simulated, dict):
         out["simulated"] = {

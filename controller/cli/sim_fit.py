@@ -65,6 +65,15 @@ def fit(
             show_default=False,
         ),
     ] = None,
+    off_mode: Annotated[
+        str | None,
+        typer.Option(
+            help="What the server's depth 0 ran: sglang (the draft extend), skip-extend or "
+            "skip-extend-all (the plugin's off modes; default: what the bench recorded from "
+            "/server_info, else the base profile's assumption)",
+            show_default=False,
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
     """Fit a simulator profile to your own server from a `specctl bench` run.
@@ -72,8 +81,9 @@ def fit(
     Reads the levels of BENCH.json (tok/s, TTFT, TPOT, the server's own step and latency
     figures per depth and concurrency, the plain server's too when the bench had
     --no-spec-url) and the servers' limits it recorded, fits the profile's target, draft,
-    prefill and client costs by least squares, replays the bench on the fitted profile and
-    prints measured against simulated tok/s and TPOT.
+    prefill, host and client costs (least squares on the server's own figures, then a search
+    over replays of the bench), names the levels it cannot reproduce, and prints measured
+    against simulated tok/s and TPOT.
 
     \b
     Examples:
@@ -83,6 +93,7 @@ def fit(
     """
     from sims.fit.bench_file import BenchFileError, load_bench
     from sims.fit.fitting import FitError, fit_profile
+    from sims.fit.framing import OFF_MODES
     from sims.fit.pool import Replayer
     from sims.fit.profile_file import with_provenance, write_profile
     from sims.fit.report import Report, render, replay_rows
@@ -91,6 +102,8 @@ def fit(
     problem = _out_problem(out)
     if problem is not None:
         raise _fail(problem)
+    if off_mode is not None and off_mode not in OFF_MODES:
+        raise _fail(f"--off-mode: {off_mode!r} is not one of {', '.join(OFF_MODES)}")
     try:
         base_profile = load_profile(base)
     except ProfileError as err:
@@ -109,7 +122,7 @@ def fit(
             with console.status("fitting", spinner="dots") as status:
                 result = fit_profile(
                     runs, base_profile, profile_name, replayer=replayer,
-                    progress=lambda msg: status.update(msg),
+                    progress=lambda msg: status.update(msg), off_mode=off_mode,
                 )  # fmt: skip
         except FitError as err:
             raise _fail(str(err)) from None
@@ -118,7 +131,9 @@ def fit(
             write_profile(result.profile, out)
         except OSError as err:
             raise _fail(f"--out {out}: cannot write it ({err.strerror or err})") from None
-        rows = replay_rows(result.profile, result.levels, limits, replayer)
+        rows = replay_rows(
+            result.profile, result.levels, limits, replayer, [o.level for o in result.outliers]
+        )
     report = Report(result, base_profile, rows, str(out))
     if as_json:
         typer.echo(json.dumps(report.to_json()))

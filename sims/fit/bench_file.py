@@ -37,6 +37,7 @@ class ServerFacts:
     full_depth: int | None  # speculative_num_steps
     model: str | None
     version: str | None
+    off_mode: str | None = None  # the plugin's depth-0 mode, if the bench recorded it
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,9 @@ class Level:
     # As the server timed them (its latency histograms): mean TTFT, mean inter-token latency.
     server_ttft_ms: float | None = None
     server_itl_ms: float | None = None
+    # Unmeasured load before the window (server seconds); 0 in benches from before warm-ups.
+    warmup_s: float = 0.0
+    request_rate: float | None = None  # an open-loop level's arrivals per second
 
     @property
     def label(self) -> str:
@@ -69,6 +73,8 @@ class Level:
 
     def unfit_reason(self) -> str | None:
         """Why this level cannot be fitted or scored, or None if it can."""
+        if self.request_rate is not None:
+            return "an open-loop level (--request-rate); the fit replays closed loops only"
         if self.foreign_traffic:
             return "flagged foreign traffic (the server ran bigger batches than this level sent)"
         if self.requests == 0:
@@ -160,6 +166,7 @@ def _facts(path: Path, where: str, raw: Any) -> ServerFacts:
         ),
         model=raw.get("model_path") if isinstance(raw.get("model_path"), str) else None,
         version=raw.get("version") if isinstance(raw.get("version"), str) else None,
+        off_mode=raw.get("off_mode") if isinstance(raw.get("off_mode"), str) else None,
     )
 
 
@@ -208,6 +215,8 @@ def _level(path: Path, i: int, raw: Any, spec: ServerFacts, no_spec: ServerFacts
         foreign_traffic=foreign,
         server_ttft_ms=num("server_ttft_ms"),  # on the server's clock already
         server_itl_ms=num("server_itl_ms"),
+        warmup_s=(num("warmup_s") or 0.0) * x,
+        request_rate=scaled("request_rate", 1.0 / x),
     )
 
 

@@ -1,16 +1,20 @@
 """Replay one `specctl bench` level in the simulator: the same protocol, on the engine's clock.
 
-A bench level starts on an idle server with `concurrency` streams sent at once, keeps them in
-flight (each client sends its next request when the previous one finished) and ends after a
-duration (the streams still running are cut; their tokens count) or after a number of
-requests (no new request once that many were sent; the level ends when the last finishes).
-It reports output tok/s over the level, and the median TTFT and TPOT of the requests that
-finished inside it. `replay` runs exactly that on a fresh `Engine` at a fixed depth (or on a
-server without speculation) and reports the same figures, so the two compare one to one.
+A bench level starts on an idle server with `concurrency` streams sent at once and keeps them
+in flight (each client sends its next request when the previous one finished). The first
+`warmup_s` seconds are not measured; the window that follows ends after a duration (the
+streams still running are then cut) or once a number of requests that started in it have
+finished. The level reports the output tokens the window received per second, the median TTFT
+and TPOT of the requests that started and finished inside it, and what the server's own
+counters and latency histograms gained over the window: the mean decode step and batch, the
+mean time to first token of the requests that got one, and the mean time per token after the
+first. `replay` runs exactly that on a fresh `Engine` at a fixed depth (or on a server without
+speculation) and reports the same figures, so the two compare one to one.
 
 Client-side time the GPU never sees is the profile's: `scheduler.request_overhead_ms` between
 a request's end and the next one entering the queue, `scheduler.ttft_overhead_ms` added to
-every TTFT.
+every TTFT the client measures, and `scheduler.client_us_per_stream` times the level's streams
+added to both (a client that is busier with every stream notices each token later).
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ class LevelShape:
     concurrency: int
     prompt_tokens: int
     output_tokens: int
-    duration_s: float  # the level's elapsed time
+    duration_s: float  # the measured window
     request_limit: int | None = None  # the bench's --requests-per-level, if that ended it
+    warmup_s: float = 0.0  # unmeasured load before the window
 
 
 @dataclass(frozen=True)
@@ -52,8 +57,32 @@ class Replayed:
     elapsed_s: float
 
 
+# (sent by the client, queued, first token, finish, output tokens), as the engine logs them
+_Logged = tuple[float, float, float, float, int]
+
+
 def _median_ms(values: list[float]) -> float | None:
     return 1000.0 * float(np.median(values)) if values else None
+
+
+def _run_window(engine: Engine, shape: LevelShape, log: list[_Logged]) -> list[_Logged]:
+    """Run the window after the warm-up; the requests that started and finished in it."""
+    start = shape.warmup_s
+    if shape.request_limit is None:
+        end = start + shape.duration_s
+        engine.run_until(end)
+        return [r for r in log if r[0] >= start and r[3] <= end]
+    limit = shape.request_limit
+    # Until that many requests of the window finished; far past the bench's own time means
+    # the profile is far off, and the level is scored on what finished by then.
+    cap = start + max(10.0 * shape.duration_s, 1.0)
+    step = max(shape.duration_s / 256.0, 1e-3)
+    while engine.now < cap:
+        done = [r for r in log if r[0] >= start]
+        if len(done) >= limit:
+            return sorted(done, key=lambda r: r[3])[:limit]
+        engine.run_until(engine.now + step)
+    return [r for r in log if r[0] >= start]
 
 
 def replay(
@@ -74,45 +103,41 @@ def replay(
         speculative=speculative,
         policy=FixedDepthPolicy(shape.depth) if shape.depth is not None else None,
     )
-    log: list[tuple[float, float, float, float, int]] = []
+    log: list[_Logged] = []
     engine.request_log = log
-    if shape.request_limit is None:
-        engine.run_until(shape.duration_s)
-        elapsed = shape.duration_s
-        finished = [r for r in log if r[3] <= elapsed]
-    else:
-        limit = shape.request_limit
-        engine.request_limit = limit
-        # Until every request sent has finished; far past the bench's own time means the
-        # profile is far off, and the level is scored on what finished by then.
-        cap = max(10.0 * shape.duration_s, 1.0)
-        step = max(shape.duration_s / 64.0, 1e-3)
-        while len(log) < limit and engine.now < cap:
-            engine.run_until(engine.now + step)
-        finished = log[:limit]
-        elapsed = (
-            max((r[3] for r in finished), default=engine.now) if len(log) >= limit else engine.now
-        )
-    stats = engine.stats
-    tokens = stats.tokens_generated
-    if shape.request_limit is not None and len(log) >= shape.request_limit:
-        tokens = sum(r[4] for r in finished)
-    ttft_extra = profile.scheduler.ttft_overhead_ms / 1000.0
-    # The server's clock starts when a request reaches its queue, the client's when it sends.
-    server_ttft = [first - queued for _, queued, first, _, _ in finished]
+    if shape.warmup_s > 0:
+        engine.run_until(shape.warmup_s)
+    before = engine.stats
+    finished = _run_window(engine, shape, log)
+    after = engine.stats
+    elapsed = after.now - before.now
+    tokens = after.tokens_generated - before.tokens_generated
+    iterations = after.decode_iterations - before.decode_iterations
+    first_tokens = after.first_tokens - before.first_tokens
+    after_first = after.decode_tokens - before.decode_tokens
+    sched = profile.scheduler
+    ttft_extra = (
+        sched.ttft_overhead_ms + sched.client_us_per_stream * shape.concurrency / 1000
+    ) / 1e3
     ttft = [first - sent + ttft_extra for sent, _, first, _, _ in finished]
     tpot = [(end - first) / (out - 1) for _, _, first, end, out in finished if out >= 2]
-    after_first = sum(out - 1 for *_, out in finished)
-    decode_s = sum(end - first for _, _, first, end, _ in finished)
     return Replayed(
         tok_per_s=tokens / elapsed if elapsed > 0 else 0.0,
         tpot_p50_ms=_median_ms(tpot),
         ttft_p50_ms=_median_ms(ttft),
-        step_ms=stats.mean_step_ms if stats.decode_iterations else None,
-        server_ttft_ms=1000.0 * float(np.mean(server_ttft)) if server_ttft else None,
-        server_itl_ms=1000.0 * decode_s / after_first if after_first else None,
-        mean_batch=stats.request_steps / stats.decode_iterations
-        if stats.decode_iterations
+        step_ms=1000.0 * (after.decode_gpu_seconds - before.decode_gpu_seconds) / iterations
+        if iterations
+        else None,
+        server_ttft_ms=1000.0
+        * (after.first_token_wait_s - before.first_token_wait_s)
+        / first_tokens
+        if first_tokens
+        else None,
+        server_itl_ms=1000.0 * (after.running_wait_s - before.running_wait_s) / after_first
+        if after_first
+        else None,
+        mean_batch=(after.request_steps - before.request_steps) / iterations
+        if iterations
         else None,
         completed=len(finished),
         elapsed_s=elapsed,

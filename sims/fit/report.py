@@ -2,8 +2,9 @@
 
 Each fitted level is replayed with the bench's protocol (`sims.fit.replay`) on the profile as
 written (step noise included), over a few seeds, and its simulated tok/s and TPOT (medians, as
-the bench reports them) are set against the measured ones. Levels that could not be fitted are
-listed with the reason, outside the error figures.
+the bench reports them) are set against the measured ones. Outliers (levels the fit set aside)
+are replayed too and shown, marked, outside the error figures, which are also given with
+them; levels that could not be fitted are listed with the reason.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 from rich.table import Table
 
 from sims.fit.bench_file import Level
-from sims.fit.fitting import FitResult, Unfit, shape_of
+from sims.fit.fitting import FitResult, Unfit
+from sims.fit.framing import shape_of
 from sims.fit.pool import Replayer
 from sims.profile import Profile
 
@@ -29,6 +31,7 @@ class Row:
     tok_per_s: float
     tpot_ms: float | None
     ttft_ms: float | None
+    outlier: bool = False
 
     @property
     def tok_error(self) -> float:
@@ -65,7 +68,11 @@ def replay_rows(
     levels: Sequence[Level],
     limits: dict[str, int | None],
     replayer: Replayer | None = None,
+    outliers: Sequence[Level] = (),
 ) -> list[Row]:
+    """The fitted levels, then the outliers (marked)."""
+    marked = {id(lv) for lv in outliers}
+    levels = [*levels, *outliers]
     shapes = [shape_of(lv, limits[lv.source]) for lv in levels for _ in REPORT_SEEDS]
     seeds = [s for _ in levels for s in REPORT_SEEDS]
     done = (replayer or Replayer()).run(profile, shapes, seeds)
@@ -78,16 +85,19 @@ def replay_rows(
                 tok_per_s=statistics.fmean(r.tok_per_s for r in runs),
                 tpot_ms=_mean([r.tpot_p50_ms for r in runs]),
                 ttft_ms=_mean([r.ttft_p50_ms for r in runs]),
+                outlier=id(lv) in marked,
             )
         )
     return rows
 
 
-def summarize(rows: Sequence[Row], which: str) -> Summary | None:
+def summarize(rows: Sequence[Row], which: str, *, outliers: bool = False) -> Summary | None:
+    """Median and worst |error| over the fitted levels (with `outliers`, over every row)."""
     errs = [
         (abs(e), r.level.label)
         for r in rows
-        if (e := (r.tok_error if which == "tok_per_s" else r.tpot_error)) is not None
+        if (outliers or not r.outlier)
+        and (e := (r.tok_error if which == "tok_per_s" else r.tpot_error)) is not None
     ]
     if not errs:
         return None
@@ -140,8 +150,18 @@ class Report:
                         "tok_per_s": round(r.tok_error, 4),
                         "tpot_ms": _round(r.tpot_error, 4),
                     },
+                    "outlier": r.outlier,
                 }
                 for r in self.rows
+            ],
+            "outliers": [
+                {
+                    "series": o.level.series,
+                    "concurrency": o.level.concurrency,
+                    "source": o.level.source,
+                    "reason": o.reason,
+                }
+                for o in res.outliers
             ],
             "not_fitted": [
                 {
@@ -156,12 +176,20 @@ class Report:
                 "tok_per_s": None if tok is None else tok.to_json(),
                 "tpot_ms": None if tpot is None else tpot.to_json(),
             },
+            "error_with_outliers": {
+                "tok_per_s": _summary_json(summarize(self.rows, "tok_per_s", outliers=True)),
+                "tpot_ms": _summary_json(summarize(self.rows, "tpot_ms", outliers=True)),
+            },
             "fit": {
                 "evaluations": res.evaluations,
                 "seconds": round(res.seconds, 2),
                 "notes": res.notes,
             },
         }
+
+
+def _summary_json(s: Summary | None) -> dict[str, Any] | None:
+    return None if s is None else s.to_json()
 
 
 def _round(v: float | None, digits: int = 3) -> float | None:
@@ -192,6 +220,8 @@ def render(report: Report) -> list[Any]:
     for r in report.rows:
         lv = r.level
         series = f"{lv.series} ({lv.source})" if several else lv.series
+        if r.outlier:
+            series += " (outlier)"
         table.add_row(
             series,
             str(lv.concurrency),
@@ -203,13 +233,23 @@ def render(report: Report) -> list[Any]:
             _pct(r.tpot_error),
         )
     lines: list[Any] = [table]
+    fitted = sum(not r.outlier for r in report.rows)
     for which, label in (("tok_per_s", "tok/s"), ("tpot_ms", "TPOT")):
         s = summarize(report.rows, which)
         if s is not None:
-            lines.append(
-                f"{label} error: median {100 * s.median:.1f}%, worst {100 * s.worst:.1f}% "
-                f"({s.worst_at})"
+            line = (
+                f"{label} error over the {fitted} fitted levels: median {100 * s.median:.1f}%, "
+                f"worst {100 * s.worst:.1f}% ({s.worst_at})"
             )
+            every = summarize(report.rows, which, outliers=True)
+            if every is not None and fitted < len(report.rows):
+                line += (
+                    f"; with the outliers, median {100 * every.median:.1f}%, "
+                    f"worst {100 * every.worst:.1f}% ({every.worst_at})"
+                )
+            lines.append(line)
+    for o in report.result.outliers:
+        lines.append(f"[yellow]outlier[/yellow]: {o.level.label} ({o.level.source}): {o.reason}")
     for u in report.unfit:
         lines.append(f"[yellow]not fitted[/yellow]: {u.level.label} ({u.level.source}): {u.reason}")
     return lines

@@ -1,0 +1,224 @@
+"""What a bench states outright, before anything is fitted: each level's protocol, the
+acceptance per depth, the servers' limits and the off mode; which fields the levels can inform
+(`active_keys`), and why the others keep the base profile's values."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from scipy.optimize import brentq
+
+from sims.fit.bench_file import BenchRun, Level
+from sims.fit.params import LOOP_KEYS, STEP_KEYS
+from sims.fit.replay import PHASE, LevelShape
+from sims.profile import Profile
+
+
+class FitError(ValueError):
+    """The benches hold nothing to fit (every level unfit), or contradict each other."""
+
+
+def shape_of(level: Level, run_limit: int | None) -> LevelShape:
+    assert level.prompt_tokens is not None and level.output_tokens is not None
+    return LevelShape(
+        depth=level.depth,
+        concurrency=level.concurrency,
+        prompt_tokens=max(1, round(level.prompt_tokens)),
+        output_tokens=max(1, round(level.output_tokens)),
+        duration_s=level.elapsed_s,
+        request_limit=run_limit,
+        warmup_s=level.warmup_s,
+    )
+
+
+def measured_accept_lengths(levels: Sequence[Level]) -> dict[int, float]:
+    """Mean accept length per forced depth (bonus token included), weighted by requests."""
+    sums: dict[int, list[float]] = {}
+    for lv in levels:
+        if lv.depth is None or lv.accept_length is None:
+            continue
+        acc = sums.setdefault(lv.depth, [0.0, 0.0])
+        acc[0] += lv.accept_length * lv.requests
+        acc[1] += lv.requests
+    return {d: s / n for d, (s, n) in sorted(sums.items()) if n > 0}
+
+
+def _rate_over(gain: float, survive: float, steps: int) -> float:
+    """The constant per-position rate r with survive * (r + r^2 + ... + r^steps) = gain."""
+    if survive <= 0 or gain <= 0:
+        return 0.0
+    target = gain / survive
+    if target >= steps:
+        return 1.0
+    return float(brentq(lambda r: sum(r**k for k in range(1, steps + 1)) - target, 0.0, 1.0))
+
+
+def acceptance_rates(lengths: dict[int, float], deepest: int) -> list[float]:
+    """Per-position conditional rates p[i] whose chain gives the measured accept lengths.
+
+    L(s) = 1 + S_1 + ... + S_s with S_k = p_1 * ... * p_k. Between two measured depths the
+    rate is taken constant (the one that gives the measured gain); past the deepest measured
+    depth the last rate holds."""
+    known = sorted((d, max(v, 1.0)) for d, v in lengths.items() if d > 0)
+    rates: list[float] = []
+    depth, ell, survive = 0, 1.0, 1.0
+    for d, length in known:
+        if d <= depth:
+            continue
+        r = _rate_over(length - ell, survive, d - depth)
+        rates += [r] * (d - depth)
+        survive *= r ** (d - depth)
+        depth, ell = d, max(length, ell)
+    last = rates[-1] if rates else 0.0
+    rates += [last] * (deepest - len(rates))
+    return [round(r, 4) for r in rates[:deepest]]
+
+
+def per_token_ms(level: Level) -> float | None:
+    """Time per token after the first: the server's own mean where it has one."""
+    return level.server_itl_ms or level.tpot_p50_ms
+
+
+OFF_MODES = {"sglang": True, "skip-extend": False, "skip-extend-all": False}
+
+
+def extend_at_depth0(runs: Sequence[BenchRun], base: Profile, off_mode: str | None) -> bool:
+    """Whether the benched server's depth 0 ran the draft extend: `off_mode` (given), else the
+    plugin's mode the bench recorded, else the base profile's assumption."""
+    mode = off_mode or runs[0].spec.off_mode
+    if mode is None:
+        return base.draft.extend_at_depth0
+    if mode not in OFF_MODES:
+        raise FitError(
+            f"off mode {mode!r} is not one of {', '.join(OFF_MODES)} (the plugin's depth-0 modes)"
+        )
+    return OFF_MODES[mode]
+
+
+def off_mode_note(runs: Sequence[BenchRun], base: Profile, off_mode: str | None) -> str | None:
+    """A line when the depth-0 mode is the base profile's guess, not the server's."""
+    if off_mode or runs[0].spec.off_mode:
+        return None
+    ran = "runs" if base.draft.extend_at_depth0 else "skips"
+    return (
+        f"the bench did not record the plugin's off mode: depth 0 taken to be as the base "
+        f"profile has it (it {ran} the draft extend); give --off-mode if the server ran another"
+    )
+
+
+def frame(
+    base: Profile,
+    runs: Sequence[BenchRun],
+    levels: Sequence[Level],
+    name: str,
+    off_mode: str | None = None,
+) -> Profile:
+    """The base profile with everything the benches state outright (not fitted)."""
+    first = runs[0]
+    spec = first.spec
+    captured = sorted(
+        set(spec.captured_depths) | {lv.depth for lv in levels if lv.depth is not None}
+    )
+    if not captured:
+        captured = list(base.captured_depths)
+    deepest = max(max(captured), 1)
+    lengths = measured_accept_lengths(levels)
+    rates = acceptance_rates(lengths, deepest)
+    phases = {PHASE: rates}
+    for other, probs in base.acceptance.phases.items():
+        if other != PHASE:  # kept so that scenarios naming them still run; not measured
+            phases[other] = (list(probs) + [probs[-1]] * deepest)[:deepest]
+    positive = [d for d in captured if d > 0]
+    full = spec.full_depth if spec.full_depth in positive else (max(positive) if positive else 1)
+    if full not in captured:
+        captured = sorted({*captured, full})
+    prompts = [lv.prompt_tokens for lv in levels if lv.prompt_tokens]
+    outputs = [lv.output_tokens for lv in levels if lv.output_tokens]
+    prompt = round(float(np.median(prompts))) if prompts else base.reference_workload.prompt_tokens
+    output = round(float(np.median(outputs))) if outputs else base.reference_workload.output_tokens
+    sched = base.scheduler.model_dump()
+    sched["max_running_requests_spec"] = spec.cap
+    if first.no_spec is not None:
+        sched["max_running_requests_nospec"] = first.no_spec.cap
+    for key, value in (
+        ("max_total_tokens", spec.max_total_tokens),
+        ("max_prefill_tokens", spec.max_prefill_tokens),
+        ("context_length", spec.context_length),
+    ):
+        if value is not None:
+            sched[key] = value
+    data = base.model_dump()
+    data["draft"]["extend_at_depth0"] = extend_at_depth0(runs, base, off_mode)
+    data.update(
+        name=name,
+        scheduler=sched,
+        acceptance={"phases": phases, "default_phase": PHASE},
+        captured_depths=captured,
+        full_depth=full,
+        context_tokens=max(1, round(prompt + output / 2)),
+        reference_workload={"prompt_tokens": prompt, "output_tokens": output},
+    )
+    return Profile.model_validate(data)
+
+
+def active_keys(
+    levels: Sequence[Level], extend_at_depth0: bool = True
+) -> tuple[list[str], dict[str, str]]:
+    """The fields these levels can inform, and why each other one keeps the base value."""
+    keys = list(STEP_KEYS) + list(LOOP_KEYS)
+    kept: dict[str, str] = {}
+    contexts = [
+        lv.prompt_tokens + lv.output_tokens / 2
+        for lv in levels
+        if lv.prompt_tokens and lv.output_tokens
+    ]
+    if not contexts or max(contexts) < 1.5 * min(contexts):
+        kept["target.kv_us_per_req_per_1k_ctx"] = (
+            "every level ran at about one context length; bench a second prompt length "
+            "(--prompt-tokens) and pass both files"
+        )
+    spec_depths = {lv.depth for lv in levels if lv.depth is not None}
+    plain = any(lv.depth is None for lv in levels)
+    if len(spec_depths) < 2 or not any(d and d > 0 for d in spec_depths):
+        for k in ("draft.step_fixed_ms", "draft.step_us_per_req"):
+            kept[k] = "the bench forced fewer than two depths, one of them above 0"
+    drafting = sorted(d for d in spec_depths if d and d > 0)
+    extend = ("draft.extend_fixed_ms", "draft.extend_us_per_req")
+    if extend_at_depth0:
+        # Depth 0 against the plain server: the extend and verify mode, paid at every depth.
+        kept["draft.spec_sched_ms"] = (
+            "depth 0 runs the draft extend here, so verify mode's cost adds to every "
+            "speculative iteration as draft.extend_fixed_ms does"
+        )
+        if not plain or not spec_depths:
+            for k in extend:
+                kept[k] = "needs both servers (the bench had no --no-spec-url)"
+    else:
+        # Depth 0 skips the extend: it against the plain server is verify mode alone; the
+        # extend is what a drafting iteration pays once, told from the per-depth draft steps
+        # by two depths above 0.
+        if not plain or 0 not in spec_depths:
+            kept["draft.spec_sched_ms"] = "needs depth 0 and the plain server (--no-spec-url)"
+        if len(drafting) < 2 or 0 not in spec_depths:
+            for k in extend:
+                kept[k] = (
+                    "the draft extend (skipped at depth 0) is told from the per-depth draft "
+                    "steps only by depth 0 and two depths above it"
+                )
+    timed = [lv for lv in levels if lv.depth is not None and lv.step_ms]
+    if not any(lv.depth == 0 and lv.concurrency == 1 and per_token_ms(lv) for lv in timed):
+        kept["scheduler.untimed_ms"] = (
+            "needs depth 0 at concurrency 1 with the server's step counters"
+        )
+    if not plain or not spec_depths:
+        kept["draft.prefill_ms"] = "needs both servers' TTFT (the bench had no --no-spec-url)"
+    if not any(lv.ttft_p50_ms or lv.server_ttft_ms for lv in levels):
+        for k in (
+            "scheduler.prefill_fixed_ms",
+            "scheduler.prefill_us_per_token",
+            "scheduler.ttft_overhead_ms",
+            "draft.prefill_ms",
+        ):
+            kept[k] = "no TTFT measured"
+    return [k for k in keys if k not in kept], kept

@@ -574,3 +574,29 @@ def bucket_upper(lower: int) -> int:
     """Largest batch size inside the bucket that starts at `lower` (last bucket: open)."""
     i = BS_BUCKET_EDGES.index(lower)
     return BS_BUCKET_EDGES[i + 1] - 1 if i + 1 < len(BS_BUCKET_EDGES) else 10**9
+
+
+# ----------------------------------------------------------------------------- off mode
+# What a depth-0 tier runs (sglang_hooks/off_mode.py): pushed as its own admin key, alone or
+# beside a table's keys.
+
+SGLANG, SKIP_EXTEND, SKIP_EXTEND_ALL = "sglang", "skip-extend", "skip-extend-all"
+OFF_MODES = (SGLANG, SKIP_EXTEND, SKIP_EXTEND_ALL)  # the wire code of a mode is its index
+OFF_MODE_KEY = "specctl_off_mode"
+SETTING_KEYS = frozenset({OFF_MODE_KEY})
+
+
+def decode_off_mode(value: Any) -> str:
+    """The mode a `specctl_off_mode` value names. Raises PolicyError naming the key."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) \
+            or not 0 <= int(value) < len(OFF_MODES):
+        codes = ", ".join(f"{i} = {m}" for i, m in enumerate(OFF_MODES))
+        raise PolicyError(OFF_MODE_KEY, f"must be one of {codes}; got {value!r}")
+    return OFF_MODES[int(value)]
+
+
+def split_settings(server_args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(plugin settings such as the off mode, every other key)."""
+    settings = {k: v for k, v in server_args.items() if k in SETTING_KEYS}
+    rest = {k: v for k, v in server_args.items() if k not in SETTING_KEYS}
+    return settings, rest

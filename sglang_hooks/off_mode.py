@@ -24,19 +24,22 @@ the same iteration.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from typing import Any
 
-from sglang_hooks.contract import PolicyError
+from sglang_hooks import contract
 
-SGLANG, SKIP_EXTEND, SKIP_EXTEND_ALL = "sglang", "skip-extend", "skip-extend-all"
-MODES = (SGLANG, SKIP_EXTEND, SKIP_EXTEND_ALL)  # the wire code of a mode is its index
+# The wire side (mode names, the admin key, its check) lives in the contract beside the
+# table's keys, where the simulator can read it too.
+SGLANG, SKIP_EXTEND, SKIP_EXTEND_ALL = contract.OFF_MODES
+MODES = contract.OFF_MODES  # the wire code of a mode is its index
+OFF_MODE_KEY = contract.OFF_MODE_KEY
+SETTING_KEYS = contract.SETTING_KEYS
+decode_mode = contract.decode_off_mode
+split_settings = contract.split_settings
+
 # Believed best until measured on a GPU: at depth 0 SGLang's draft extend cost 7-10% of a
 # plain server's throughput on an H200, and skipping it recovered most of that.
 DEFAULT_MODE = SKIP_EXTEND
 OFF_MODE_ENV = "SPECCTL_OFF_MODE"
-OFF_MODE_KEY = "specctl_off_mode"
-SETTING_KEYS = frozenset({OFF_MODE_KEY})
 
 
 def mode_from_env() -> tuple[str, str | None]:
@@ -50,17 +53,3 @@ def mode_from_env() -> tuple[str, str | None]:
                           f"using {DEFAULT_MODE}")
 
 
-def decode_mode(value: Any) -> str:
-    """The mode a `specctl_off_mode` value names. Raises PolicyError naming the key."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) \
-            or not 0 <= int(value) < len(MODES):
-        codes = ", ".join(f"{i} = {m}" for i, m in enumerate(MODES))
-        raise PolicyError(OFF_MODE_KEY, f"must be one of {codes}; got {value!r}")
-    return MODES[int(value)]
-
-
-def split_settings(server_args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(plugin settings such as the off mode, every other key)."""
-    settings = {k: v for k, v in server_args.items() if k in SETTING_KEYS}
-    rest = {k: v for k, v in server_args.items() if k not in SETTING_KEYS}
-    return settings, rest

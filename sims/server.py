@@ -72,6 +72,8 @@ class SimulatedServer:
         self._table: PolicyTable | None = None
         self._source = "none"
         self._last_rejection: str | None = None
+        self._off_mode = (contract.SGLANG if self.engine.profile.draft.extend_at_depth0
+                          else contract.SKIP_EXTEND)  # fmt: skip
         self._applied_iteration: int | None = None
         self._live_version = 0
         # Of finished streaming requests: tokens, requests, TTFT seconds, latency seconds.
@@ -205,7 +207,14 @@ class SimulatedServer:
         except ValidationError as err:
             return 400, validation_error_body(_fastapi_errors(err))
         with self._lock:
-            ours, rest = contract.split_policy_keys(req.server_args)
+            settings, args = contract.split_settings(req.server_args)
+            mode: str | None = None
+            if contract.OFF_MODE_KEY in settings:
+                try:
+                    mode = contract.decode_off_mode(settings[contract.OFF_MODE_KEY])
+                except PolicyError as err:
+                    return 400, contract.rejection_body(err)
+            ours, rest = contract.split_policy_keys(args)
             table: PolicyTable | None = None
             if ours:
                 try:
@@ -222,6 +231,8 @@ class SimulatedServer:
                     if ours:
                         self._last_rejection = reason
                     return 200, [False]
+            if mode is not None:
+                self._off_mode = mode
             if ours:
                 self._install(table)
             return 200, [True]
@@ -282,12 +293,10 @@ class SimulatedServer:
             state["inactive_reason"] = None
             state["iteration"] = self.engine.forward_ct
             state["unattributed_results"] = 0
-            # What depth 0 runs, as the plugin names its off modes (read-only here: the
-            # profile decides).
+            # The plugin's off mode: pushed as `specctl_off_mode` like on a real server. What
+            # depth 0 costs here stays the profile's (`draft.extend_at_depth0`) whatever is pushed.
             if self.engine.speculative:
-                state["off_mode"] = (
-                    "sglang" if self.engine.profile.draft.extend_at_depth0 else "skip-extend"
-                )
+                state["off_mode"] = self._off_mode
             return state
 
     # ------------------------------------------------------------------ readback

@@ -117,6 +117,25 @@ def test_invalid_push_is_400_naming_the_wire_key_and_recorded(kimi):
     assert state["source"] == "none"
 
 
+def test_the_off_mode_key_is_answered_as_the_plugin_answers_it(kimi):
+    """Alone or beside a table, `specctl_off_mode` is applied and read back; a bad code is a
+    400 naming the key, and nothing of that request is applied."""
+    server = _server(kimi)
+    assert read_server_state(server.server_info())[0]["off_mode"] == "sglang"  # Kimi's extend
+    assert server.set_internal_state({"server_args": {"specctl_off_mode": 1}}, None) == (200, [True])
+    assert read_server_state(server.server_info())[0]["off_mode"] == "skip-extend"
+    body = push_body(single_depth_table(2, version=3))
+    body["server_args"]["specctl_off_mode"] = 2
+    assert server.set_internal_state(body, None) == (200, [True])
+    server.advance(2)
+    state = read_server_state(server.server_info())[0]
+    assert state["off_mode"] == "skip-extend-all" and state["version"] == 3
+    status, err = server.set_internal_state({"server_args": {"specctl_off_mode": 7}}, None)
+    rejection = parse_rejection(err)
+    assert status == 400 and rejection is not None and rejection.field == "specctl_off_mode"
+    assert read_server_state(server.server_info())[0]["off_mode"] == "skip-extend-all"
+
+
 @pytest.mark.parametrize(
     "body, field",
     [

@@ -122,7 +122,8 @@ def test_the_off_mode_key_is_answered_as_the_plugin_answers_it(kimi):
     400 naming the key, and nothing of that request is applied."""
     server = _server(kimi)
     assert read_server_state(server.server_info())[0]["off_mode"] == "sglang"  # Kimi's extend
-    assert server.set_internal_state({"server_args": {"specctl_off_mode": 1}}, None) == (200, [True])
+    alone = {"server_args": {"specctl_off_mode": 1}}
+    assert server.set_internal_state(alone, None) == (200, [True])
     assert read_server_state(server.server_info())[0]["off_mode"] == "skip-extend"
     body = push_body(single_depth_table(2, version=3))
     body["server_args"]["specctl_off_mode"] = 2

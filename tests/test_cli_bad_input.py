@@ -66,12 +66,6 @@ CASES: list[tuple[list[str], list[str]]] = [
      ["--client-processes:", "must be >= 1, got 0"]),
     (["bench", "--url", URL, "--client-processes", "-2"],
      ["--client-processes:", "must be >= 1, got -2"]),
-    (["bench", "--url", URL, "--client-processes", "3", "--concurrency", "2,8"],
-     ["--client-processes:", "3 processes for the 2 streams of --concurrency 2", "at most 2"]),
-    (["bench", "--url", URL, "--client-processes", "2"],  # the default levels start at 1
-     ["--client-processes:", "the 1 stream of --concurrency 1"]),
-    (["bench", "--url", URL, "--request-rate", "4", "--max-concurrency", "2",
-      "--client-processes", "4"], ["--client-processes:", "of --max-concurrency 2"]),
     (["bench", "--url", URL, "--client-bound-share", "0"],
      ["--client-bound-share:", "must be > 0"]),
     (["bench"], ["Missing option '--url'", "specctl bench --help"]),

@@ -11,7 +11,8 @@ and the next starts once the server's running-request gauge reads 0 again (`drai
 bounded wait and a warning if it does not.
 
 The load runs in this process (`loadgen.run_level`), or split across `client_processes` worker
-processes (`load_processes.LoadProcesses`, started once for the whole sweep).
+processes (`load_processes.LoadProcesses`, started once for the whole sweep); a level of fewer
+streams than processes runs in this process.
 """
 
 from __future__ import annotations
@@ -103,17 +104,17 @@ class SweepPlan:
             raise ValueError("give concurrency levels or request rates, not both")
         if self.client_processes < 1:
             raise ValueError("client processes must be >= 1")
-        fewest = self.fewest_streams()
-        if fewest is not None and self.client_processes > fewest:
-            raise ValueError(f"{self.client_processes} client processes for {fewest} streams")
         if not self.client_bound_share > 0:
             raise ValueError("the client-bound share must be > 0")
 
-    def fewest_streams(self) -> int | None:
-        """The fewest streams a level holds open (None: open loop without a cap)."""
-        counts = [level_streams(shape) for shape in self.shapes()]
-        known = [c for c in counts if c is not None]
-        return min(known) if known else None
+    def in_process(self, shape: LoadShape) -> bool:
+        """Whether this process runs `shape` itself: with one client process, or for a level of
+        fewer streams than processes (every process needs a stream, and so few streams never
+        load a client)."""
+        streams = level_streams(shape)
+        return self.client_processes == 1 or (
+            streams is not None and streams < self.client_processes
+        )
 
     @property
     def mode(self) -> str:
@@ -469,7 +470,7 @@ class _Levels:
         series = series_name(depth)
         self.observer.level_started(series, shape, live)
         scrapes = _WindowScrapes(self.server)
-        if self.processes is None:
+        if self.processes is None or plan.in_process(shape):
             load = await run_level(
                 http, plan.prompts, shape, plan.stop, model=self.model,
                 temperature=plan.temperature, prompt_offset=self.offset, live=live,
@@ -502,9 +503,12 @@ def _requests(n: float | None) -> str:
 
 
 def _pool_size(plan: SweepPlan) -> int | None:
-    """This process's connection pool: every stream, or only the warm-up request when worker
-    processes carry the load."""
-    return plan.max_streams() if plan.client_processes == 1 else 1
+    """This process's connection pool: every stream, or, when worker processes carry the load,
+    the warm-up request and the levels too small to split."""
+    if plan.client_processes == 1:
+        return plan.max_streams()
+    own = [level_streams(s) or 1 for s in plan.shapes() if plan.in_process(s)]
+    return max([1, *own])
 
 
 async def _run_levels(

@@ -67,27 +67,6 @@ def _only_with_rate(request_rate: str | None, **given: object) -> None:
             )
 
 
-def _check_processes(
-    processes: int, levels: tuple[int, ...], max_concurrency: int | None, request_rate: str | None
-) -> None:
-    """Every process needs a stream of every level (an open loop without a cap has no limit)."""
-    if processes == 1:
-        return
-    if request_rate is None:
-        fewest, where = min(levels), f"--concurrency {min(levels)}"
-    elif max_concurrency is not None:
-        fewest, where = max_concurrency, f"--max-concurrency {max_concurrency}"
-    else:
-        return
-    if processes > fewest:
-        raise typer.BadParameter(
-            f"{processes} processes for the {fewest} stream{'s' if fewest != 1 else ''} of "
-            f"{where}: every process needs a stream of every level; use at most {fewest}, or "
-            "leave out the levels with fewer streams",
-            param_hint="--client-processes",
-        )
-
-
 def _warn_if_more_than_cores(processes: int) -> None:
     from controller.bench.report import available_cores
 
@@ -219,7 +198,8 @@ def bench(
             min=1,
             help="Split each level's load across this many load-generator processes (its "
             "streams, or its open-loop arrivals, dealt among them), for levels that one process "
-            "cannot read fast enough (flagged client-bound). 1: the load runs in this process.",
+            "cannot read fast enough (flagged client-bound). 1: the load runs in this process; "
+            "so does a level of fewer streams than processes.",
         ),
     ] = 1,
     client_bound_share: Annotated[
@@ -277,7 +257,6 @@ def bench(
             "give --requests-per-level or --duration-per-level, not both",
             param_hint="--requests-per-level",
         )
-    _check_processes(client_processes, levels, max_concurrency, request_rate)
     if client_bound_share is not None and not client_bound_share > 0:
         raise typer.BadParameter(
             f"must be > 0 (a share of one core), got {client_bound_share:g}",

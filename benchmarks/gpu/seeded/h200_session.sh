@@ -6,13 +6,16 @@
 #   bash benchmarks/gpu/seeded/h200_session.sh measure OUT   # bench, off modes, 1,000 switches
 #   bash benchmarks/gpu/seeded/h200_session.sh traces OUT "static:3 static:1 sglang daemon"
 #   bash benchmarks/gpu/seeded/h200_session.sh traces OUT "daemon-warm plain static:0" final
+#   bash benchmarks/gpu/seeded/h200_session.sh parity OUT    # bench with 4 client processes, repeats
+#   bash benchmarks/gpu/seeded/h200_session.sh profile OUT   # GPU kernels per iteration: d0 vs plain
 #
+# ACCEPTANCE=0 leaves the acceptance measurements out of `setup` (servers only).
 # Every step leaves its files under $R (default /tmp/gpu-run) and packs the whole folder into
 # OUT/run.tar.gz (weights left out), so each step's results come back even if a later one fails.
 # SGLang must be importable (../shared/gpu/README.md: `source .gpu/stage.sh .gpu env`).
 set -uo pipefail
 
-STEP=${1:?usage: h200_session.sh setup|measure|traces OUT [POLICIES] [final]}
+STEP=${1:?usage: h200_session.sh setup|measure|traces|parity|profile OUT [POLICIES] [final]}
 OUT=${2:?give the folder to pack the results into}
 R=${R:-/tmp/gpu-run}
 PY=${PY:-python3}
@@ -63,6 +66,7 @@ case "$STEP" in
 setup)
     stamp "models and servers"
     "$PY" -m benchmarks.gpu.harness models start "${HARNESS_OPTS[@]}" --budget 430
+    [ "${ACCEPTANCE:-1}" = 0 ] && { pack; exit 0; }
     stamp "acceptance per family and depth, then the off spell in each off mode"
     A="$R/acceptance"; mkdir -p "$A"
     DS=(--dataset "$R/models/seeded/family_a.jsonl" --dataset "$R/models/seeded/family_b.jsonl")
@@ -109,7 +113,49 @@ traces)
     done
     "$PY" -m benchmarks.gpu.seeded.trace compare "$T" 2>&1 | tee "$T/compare.txt"
     ;;
+parity)
+    # The comparison at 64 and 128 streams needs a client that is not the bottleneck: each
+    # level's streams are dealt over CLIENTS load-generator processes. Then two more series
+    # of depth 0 and the plain server, for the spread between runs of one level.
+    CLIENTS=${CLIENTS:-4}
+    stamp "warm pass (not reported): every series at 16 and 128 streams"
+    bench "$R/bench_warm" --depths 0,1,3 --no-spec-url "$(plain_url)" --concurrency 16,128 \
+        --duration-per-level 2 --warmup-per-level 0.5 --client-processes "$CLIENTS" \
+        >"$R/bench_warm.txt" 2>&1
+    stamp "bench: d0 (skip-extend), d1, d3, plain; $CLIENTS client processes"
+    bench "$R/bench" --depths 0,1,3 --no-spec-url "$(plain_url)" --client-processes "$CLIENTS" \
+        2>&1 | tee "$R/bench.txt"
+    for rep in 1 2; do
+        stamp "repeat $rep: d0 (skip-extend) and plain"
+        bench "$R/bench_rep$rep" --depths 0 --no-spec-url "$(plain_url)" \
+            --client-processes "$CLIENTS" 2>&1 | tail -14 | tee "$R/bench_rep$rep.txt"
+    done
+    ;;
+profile)
+    # SGLang's profiler over the same number of iterations on both servers; traces (tens of
+    # MB) stay outside $R, the per-kernel summaries and comparisons are packed.
+    P="$R/profile"; TR=${TRACES:-/tmp/gpu-traces}; mkdir -p "$P"
+    KP=(--dataset "$R/models/seeded/family_a.jsonl" --output-tokens 128 --streams 1,16,128
+        --steps "${PROFILE_STEPS:-60}" --out "$P" --trace-dir "$TR" --admin-key "$(key)")
+    "$PY" -m benchmarks.gpu.kernel_profile capture --url "$(spec_url)" --depth 0 --label d0 \
+        "${KP[@]}" 2>&1 | tee -a "$P/capture.txt"
+    "$PY" -m benchmarks.gpu.kernel_profile capture --url "$(plain_url)" --label plain \
+        "${KP[@]}" --streams 1,16,64,128 2>&1 | tee -a "$P/capture.txt"
+    # At 64 streams the first run's d1 took 4.3 ms an iteration more than its GPU timer saw:
+    # the busy share says whether the GPU waited on the host there.
+    for d in 1 3; do
+        "$PY" -m benchmarks.gpu.kernel_profile capture --url "$(spec_url)" --depth "$d" \
+            --label "d$d" "${KP[@]}" --streams 64 2>&1 | tee -a "$P/capture.txt"
+    done
+    for c in 1 16 128; do
+        [ -f "$P/d0-c$c.json" ] && [ -f "$P/plain-c$c.json" ] || continue
+        "$PY" -m benchmarks.gpu.kernel_profile compare "$P/plain-c$c.json" "$P/d0-c$c.json" \
+            --top 25 | tee "$P/compare_c$c.txt"
+    done
+    [ -f "$P/d1-c64.json" ] && [ -f "$P/d3-c64.json" ] && "$PY" -m benchmarks.gpu.kernel_profile \
+        compare "$P/d1-c64.json" "$P/d3-c64.json" --top 25 | tee "$P/compare_d1_d3_c64.txt"
+    ;;
 *)
-    echo "unknown step $STEP: setup, measure or traces" >&2; exit 2 ;;
+    echo "unknown step $STEP: setup, measure, traces, parity or profile" >&2; exit 2 ;;
 esac
 pack

@@ -1,0 +1,312 @@
+"""Where a decode iteration's GPU time goes: kernel time per step from SGLang's own profiler.
+
+    python -m benchmarks.gpu.kernel_profile capture --url SPEC --admin-key K --depth 0 \
+        --label d0 --streams 1,16 --dataset family_a.jsonl --out DIR
+    python -m benchmarks.gpu.kernel_profile capture --url PLAIN --label plain --streams 1,16 \
+        --dataset family_a.jsonl --out DIR
+    python -m benchmarks.gpu.kernel_profile compare DIR/plain-c1.json DIR/d0-c1.json
+
+`capture` keeps N closed-loop streams on the server (a depth forced first through the admin RPC
+on a speculative server, its table restored after), asks SGLang's `/start_profile` for GPU
+activity over `--steps` scheduler iterations once the load is warm, waits for the trace, and
+writes `<label>-c<N>.json`: per kernel (name cut to `NAME_CHARS`) its launches and GPU time
+per iteration, the GPU's busy time (union of kernel intervals) and the trace's span. The raw
+trace stays in `--trace-dir` (tens of MB). `compare A B` prints where B's iteration spends
+more GPU time than A's, kernel by kernel.
+
+The same iteration count on both servers is what makes the numbers comparable: at depth 0
+each iteration of the speculative server emits one token per request, as a plain decode does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import json
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from controller.bench.loadgen import ClosedLoop, StopRule, WindowHooks, make_client, run_level
+from controller.bench.prompts import read_dataset, synthetic_prompts
+from controller.bench.server_client import ServerClient, ServerError
+from sglang_hooks.contract import single_depth_table
+
+GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+NAME_CHARS = 90  # template arguments make kernel names kilobytes long; the head tells them apart
+TRACE_WAIT_S = 90.0
+
+
+class ProfileError(RuntimeError):
+    """The server cannot be profiled, or its trace cannot be read; the message says why."""
+
+
+@dataclass(frozen=True)
+class KernelRow:
+    name: str
+    launches: int
+    total_us: float
+
+
+def short_name(name: str) -> str:
+    head = name.removeprefix("void ").strip()
+    return head if len(head) <= NAME_CHARS else head[: NAME_CHARS - 1] + "~"
+
+
+def _union_us(spans: list[tuple[float, float]]) -> float:
+    busy = 0.0
+    end = float("-inf")
+    for start, stop in sorted(spans):
+        if stop <= end:
+            continue
+        busy += stop - max(start, end)
+        end = stop
+    return busy
+
+
+def read_trace(path: Path) -> list[dict[str, Any]]:
+    """The events of a Chrome trace as torch.profiler writes it (gzip or plain JSON)."""
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rt") as f:
+                raw = f.read()
+        else:
+            raw = path.read_text()
+        data = json.loads(raw)
+    except (OSError, ValueError, EOFError) as err:
+        raise ProfileError(f"{path}: not a readable Chrome trace ({err})") from None
+    events = data.get("traceEvents") if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise ProfileError(f"{path}: no traceEvents list; is this a torch.profiler trace?")
+    return [e for e in events if isinstance(e, dict)]
+
+
+def summarize(
+    events: Iterable[dict[str, Any]], steps: int, categories: Sequence[str] = GPU_CATEGORIES
+) -> dict[str, Any]:
+    """Kernel time per iteration over `steps` iterations, from complete ('X') events."""
+    if steps < 1:
+        raise ValueError("steps must be >= 1")
+    rows: dict[str, list[float]] = {}
+    spans: list[tuple[float, float]] = []
+    for event in events:
+        if event.get("ph") != "X" or event.get("cat") not in categories:
+            continue
+        try:
+            start, dur = float(event["ts"]), float(event["dur"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        key = short_name(str(event.get("name", "?")))
+        row = rows.setdefault(key, [0, 0.0])
+        row[0] += 1
+        row[1] += dur
+        spans.append((start, start + dur))
+    if not spans:
+        raise ProfileError(
+            f"no events of category {', '.join(categories)} in the trace: was GPU activity "
+            "recorded (activities GPU), and did the server run any iteration while profiling?"
+        )
+    kernels = sorted(
+        (KernelRow(name, int(n), us) for name, (n, us) in rows.items()),
+        key=lambda r: -r.total_us,
+    )
+    span = max(e for _, e in spans) - min(s for s, _ in spans)
+    busy = _union_us(spans)
+    return {
+        "steps": steps,
+        "kernel_us_per_step": sum(r.total_us for r in kernels) / steps,
+        "busy_us_per_step": busy / steps,
+        "span_us_per_step": span / steps,
+        "busy_share": busy / span if span > 0 else 1.0,
+        "kernels": [
+            {
+                "name": r.name,
+                "launches_per_step": r.launches / steps,
+                "us_per_step": r.total_us / steps,
+            }
+            for r in kernels
+        ],
+    }
+
+
+def _us(rows: dict[str, Any], name: str) -> float:
+    return float(rows.get(name, {}).get("us_per_step", 0.0))
+
+
+def compare(base: dict[str, Any], other: dict[str, Any], top: int = 20) -> str:
+    """A text table: per kernel, base's and other's GPU us per iteration, largest changes first."""
+    a = {k["name"]: k for k in base["kernels"]}
+    b = {k["name"]: k for k in other["kernels"]}
+    names = sorted(
+        set(a) | set(b),
+        key=lambda n: -abs(_us(b, n) - _us(a, n)),
+    )
+    la, lb = base.get("label", "A"), other.get("label", "B")
+
+    def total(what: str, key: str) -> str:
+        x, y = base[key], other[key]
+        return f"{what:<40} {x:>12.1f} {y:>12.1f} {y - x:>+10.1f}"
+
+    lines = [
+        f"{'per iteration':<40} {la:>12} {lb:>12} {'change':>10}",
+        total("GPU kernel time (us)", "kernel_us_per_step"),
+        total("GPU busy time (us)", "busy_us_per_step"),
+        total("wall span (us)", "span_us_per_step"),
+        "",
+        f"{'kernel (launches per iteration)':<60} {la + ' us':>10} {lb + ' us':>10} {'change':>9}",
+    ]
+    for name in names[:top]:
+        ka, kb = a.get(name, {}), b.get(name, {})
+        ua, ub = ka.get("us_per_step", 0.0), kb.get("us_per_step", 0.0)
+        launches = kb.get("launches_per_step", ka.get("launches_per_step", 0.0))
+        label = f"{name[:52]} ({launches:.3g})"
+        lines.append(f"{label:<60} {ua:>10.1f} {ub:>10.1f} {ub - ua:>+9.1f}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- capture
+
+
+class _StartProfileAtWindow(WindowHooks):
+    """Asks for the profile once the level's warm-up is over, so it sees steady decode."""
+
+    def __init__(self, http: httpx.AsyncClient, body: dict[str, Any], headers: dict[str, str]):
+        self._http, self._body, self._headers = http, body, headers
+        self.error: str | None = None
+
+    async def window_started(self) -> None:
+        resp = await self._http.post("/start_profile", json=self._body, headers=self._headers)
+        if resp.status_code != 200:
+            self.error = f"/start_profile answered {resp.status_code}: {resp.text[:200]}"
+
+
+def _wait_for_trace(trace_dir: Path, prefix: str, timeout_s: float) -> Path:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = sorted(trace_dir.glob(f"{prefix}-*.trace.json.gz"))
+        if found:
+            size = found[0].stat().st_size
+            time.sleep(1.0)  # written in one go, but do not read it while it grows
+            if found[0].stat().st_size == size:
+                return found[0]
+        time.sleep(0.5)
+    raise ProfileError(
+        f"no trace {prefix}-*.trace.json.gz in {trace_dir} after {timeout_s:g} s: the server "
+        "writes it on its own machine; give --trace-dir as a folder the server can write"
+    )
+
+
+async def _profiled_level(
+    url: str, prompts: list[Any], streams: int, body: dict[str, Any], headers: dict[str, str],
+    seconds: float, warmup_s: float, model: str,
+) -> str | None:  # fmt: skip
+    async with make_client(url, streams) as http:
+        hooks = _StartProfileAtWindow(http, body, headers)
+        await run_level(
+            http, prompts, ClosedLoop(streams), StopRule(duration_s=seconds, warmup_s=warmup_s),
+            model=model, hooks=hooks,
+        )  # fmt: skip
+        return hooks.error
+
+
+def capture(args: argparse.Namespace) -> list[Path]:
+    headers = {"Authorization": f"Bearer {args.admin_key}"} if args.admin_key else {}
+    if args.dataset:
+        prompts = read_dataset(Path(args.dataset), args.output_tokens, args.output_tokens).prompts
+    else:
+        prompts = synthetic_prompts(64, args.prompt_tokens, args.output_tokens)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    trace_dir = Path(args.trace_dir or out / "traces").resolve()
+    written: list[Path] = []
+    with ServerClient(args.url, args.admin_key) as server:
+        model = server.model_id() or "default"
+        before = server.state() if args.depth is not None else None
+        try:
+            if args.depth is not None and before is not None:
+                server.push(single_depth_table(args.depth, version=before.version + 1))
+            for streams in args.streams:
+                prefix = f"{args.label}-c{streams}"
+                body = {
+                    "output_dir": str(trace_dir), "num_steps": args.steps, "activities": ["GPU"],
+                    "with_stack": False, "record_shapes": False, "profile_prefix": prefix,
+                }  # fmt: skip
+                print(
+                    f"== {prefix}: {streams} streams, {args.steps} iterations profiled", flush=True
+                )
+                error = asyncio.run(_profiled_level(
+                    args.url, prompts, streams, body, headers, args.seconds, args.warmup, model,
+                ))  # fmt: skip
+                if error:
+                    raise ProfileError(f"{args.url}{error}")
+                trace = _wait_for_trace(trace_dir, prefix, args.trace_wait)
+                summary = summarize(read_trace(trace), args.steps)
+                summary.update(
+                    label=args.label, streams=streams, depth=args.depth, trace=str(trace)
+                )
+                path = out / f"{prefix}.json"
+                path.write_text(json.dumps(summary, indent=1) + "\n")
+                print(f"   {summary['busy_us_per_step']:.0f} us GPU busy per iteration, "
+                      f"{summary['busy_share']:.0%} of the span -> {path}", flush=True)  # fmt: skip
+                written.append(path)
+        finally:
+            if before is not None:
+                server.push(before.table)
+    return written
+
+
+def _streams(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--streams {text!r}: give integers, e.g. 1,16") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"--streams {text!r}: give integers >= 1, e.g. 1,16")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu.kernel_profile")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    cap = sub.add_parser("capture", help="profile N iterations under closed-loop load")
+    cap.add_argument("--url", required=True)
+    cap.add_argument("--admin-key")
+    cap.add_argument("--depth", type=int, help="force this depth first (a speculative server)")
+    cap.add_argument("--label", required=True, help="file prefix, e.g. d0 or plain")
+    cap.add_argument("--streams", type=_streams, default=[1, 16])
+    cap.add_argument("--steps", type=int, default=60)
+    cap.add_argument("--seconds", type=float, default=6.0, help="the level's measured window")
+    cap.add_argument("--warmup", type=float, default=2.0)
+    cap.add_argument("--dataset")
+    cap.add_argument("--prompt-tokens", type=int, default=128)
+    cap.add_argument("--output-tokens", type=int, default=128)
+    cap.add_argument("--out", required=True)
+    cap.add_argument("--trace-dir", help="where the server writes traces (default OUT/traces)")
+    cap.add_argument("--trace-wait", type=float, default=TRACE_WAIT_S)
+    cmp_ = sub.add_parser("compare", help="kernel by kernel, where B spends more than A")
+    cmp_.add_argument("base")
+    cmp_.add_argument("other")
+    cmp_.add_argument("--top", type=int, default=20)
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "capture":
+            if args.steps < 1:
+                parser.error("--steps must be >= 1")
+            capture(args)
+        else:
+            base, other = (json.loads(Path(p).read_text()) for p in (args.base, args.other))
+            print(compare(base, other, args.top))
+    except (ProfileError, ServerError, OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

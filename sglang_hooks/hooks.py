@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from sglang_hooks import off_mode, override_log
+from sglang_hooks import off_mode, override_log, verify_schedule
 from sglang_hooks.adapters.base import Adapter
 from sglang_hooks.contract import (
     PolicyError,
@@ -282,6 +282,30 @@ def skip_extend(original: Callable[..., Any], draft_worker: Any, batch: Any, bat
         return original(draft_worker, batch, batch_result, *args, **kwargs)
     rt.skipped_extends += 1
     return None
+
+
+def verify_schedule_refresh(original: Callable[..., Any], backend: Any, *args: Any,
+                            **kwargs: Any) -> Any:
+    """AROUND FlashAttentionBackend._apply_cuda_graph_metadata: after SGLang's metadata, a
+    depth-0 verify graph's FA3 scheduler metadata (verify_schedule.py; SPECCTL_VERIFY_SCHEDULE)."""
+    result = original(backend, *args, **kwargs)
+    verify_schedule.refresh(backend, original, args, kwargs)  # raises only when it must
+    return result
+
+
+def verify_as_decode(original: Callable[..., Any], backend: Any, *args: Any,
+                     **kwargs: Any) -> Any:
+    """AROUND FlashAttentionBackend.forward_extend: a depth-0 verify whose graph reads the
+    scheduler metadata runs SGLang's decode attention over the same metadata."""
+    try:
+        forward_batch = verify_schedule.forward_batch_of(original, args, kwargs)
+        redirect = verify_schedule.uses_decode_attention(backend, forward_batch)
+    except Exception:
+        _log_failure_once("verify_as_decode")
+        redirect = False
+    if redirect:
+        return backend.forward_decode(*args, **kwargs)
+    return original(backend, *args, **kwargs)
 
 
 def emitted(reqs: Sequence[Any], runs: Any) -> tuple[int, int] | None:

@@ -34,16 +34,18 @@ def register() -> bool:
     if result.adapter is None:
         logger.warning("specctl: plugin disabled, SGLang left unmodified: %s", result.reason)
         return False
-    from sglang_hooks import deferred, hooks
+    from sglang_hooks import deferred, hooks, verify_schedule
 
     hooks.bind(result.adapter)
+    wanted = [spec for spec in result.adapter.hooks
+              if verify_schedule.ENABLED or spec.hook not in verify_schedule.HOOKS]
     DEFERRED = deferred.install(
         [deferred.PendingHook(spec.target, getattr(hooks, spec.hook), spec.kind)
-         for spec in result.adapter.hooks],
+         for spec in wanted],
         source=_plugin_source(),
     )
     logger.info("specctl: %d hooks for SGLang %s (%s), applied as their modules are imported",
-                len(result.adapter.hooks), result.version, result.adapter.name)
+                len(wanted), result.version, result.adapter.name)
     return True
 
 

@@ -14,6 +14,7 @@ _TOKENIZER_MIXIN = "sglang.srt.managers.tokenizer_control_mixin"
 _UTILS = "sglang.srt.managers.utils"
 _BATCH = "sglang.srt.managers.schedule_batch"
 _CONTEXT = "sglang.srt.runtime_context"
+_FA = "sglang.srt.layers.attention.flashattention_backend"
 
 
 def _hook(module: str, cls: str, name: str, kind: str, hook: str, *params: str,
@@ -49,6 +50,12 @@ COMMON_HOOKS: tuple[HookSpec, ...] = (
     _hook(_TOKENIZER, "TokenizerManager", "set_internal_state", AROUND,
           "validate_push", "obj", defined_in=(_TOKENIZER_MIXIN, "TokenizerControlMixin"),
           is_async=True),
+    # Registered only with SPECCTL_VERIFY_SCHEDULE (verify_schedule.py). The metadata body's
+    # parameters are read by name: 0.5.23 put a plan before `bs`.
+    _hook(_FA, "FlashAttentionBackend", "_apply_cuda_graph_metadata", AROUND,
+          "verify_schedule_refresh"),
+    _hook(_FA, "FlashAttentionBackend", "forward_extend", AROUND,
+          "verify_as_decode", "q", "k", "v", "layer", "forward_batch"),
 )
 
 COMMON_READS: tuple[SymbolSpec, ...] = (
@@ -68,4 +75,9 @@ COMMON_READS: tuple[SymbolSpec, ...] = (
     # the override log each depth switch appends to
     SymbolSpec(_CONTEXT, "RuntimeContext", "override", ("source",)),
     SymbolSpec(_CONTEXT, "RuntimeContext", "_overrides_log", instance=True),
+    # depth-0 verify with the decode's FA3 scheduling
+    SymbolSpec(_FA, "FlashAttentionBackend", "forward_decode",
+               ("q", "k", "v", "layer", "forward_batch")),
+    SymbolSpec(_FA, "FlashAttentionBackend", "_compute_scheduler_metadata",
+               ("batch_size", "max_seq_len_k", "cache_seqlens", "cu_seqlens_q")),
 )

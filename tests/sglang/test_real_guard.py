@@ -35,7 +35,14 @@ def test_every_hooked_symbol_exists_in_both_sources_and_in_the_live_classes(
     adapter = next(a for a in guard.ADAPTERS if a.name == "sglang-0.5.23")
     for spec in adapter.hooks:
         module, cls, method = spec.target.rsplit(".", 2)
-        obj = getattr(getattr(importlib.import_module(module), cls), method)
+        try:
+            loaded = importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            # The FA3 backend needs the GPU kernel wheel: its symbols are checked on the
+            # sources above only.
+            assert err.name == "sgl_kernel" and module.endswith("flashattention_backend"), err
+            continue
+        obj = getattr(getattr(loaded, cls), method)
         fn = inspect.unwrap(obj)
         params = list(inspect.signature(fn).parameters)[1:]
         assert params[: len(spec.symbol.params)] == list(spec.symbol.params), spec.target

@@ -8,6 +8,9 @@
 #   bash benchmarks/gpu/seeded/h200_session.sh traces OUT "daemon-warm plain static:0" final
 #   bash benchmarks/gpu/seeded/h200_session.sh parity OUT    # bench with 4 client processes, repeats
 #   bash benchmarks/gpu/seeded/h200_session.sh profile OUT   # GPU kernels per iteration: d0 vs plain
+#   bash benchmarks/gpu/seeded/h200_session.sh long OUT      # 64 and 128 streams, long levels
+#   SPECCTL_VERIFY_SCHEDULE=1 ACCEPTANCE=0 bash benchmarks/gpu/seeded/h200_session.sh setup OUT
+#   bash benchmarks/gpu/seeded/h200_session.sh verify OUT    # that server: greedy, d0 vs plain
 #
 # ACCEPTANCE=0 leaves the acceptance measurements out of `setup` (servers only).
 # Every step leaves its files under $R (default /tmp/gpu-run) and packs the whole folder into
@@ -15,7 +18,7 @@
 # SGLang must be importable (../shared/gpu/README.md: `source .gpu/stage.sh .gpu env`).
 set -uo pipefail
 
-STEP=${1:?usage: h200_session.sh setup|measure|traces|parity|profile OUT [POLICIES] [final]}
+STEP=${1:?usage: h200_session.sh setup|measure|traces|parity|profile|long|verify OUT [POLICIES] [final]}
 OUT=${2:?give the folder to pack the results into}
 R=${R:-/tmp/gpu-run}
 PY=${PY:-python3}
@@ -131,6 +134,44 @@ parity)
             --client-processes "$CLIENTS" 2>&1 | tail -14 | tee "$R/bench_rep$rep.txt"
     done
     ;;
+verify)
+    # A spec server started with SPECCTL_VERIFY_SCHEDULE=1 (depth-0 verify with the decode's FA3
+    # scheduling, sglang_hooks/verify_schedule.py): outputs first, then depth 0 against the
+    # plain server at 1-16 streams twice, 64 and 128 streams in long levels, and the kernels.
+    grep -h "flashattention_backend\|verify graphs get\|verify keeps" "$R"/logs/spec*.log | head -5
+    stamp "1,000 on/off switches under load, greedy after"
+    "$PY" -m benchmarks.gpu.harness switch "${HARNESS_OPTS[@]}" --budget 200
+    for rep in 1 2; do
+        stamp "d0 and plain at 1-16 streams, series $rep"
+        bench "$R/vs_low_rep$rep" --depths 0 --no-spec-url "$(plain_url)" --concurrency 1,4,16 \
+            --client-processes 4 2>&1 | tail -9 | tee "$R/vs_low_rep$rep.txt"
+    done
+    stamp "d0 and plain at 64 and 128 streams, ${LONG_S:-15} s levels"
+    bench "$R/vs_high" --depths 0 --no-spec-url "$(plain_url)" --concurrency 64,128 \
+        --duration-per-level "${LONG_S:-15}" --warmup-per-level 3 --client-processes 4 2>&1 \
+        | tail -8 | tee "$R/vs_high.txt"
+    P="$R/profile"; mkdir -p "$P"
+    "$PY" -m benchmarks.gpu.kernel_profile capture --url "$(spec_url)" --depth 0 --label d0vs \
+        --dataset "$R/models/seeded/family_a.jsonl" --output-tokens 128 --streams 1,16 \
+        --out "$P" --trace-dir "${TRACES:-/tmp/gpu-traces}" --admin-key "$(key)" 2>&1 \
+        | tee -a "$P/capture.txt"
+    ;;
+long)
+    # At 64 and 128 streams of equal-length requests the streams move in waves (they start,
+    # prefill and end together), so a 5 s window sees a different part of a wave each time;
+    # LONG_S-second windows average over several.
+    CLIENTS=${CLIENTS:-4}; LONG_S=${LONG_S:-15}
+    LB=(--concurrency 64,128 --duration-per-level "$LONG_S" --warmup-per-level 3
+        --client-processes "$CLIENTS")
+    stamp "long levels: d0, d1, d3, plain at 64 and 128 streams, $LONG_S s each"
+    bench "$R/bench_long" --depths 0,1,3 --no-spec-url "$(plain_url)" "${LB[@]}" 2>&1 \
+        | tail -14 | tee "$R/bench_long.txt"
+    for rep in 1 2; do
+        stamp "long levels, repeat $rep: d0 and plain"
+        bench "$R/bench_long_rep$rep" --depths 0 --no-spec-url "$(plain_url)" "${LB[@]}" 2>&1 \
+            | tail -10 | tee "$R/bench_long_rep$rep.txt"
+    done
+    ;;
 profile)
     # SGLang's profiler over the same number of iterations on both servers; traces (tens of
     # MB) stay outside $R, the per-kernel summaries and comparisons are packed.
@@ -156,6 +197,7 @@ profile)
         compare "$P/d1-c64.json" "$P/d3-c64.json" --top 25 | tee "$P/compare_d1_d3_c64.txt"
     ;;
 *)
-    echo "unknown step $STEP: setup, measure, traces, parity or profile" >&2; exit 2 ;;
+    echo "unknown step $STEP: setup, measure, traces, parity, profile, long or verify" >&2
+    exit 2 ;;
 esac
 pack

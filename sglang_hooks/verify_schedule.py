@@ -127,7 +127,10 @@ def refresh(backend: Any, original: Callable[..., Any], args: tuple[Any, ...],
         return
     bs = int(_argument(original, "bs", args, kwargs))
     metadata = backend.target_verify_metadata.get(bs)
-    if metadata is None:
+    # Each depth has its own backend; checked per graph anyway, as the buffer is only right
+    # for one query token per request.
+    if metadata is None or getattr(metadata, "max_seq_len_q", None) != 1 \
+            or backend.speculative_num_draft_tokens != 1:
         return
     try:
         _fill(backend, buffer, metadata, bs, _argument(original, "seq_lens_cpu", args, kwargs))
@@ -169,5 +172,7 @@ def uses_decode_attention(backend: Any, forward_batch: Any) -> bool:
     buffer = backend.__dict__.get(_PLAN_ATTR)
     if buffer is None or buffer is False or not forward_batch.forward_mode.is_target_verify():
         return False
-    sched = getattr(backend.forward_metadata, "scheduler_metadata", None)
-    return sched is not None and sched.data_ptr() == buffer.data_ptr()
+    metadata = backend.forward_metadata
+    sched = getattr(metadata, "scheduler_metadata", None)
+    return (sched is not None and sched.data_ptr() == buffer.data_ptr()
+            and getattr(metadata, "max_seq_len_q", None) == 1)

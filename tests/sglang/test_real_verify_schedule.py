@@ -59,6 +59,7 @@ class Backend:
             self.target_verify_metadata[bs] = SimpleNamespace(
                 cache_seqlens_int32=torch.arange(bs, dtype=torch.int32) + 10,
                 cu_seqlens_q=torch.arange(bs + 1, dtype=torch.int32),
+                max_seq_len_q=1,
                 scheduler_metadata=None,
             )
         self.__dict__.update(overrides)
@@ -184,6 +185,14 @@ def test_other_backends_keep_sglangs_scheduling(enabled: None, overrides: dict[s
     assert backend.target_verify_metadata[4].scheduler_metadata is None
     verify = SimpleNamespace(forward_mode=Mode(True))
     assert hooks.verify_as_decode(extend, backend, "q", "k", "v", "layer", verify) == "extend"
+
+
+def test_a_verify_of_several_tokens_per_request_is_left_alone(enabled: None) -> None:
+    backend = Backend()
+    backend.target_verify_metadata[4].max_seq_len_q = 4
+    hooks.verify_schedule_refresh(apply_0517, backend, 4, None, None, None, None, Mode(True),
+                                  None, None)  # fmt: skip
+    assert backend.target_verify_metadata[4].scheduler_metadata is None
 
 
 def test_off_unless_the_environment_asks(monkeypatch: pytest.MonkeyPatch) -> None:

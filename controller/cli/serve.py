@@ -2,7 +2,8 @@
 
 Adds --speculative-adaptive, an adaptive config capturing every allowed depth at every batch
 size and --enable-metrics, adds specctl to SGLANG_PLUGINS when that variable lists plugins
-(unset, SGLang loads every installed plugin), then prints the admin URL for the daemon.
+(unset, SGLang loads every installed plugin), sets SPECCTL_VERIFY_SCHEDULE=1 unless it is set
+(depth 0 verifies with the decode's FA3 scheduling), then prints the admin URL for the daemon.
 """
 
 from __future__ import annotations
@@ -101,10 +102,12 @@ def serve(
                          f"{table_fingerprint(table)}': check it matches on every node")
     url = launch.admin_url(ctx.args)
     plugins = os.environ.get(launch.PLUGINS_ENV)
+    verify_schedule = os.environ.get(launch.VERIFY_SCHEDULE_ENV)
     if dry_run:
         shown = config_out or TEMP_CONFIG_PLACEHOLDER
         argv, env, build_notes = launch.build_command(ctx.args, shown, python=sys.executable,
-                                                     current_plugins=plugins)
+                                                     current_plugins=plugins,
+                                                     current_verify_schedule=verify_schedule)
         _notes(notes + build_notes)
         if own_config is None:
             where = str(shown) if config_out else "a new temporary file when run; --config-out PATH"
@@ -120,7 +123,8 @@ def serve(
             _fail(f"--config-out {config_out or tempfile.gettempdir()}: cannot write the "
                   f"adaptive config ({err.strerror or err})")
     argv, env, build_notes = launch.build_command(ctx.args, config, python=sys.executable,
-                                                  current_plugins=plugins)
+                                                  current_plugins=plugins,
+                                                  current_verify_schedule=verify_schedule)
     _notes(notes + build_notes)
     if own_config is None:
         typer.echo(f"adaptive config {config}: depths {depth_list}", err=True)

@@ -29,7 +29,9 @@ def test_serve_adds_what_the_plugin_needs_and_keeps_user_flags(tmp_path: Path) -
         ["--model-path", "m", "--speculative-algorithm", "EAGLE3", "--port", "31000"],
         tmp_path / "cfg.json",
     )
-    assert env == {}  # SGLANG_PLUGINS unset: SGLang loads every installed plugin, specctl too
+    # SGLANG_PLUGINS unset: SGLang loads every installed plugin, specctl too
+    assert env == {"SPECCTL_VERIFY_SCHEDULE": "1"}
+    assert any("SPECCTL_VERIFY_SCHEDULE=1" in n and "set it to 0" in n for n in notes)
     assert "--speculative-adaptive" in argv and "--enable-metrics" in argv
     assert argv[argv.index("--speculative-adaptive-config") + 1] == str(tmp_path / "cfg.json")
     # SGLang would lower the cap to 48 with speculation: serve passes the plain server's cap
@@ -50,8 +52,9 @@ def test_serve_adds_what_the_plugin_needs_and_keeps_user_flags(tmp_path: Path) -
 )  # fmt: skip
 def test_serve_appends_to_the_users_plugin_list(current: str | None,
                                                 expected: dict[str, str]) -> None:
-    _, env, _ = launch.build_command(EAGLE, Path("cfg.json"), current_plugins=current)
-    assert env == expected
+    _, env, _ = launch.build_command(EAGLE, Path("cfg.json"), current_plugins=current,
+                                     current_verify_schedule="0")
+    assert env == expected  # and the user's SPECCTL_VERIFY_SCHEDULE is kept as it is
 
 
 @pytest.mark.parametrize(

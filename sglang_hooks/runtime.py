@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_hooks import off_mode
+from sglang_hooks import off_mode, verify_schedule
 from sglang_hooks.contract import (
     PolicyError,
     PolicyTable,
@@ -234,6 +234,8 @@ class SchedulerRuntime:
         state["off_mode"] = self.off_mode
         state["depth_switches"] = self.depth_switches
         state["skipped_draft_extends"] = self.skipped_extends
+        state["verify_schedule"] = verify_schedule.ENABLED
+        state["verify_schedule_backends"] = verify_schedule.STATS.backends
         state["unemitted_rows"] = self.unemitted_rows
         state["empty_results"] = self.empty_results
         state["tp_ranks_checked"] = None if self.peers is None else self.peers.world_size

@@ -87,12 +87,21 @@ def plan_for(backend: Any) -> Any | None:
         reason = ineligible_reason(backend) if ENABLED else "off"
         if reason is None:
             plan = backend._sched_meta_buf.clone().zero_()  # the decode buffer's size
+            STATS.backends += 1
             logger.info("specctl: depth-0 verify graphs get the decode's FA3 scheduling")
         else:
             plan = False
         backend.__dict__[_PLAN_ATTR] = plan
     return plan if plan is not False else None
 
+
+class _Stats:
+    """What /server_info reports: backends whose depth-0 verify graphs use the buffer."""
+
+    backends = 0
+
+
+STATS = _Stats()
 
 _POSITIONS: dict[Callable[..., Any], dict[str, int]] = {}
 

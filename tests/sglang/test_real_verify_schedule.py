@@ -137,6 +137,7 @@ def test_a_depth0_verify_graph_gets_scheduler_metadata_each_replay(enabled: None
     md = backend.target_verify_metadata[4]
     buffer = backend.__dict__["_specctl_verify_schedule"]
     assert buffer.shape == backend._sched_meta_buf.shape
+    assert verify_schedule.STATS.backends >= 1
     assert md.scheduler_metadata.data_ptr() == buffer.data_ptr()
     assert backend.calls == [(4, 10)]  # the host's longest length, plus the verified token
     assert buffer[1:5].tolist() == [10, 11, 12, 13] and int(buffer[17:].abs().sum()) == 0
@@ -193,6 +194,17 @@ def test_a_verify_of_several_tokens_per_request_is_left_alone(enabled: None) -> 
     hooks.verify_schedule_refresh(apply_0517, backend, 4, None, None, None, None, Mode(True),
                                   None, None)  # fmt: skip
     assert backend.target_verify_metadata[4].scheduler_metadata is None
+
+
+def test_server_info_reports_it(enabled: None) -> None:
+    from sglang_hooks.runtime import SchedulerRuntime
+
+    before = verify_schedule.STATS.backends
+    hooks.verify_schedule_refresh(apply_0517, Backend(), 1, None, None, None, None, Mode(True),
+                                  None, None)  # fmt: skip
+    state = SchedulerRuntime().report()
+    assert state["verify_schedule"] is True
+    assert state["verify_schedule_backends"] == before + 1
 
 
 def test_off_unless_the_environment_asks(monkeypatch: pytest.MonkeyPatch) -> None:

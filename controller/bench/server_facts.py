@@ -46,7 +46,8 @@ def server_facts(info: dict[str, Any]) -> dict[str, Any]:
 
     `effective_max_running_requests_per_dp` is the running-request cap SGLang actually applies
     (rank 0), which differs from `max_running_requests` when SGLang chose or lowered it.
-    `captured_depths` and `off_mode` come from the specctl plugin's state; `simulated`
+    `captured_depths`, `off_mode` and `verify_schedule_backends` come from the specctl plugin's
+    state; `simulated`
     (profile, speedup) only from `specctl sim serve`.
     """
     out: dict[str, Any] = {}
@@ -66,6 +67,9 @@ def server_facts(info: dict[str, Any]) -> dict[str, Any]:
     # What the plugin runs at depth 0 (`sglang` pays the draft extend, `skip-extend` not).
     mode = specctl.get("off_mode") if isinstance(specctl, dict) else None
     out["off_mode"] = mode if isinstance(mode, str) else None
+    # Whether depth 0's verify ran with the decode's FA3 scheduling (its GPU cost differs).
+    served = specctl.get("verify_schedule_backends") if isinstance(specctl, dict) else None
+    out["verify_schedule_backends"] = served if isinstance(served, int) else None
     simulated = info.get("simulated")
     if isinstance(simulated, dict):
         out["simulated"] = {

@@ -79,6 +79,19 @@ class LearnerConfig(BaseModel):
         ge=0.0,
         description="A depth must beat its neighbours' by this margin to hold a tier",
     )
+    loaded_run_share: float = Field(
+        default=0.2,
+        gt=0.0,
+        le=1.0,
+        description="A run of batch sizes carrying this share of the recent load (or of the "
+        "load just moved to) is held to loaded_min_gain instead of min_gain",
+    )
+    loaded_min_gain: float = Field(
+        default=0.01,
+        ge=0.0,
+        description="What a depth must gain over its neighbours' to hold a tier where the load "
+        "is: a gain below min_gain there is still earned on most of the load",
+    )
     hysteresis_fraction: float = Field(
         default=0.125,
         ge=0.0,
@@ -168,6 +181,18 @@ class LearnerConfig(BaseModel):
         "depth's tok/s is probed at a quarter of the cap even when the model is sure (near ties "
         "cost little to measure, and their evidence follows acceptance drifts at crossovers)",
     )
+    settled_after_s: float = Field(
+        default=300.0,
+        ge=0.0,
+        description="A tier whose probes are only the cheap near-tie ones halves them once its "
+        "evidence has been settled this long: no change of workload, no reaction to a moved "
+        "load and enough evidence of its depth at its batch sizes (0: never halve)",
+    )
+    settled_evidence_iterations: float = Field(
+        default=200.0,
+        ge=0.0,
+        description="...where its depth has this many iterations in the tier's bucket",
+    )
     switch_margin: float = Field(
         default=0.01,
         ge=0.0,
@@ -233,6 +258,7 @@ class Learner:
         self._evidence: dict[tuple[int, int], float] = {}  # (depth, bucket) -> decayed iterations
         self._recent: dict[int, tuple[float, float]] = {}  # bucket -> (iterations, request_steps)
         self._max_batch_seen = 0.0
+        self._first_t: float | None = None  # end of the oldest sample fitted
         self.change: ChangePoint | None = None  # last acceptance change point found by `fit`
 
     def _new_acceptance(self) -> AcceptanceModel:
@@ -278,6 +304,7 @@ class Learner:
         }
         self._recent = _per_bucket(recent)
         self._max_batch_seen = float(step_cells.mean_batch.max()) if len(step_cells) else 0.0
+        self._first_t = float(arrays["t_end"].min()) if len(arrays["t_end"]) else None
         self.fitted_at = now
 
     def _level_adjusted(self, arrays: dict[str, np.ndarray], now: float) -> dict[str, np.ndarray]:
@@ -433,10 +460,18 @@ class Learner:
         else:
             sticky = self._incumbent_bonus(tok, warm, live, grid, c.switch_margin)
         runs = merge_small_gain_runs(runs_of(_argmax_depth(sticky, warm)), sticky, c.explore_margin)
-        runs = merge_small_gain_runs(runs, sticky, c.min_gain)
+        load = _load_per_batch(hist, focus or {}, len(grid))
+        runs = merge_small_gain_runs(
+            runs,
+            sticky,
+            c.min_gain,
+            load=load,
+            loaded_share=c.loaded_run_share,
+            loaded_min_gain=c.loaded_min_gain,
+        )
         runs = _limit_runs(runs, sticky, MAX_TIERS // 2)
 
-        segments = self._explore_segments(runs, warm, cold, top, focus or {})
+        segments = self._explore_segments(runs, warm, cold, top, focus or {}, now)
         tiers = _to_tiers(segments, c.hysteresis_fraction)
         table = PolicyTable.build(tiers, version=version, captured_depths=self.captured)
         share = _expected_share(table, hist)
@@ -481,9 +516,11 @@ class Learner:
         cold: list[int],
         top: int,
         focus: Mapping[int, float],
+        now: float,
     ) -> list[_Segment]:
         """Split runs at bucket edges and decide each piece's exploration from the posterior."""
         c = self.config
+        settling = self.change is not None and now - self.change.t < c.acceptance_settle_s
         pieces: list[_Segment] = []
         for r in runs:
             lo = r.lo
@@ -515,9 +552,15 @@ class Learner:
                 if d not in alts
                 and float(np.mean(draws[d][:, i])) >= base * (1 - c.cheap_probe_loss)
             ]
+            settled = False
             if cheap:
+                settled = not alts and self._settled(p, now, focus)
                 alts = alts + cheap
                 uncertain = max(uncertain, c.explore_saturation / 4.0)
+            if alts and p.depth == 0 and settling:
+                # Off measures no acceptance: while a change of workload settles, its probes
+                # are the only evidence of where the drafts' acceptance went.
+                uncertain = c.explore_saturation
             # A cold candidate has no evidence to judge it by: probe it at the cap. Far cold
             # depths wait until a tier runs one of their neighbours.
             unmeasured = [d for d in self._probe_candidates(p.depth, cold) if d not in warm]
@@ -529,8 +572,23 @@ class Learner:
                 # Quarters of the cap: a share that moves with every refit would change the
                 # table (and cost a push) at every scrape without changing what is learned.
                 level = np.ceil(4.0 * min(1.0, uncertain / c.explore_saturation)) / 4.0
+                if settled and level <= 0.25:
+                    # Only near ties left, known worse for long: half the cheap rate.
+                    level = 0.125
                 p.explore_share = c.exploration_cap * float(level)
         return _merge_segments(pieces)
+
+    def _settled(self, seg: _Segment, now: float, focus: Mapping[int, float]) -> bool:
+        """Whether a piece's evidence has been settled for `settled_after_s`: no change point
+        and no reaction since, and its depth well measured at its bucket."""
+        c = self.config
+        if c.settled_after_s <= 0 or focus or self._first_t is None:
+            return False
+        since = self._first_t if self.change is None else max(self._first_t, self.change.t)
+        if now - since < c.settled_after_s:
+            return False
+        evidence = self._evidence.get((seg.depth, bs_bucket(seg.lo)), 0.0)
+        return evidence >= c.settled_evidence_iterations
 
     def _representative_batch(self, seg: _Segment) -> float:
         """Where in a segment to judge it: the recent mean batch of its bucket, else its middle."""
@@ -667,6 +725,7 @@ class Learner:
             "evidence": [[d, b, n] for (d, b), n in sorted(self._evidence.items())],
             "recent": [[b, it, rs] for b, (it, rs) in sorted(self._recent.items())],
             "max_batch_seen": self._max_batch_seen,
+            "first_t": self._first_t,
             "change": None if self.change is None else asdict(self.change),
         }
 
@@ -686,6 +745,8 @@ class Learner:
         learner._evidence = {(int(d), int(b)): float(n) for d, b, n in data["evidence"]}
         learner._recent = {int(b): (float(i), float(r)) for b, i, r in data["recent"]}
         learner._max_batch_seen = float(data["max_batch_seen"])
+        first = data.get("first_t")
+        learner._first_t = None if first is None else float(first)
         change = data.get("change")
         learner.change = None if change is None else ChangePoint(**change)
         return learner
@@ -699,6 +760,22 @@ def _per_bucket(cells: Cells) -> dict[int, tuple[float, float]]:
     for b, it, rs in zip(cells.bucket, cells.iterations, cells.request_steps, strict=True):
         i0, r0 = out.get(int(b), (0.0, 0.0))
         out[int(b)] = (i0 + float(it), r0 + float(rs))
+    return out
+
+
+def _load_per_batch(hist: Mapping[int, float], focus: Mapping[int, float], size: int) -> np.ndarray:
+    """Share of the load per batch size 1..size (a bucket's share spread over its batch
+    sizes): the larger of the recent load's and the load the daemon reacts to."""
+    out = np.zeros(size)
+    for shares in (hist, focus):
+        total = sum(v for v in shares.values() if v > 0)
+        spread = np.zeros(size)
+        for bucket, share in shares.items():
+            if share <= 0 or total <= 0 or bucket > size:
+                continue
+            hi = min(bucket_upper(bucket), 2 * bucket, size)
+            spread[bucket - 1 : hi] += share / total / (hi - bucket + 1)
+        out = np.maximum(out, spread)
     return out
 
 

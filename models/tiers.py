@@ -47,24 +47,37 @@ def crossovers(runs: Sequence[Run], tok: Mapping[int, np.ndarray]) -> list[tuple
 
 
 def merge_small_gain_runs(
-    runs: list[Run], tok: Mapping[int, np.ndarray], min_gain: float
+    runs: list[Run],
+    tok: Mapping[int, np.ndarray],
+    min_gain: float,
+    *,
+    load: np.ndarray | None = None,
+    loaded_share: float = 1.0,
+    loaded_min_gain: float | None = None,
 ) -> list[Run]:
     """Relabel runs whose depth never beats its neighbours' depths by `min_gain`.
 
     A run's gain is the largest relative margin, over its batch sizes, of its depth over the
-    better of the adjacent runs' depths. The weakest run below `min_gain` takes the neighbour
+    better of the adjacent runs' depths. The weakest run below its bar takes the neighbour
     depth that loses least over the run; repeat until every run earns its place.
+
+    `load` (share of the load per batch size, same indexing as `tok`): a run carrying at least
+    `loaded_share` of it is held to `loaded_min_gain` instead. Its gain is earned on that
+    load, so the bar that keeps tables simple where little runs must not give it away.
     """
     runs = [Run(r.lo, r.hi, r.depth) for r in runs]
+    low = min_gain if loaded_min_gain is None else min(loaded_min_gain, min_gain)
     while len(runs) > 1:
-        gains = []
+        shortfall = []
         for i, r in enumerate(runs):
             sl = slice(r.lo - 1, r.hi)
             neigh = {runs[j].depth for j in (i - 1, i + 1) if 0 <= j < len(runs)}
             rival = np.max([tok[d][sl] for d in neigh], axis=0)
-            gains.append(float(np.max(tok[r.depth][sl] / rival - 1.0)))
-        weakest = int(np.argmin(gains))
-        if gains[weakest] >= min_gain:
+            gain = float(np.max(tok[r.depth][sl] / rival - 1.0))
+            loaded = load is not None and float(np.sum(load[sl])) >= loaded_share
+            shortfall.append(gain - (low if loaded else min_gain))
+        weakest = int(np.argmin(shortfall))
+        if shortfall[weakest] >= 0.0:
             break
         r = runs[weakest]
         sl = slice(r.lo - 1, r.hi)

@@ -115,6 +115,26 @@ def test_push_gate_wants_a_margin_or_missing_evidence_or_fewer_probes():
     assert decide_push(live, None, hists, gain(0.0), 0.005, 0.03).push  # first table
 
 
+def test_push_gate_takes_cheaper_probes_when_the_decisions_are_no_worse():
+    # Off probed at a small batch costs far more per step than a near tie: dropping it is
+    # worth a push although the probe share falls by less than half.
+    live = _t(Tier(1, 3, explore_share=0.03, explore_depths=(0, 2, 4)))
+    cheaper = _t(Tier(1, 3, explore_share=0.0225, explore_depths=(4,)))
+    hists = {"recent": {8: 1.0}}
+
+    def gain(plain: float, probed: float):
+        return lambda a, b, h, probes: probed if probes else plain
+
+    take = decide_push(cheaper, live, hists, gain(0.0, 0.004), 0.005, 0.03)
+    assert take.push and "cheaper probes" in take.why
+    # Worse decisions, or a saving under a quarter of push_min_gain: no push.
+    assert not decide_push(cheaper, live, hists, gain(-0.001, 0.004), 0.005, 0.03).push
+    assert not decide_push(cheaper, live, hists, gain(0.0, 0.001), 0.005, 0.03).push
+    # More probes are never "cheaper".
+    more = _t(Tier(1, 3, explore_share=0.03, explore_depths=(4,)))
+    assert not decide_push(more, cheaper, hists, gain(0.0, 0.004), 0.005, 0.03).push
+
+
 def test_lag_tracker_splits_cold_start_from_reactions():
     lag = LagTracker()
     for t, score in [

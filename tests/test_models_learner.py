@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -12,7 +13,7 @@ from pydantic import ValidationError
 from controller.evaluation.synthetic import SyntheticServer, sweep_samples, true_crossovers
 from models.learner import Learner, LearnerConfig
 from models.samples import Sample
-from sglang_hooks.contract import PolicyTable, Tier, parse_table, single_depth_table
+from sglang_hooks.contract import PolicyTable, Tier, bs_bucket, parse_table, single_depth_table
 from sims.profile import Profile
 
 # A dense model whose best depth falls 4 -> 3 -> 2 -> 1 -> off as the batch grows: every
@@ -274,3 +275,57 @@ def test_live_depth_kept_unless_beaten_by_the_switch_margin(learned: Learner) ->
     near = [b for b in range(20, 60) if moved.depth_for(b) != 3]
     assert near, moved.describe()
     assert sum(held.depth_for(b) == 3 for b in near) > 0, held.describe()
+
+
+def test_settled_near_tie_probes_halve_and_come_back_with_a_reaction(sweep: list[Sample]) -> None:
+    # The sweep spans 70 s: with settled_after_s at 5 s its evidence counts as long settled.
+    now = sweep[-1].t_end
+    fresh = Learner(DEPTHS)
+    fresh.fit(sweep, now=now)
+    config = LearnerConfig(settled_after_s=5.0, settled_evidence_iterations=1.0)
+    settled = Learner(DEPTHS, config)
+    settled.fit(sweep, now=now)
+    cap = config.exploration_cap
+
+    def share(learner: Learner, batch: int, focus: dict[int, float] | None = None) -> float:
+        table = learner.propose(now, live=None, focus=focus).table
+        return table.tiers[_tier_at(table, batch)].explore_share
+
+    for batch in SWEEP_BATCHES:
+        assert share(settled, batch) <= share(fresh, batch) + 1e-12
+    # Far from the crossovers only near ties are probed, at a quarter of the cap: halved.
+    for batch in (96, 192, 256):
+        assert share(fresh, batch) == pytest.approx(cap / 4)
+        assert share(settled, batch) == pytest.approx(cap / 8)
+        # The load just moved there (a reaction): the full rate comes back.
+        assert share(settled, batch, {bs_bucket(batch): 1.0}) >= cap / 4 - 1e-12
+    # Next to a crossover the posterior is still unsure: no halving there.
+    assert share(fresh, 24) > 0
+    assert share(settled, 24) == pytest.approx(share(fresh, 24))
+
+
+def _tier_at(table: PolicyTable, batch: int) -> int:
+    return max(i for i, t in enumerate(table.tiers) if t.min_batch <= batch)
+
+
+def test_a_tier_running_off_probes_at_the_cap_while_a_change_settles() -> None:
+    # Chat, then code 100 s later: acceptance rises at every depth, a change point. Off runs
+    # at the largest batch sizes and measures no acceptance; its probes are the only evidence.
+    chat = sweep_samples(DENSE, SWEEP_BATCHES, seconds_per_point=1.0, seed=3, phase="chat")
+    code = sweep_samples(DENSE, SWEEP_BATCHES, seconds_per_point=1.0, seed=4, phase="code")
+    shift = chat[-1].t_end + 100.0
+    samples = chat + [dataclasses.replace(s, t_end=s.t_end + shift) for s in code]
+    now = samples[-1].t_end
+    cap = LearnerConfig().exploration_cap
+
+    def off_tiers(at: float) -> list[Tier]:
+        learner = Learner(DEPTHS)
+        learner.fit(samples, now=at)
+        assert learner.change is not None and learner.change.t < now
+        table = learner.propose(at, live=None).table
+        return [t for t in table.tiers if t.depth == 0 and t.explore_share > 0]
+
+    settling = off_tiers(now)
+    assert settling and all(t.explore_share == pytest.approx(cap) for t in settling)
+    later = off_tiers(now + LearnerConfig().acceptance_settle_s + 60.0)
+    assert later and all(t.explore_share < cap for t in later)

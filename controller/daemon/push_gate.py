@@ -12,9 +12,13 @@ table replaces the live one only when one of these holds:
   exploration cap or more that the live table does not probe there: the model asks for
   evidence it cannot get otherwise (the cost stays within the cap);
 - **fewer probes**: over the load, the new table probes at most half as often as the live one
-  and at least a quarter of the cap less. Probes of near neighbours cost less than
+  and at least an eighth of the cap less. Probes of near neighbours cost less than
   `push_min_gain` even at the full cap, so without this rule the probes of a cold start would
-  run for ever once the model is sure.
+  run for ever once the model is sure;
+- **cheaper probes**: the decisions are predicted no worse on any load, and the new table's
+  probes cost at least a quarter of `push_min_gain` less (with probes counted) while probing
+  less often: a probe of a far depth (off at a small batch) costs more per step than one of a
+  near tie, so halving the share is not the only saving worth a push.
 """
 
 from __future__ import annotations
@@ -92,12 +96,20 @@ def decide_push(
     if live is None:
         return GateDecision(True, None, (), "no specctl table yet")
     best: tuple[float, str] | None = None
+    worst_plain: float | None = None  # the decisions' predicted gain, least over the loads
+    best_probed: float | None = None  # the predicted gain with probes counted, most
     for name, hist in hists.items():
         if not hist:
             continue
         for probes in (False, True):
             g = gain_of(candidate, live, hist, probes)
-            if g is not None and (best is None or g > best[0]):
+            if g is None:
+                continue
+            if probes:
+                best_probed = g if best_probed is None else max(best_probed, g)
+            else:
+                worst_plain = g if worst_plain is None else min(worst_plain, g)
+            if best is None or g > best[0]:
                 what = "with probes" if probes else "decisions"
                 best = (g, f"{what}, {name} load")
     gain = None if best is None else best[0]
@@ -112,9 +124,22 @@ def decide_push(
         where = ", ".join(f"{'off' if d == 0 else f'd{d}'} at bucket {b}" for b, d in missing[:3])
         return GateDecision(True, gain, tuple(missing), f"evidence needed: probes {where}")
     old_share, new_share = probe_share(live, merged), probe_share(candidate, merged)
-    if new_share <= old_share / 2 and old_share - new_share >= cap / 4:
+    if new_share <= old_share / 2 and old_share - new_share >= cap / 8:
         return GateDecision(
             True, gain, (), f"fewer probes: {old_share:.1%} -> {new_share:.1%} of steps"
+        )
+    if (
+        worst_plain is not None
+        and best_probed is not None
+        and worst_plain >= 0.0
+        and best_probed >= min_gain / 4
+        and new_share < old_share
+    ):
+        return GateDecision(
+            True,
+            gain,
+            (),
+            f"cheaper probes: {best_probed:+.2%} with probes, decisions no worse",
         )
     shown = "n/a" if gain is None else f"{gain:+.1%}"
     return GateDecision(False, gain, (), f"predicted {shown} < push_min_gain {min_gain:.1%}")

@@ -42,7 +42,8 @@ class LevelError:
         return max(abs(self.tok_per_s), abs(self.tpot or 0.0))
 
 
-def _mean(values: Sequence[float | None]) -> float | None:
+def mean_of_known(values: Sequence[float | None]) -> float | None:
+    """The mean of the values a replay produced (None where a seed produced none)."""
     got = [v for v in values if v is not None]
     return statistics.fmean(got) if got else None
 
@@ -61,14 +62,14 @@ def level_errors(
     for i, lv in enumerate(levels):
         runs = [sims[i] for sims in per_seed]
         tok = statistics.fmean(r.tok_per_s for r in runs)
-        tpot = _mean([r.tpot_p50_ms for r in runs])
+        tpot = mean_of_known([r.tpot_p50_ms for r in runs])
         out.append(
             LevelError(
                 lv,
                 tok / lv.tok_per_s - 1.0,
                 None if tpot is None or not lv.tpot_p50_ms else tpot / lv.tpot_p50_ms - 1.0,
-                _mean([r.step_ms for r in runs]),
-                _mean([r.server_itl_ms for r in runs]),
+                mean_of_known([r.step_ms for r in runs]),
+                mean_of_known([r.server_itl_ms for r in runs]),
             )
         )
     return out

@@ -19,6 +19,7 @@ from rich.table import Table
 from sims.fit.bench_file import Level
 from sims.fit.fitting import FitResult, Unfit
 from sims.fit.framing import shape_of
+from sims.fit.outliers import mean_of_known
 from sims.fit.pool import Replayer
 from sims.profile import Profile
 
@@ -58,11 +59,6 @@ class Summary:
         }
 
 
-def _mean(values: Sequence[float | None]) -> float | None:
-    got = [v for v in values if v is not None]
-    return statistics.fmean(got) if got else None
-
-
 def replay_rows(
     profile: Profile,
     levels: Sequence[Level],
@@ -83,8 +79,8 @@ def replay_rows(
             Row(
                 level=lv,
                 tok_per_s=statistics.fmean(r.tok_per_s for r in runs),
-                tpot_ms=_mean([r.tpot_p50_ms for r in runs]),
-                ttft_ms=_mean([r.ttft_p50_ms for r in runs]),
+                tpot_ms=mean_of_known([r.tpot_p50_ms for r in runs]),
+                ttft_ms=mean_of_known([r.ttft_p50_ms for r in runs]),
                 outlier=id(lv) in marked,
             )
         )

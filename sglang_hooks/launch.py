@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sglang_hooks import verify_schedule
+
 DEFAULT_DEPTHS = (0, 1, 2, 3, 4, 5)
 DEFAULT_PORT = 30000
 # SGLang 0.5.17-0.5.23 cap a server without speculation at, per DP worker,
@@ -146,7 +148,7 @@ def _cuda_graph_notes(args: Sequence[str]) -> list[str]:
 
 
 PLUGINS_ENV = "SGLANG_PLUGINS"
-VERIFY_SCHEDULE_ENV = "SPECCTL_VERIFY_SCHEDULE"  # read by sglang_hooks.verify_schedule
+VERIFY_SCHEDULE_ENV = verify_schedule.ENV
 PLUGIN_NAME = "specctl"
 
 

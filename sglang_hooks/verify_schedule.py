@@ -12,10 +12,11 @@ largest item of the 126-170 us a depth-0 iteration spent on the GPU beyond a pla
 With `SPECCTL_VERIFY_SCHEDULE=1` in the server's environment (read once, before the CUDA
 graphs are captured), two hooks give the depth-0 verify graphs the decode's treatment:
 
-- AFTER `FlashAttentionBackend._apply_cuda_graph_metadata` (the shared body of a graph's
-  capture and of every replay): for a TARGET_VERIFY graph of a backend that verifies one token
-  per request, SGLang's own `_compute_scheduler_metadata` (the call its decode path makes, with
-  the same inputs) fills a buffer of that backend, and the graph's metadata points at it.
+- AROUND `FlashAttentionBackend._apply_cuda_graph_metadata` (the shared body of a graph's
+  capture and of every replay), after SGLang's own body: for a TARGET_VERIFY graph of a
+  backend that verifies one token per request, SGLang's own `_compute_scheduler_metadata`
+  (the call its decode path makes, with the same inputs) fills a buffer of that backend, and
+  the graph's metadata points at it.
 - AROUND `FlashAttentionBackend.forward_extend`: a TARGET_VERIFY forward whose metadata points
   at that buffer runs SGLang's `forward_decode` instead, the same attention over the same
   metadata (one query token per request, causal, the page table and cache lengths verify

@@ -47,8 +47,7 @@ def server_facts(info: dict[str, Any]) -> dict[str, Any]:
     `effective_max_running_requests_per_dp` is the running-request cap SGLang actually applies
     (rank 0), which differs from `max_running_requests` when SGLang chose or lowered it.
     `captured_depths`, `off_mode` and `verify_schedule_backends` come from the specctl plugin's
-    state; `simulated`
-    (profile, speedup) only from `specctl sim serve`.
+    state; `simulated` (profile, speedup) only from `specctl sim serve`.
     """
     out: dict[str, Any] = {}
     for key in FACT_KEYS:

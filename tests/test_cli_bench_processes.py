@@ -11,6 +11,7 @@ import csv
 import importlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -242,7 +243,10 @@ def test_client_bound_levels_are_flagged_named_and_left_out(sim_server, tmp_path
     assert "left out of the recommendation; rerun with --client-processes " in hint
     rows = rows_of(out)
     shares = [float(rows[k]["client_process_cpu_share"]) for k in (("d1", "2"), ("d3", "2"))]
-    assert all(s >= 0.001 for s in shares) and f"{shares[0]:.2f} of a core at d1 c=2" in hint
+    assert all(s >= 0.001 for s in shares)
+    # The hint prints the raw share to 2 decimals, the CSV keeps 3: compare within that rounding.
+    shown = re.search(r"used (\d+\.\d\d) of a core at d1 c=2", hint)
+    assert shown is not None and abs(float(shown.group(1)) - shares[0]) <= 0.0051
     assert all(r["client_bound"] == "True" for r in rows.values())
     table_rows = [row for row in map(str.split, res.output.splitlines()) if row[:2] in (
         ["d1", "2"], ["d3", "2"])]  # fmt: skip

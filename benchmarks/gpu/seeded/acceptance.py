@@ -42,13 +42,17 @@ class AcceptanceError(RuntimeError):
 
 
 def implied_positions(accept_lengths: dict[int, float]) -> dict[int, float]:
-    """P(draft k accepted | drafts 1..k-1 accepted), for each k with depths 1..k all measured."""
+    """P(draft k accepted | drafts 1..k-1 accepted), for each k with depths 1..k all measured.
+
+    Each is clamped to [0, 1]: accept lengths measured on finite samples can fall (or jump) by
+    more than a probability allows between neighbouring depths, and that is noise, not a rate.
+    """
     out: dict[int, float] = {}
     prev_len, prev_reach = 1.0, 1.0
     k = 1
     while k in accept_lengths:
         reach = max(accept_lengths[k] - prev_len, 0.0)
-        out[k] = reach / prev_reach if prev_reach > 0 else 0.0
+        out[k] = min(reach / prev_reach, 1.0) if prev_reach > 0 else 0.0
         prev_len, prev_reach = accept_lengths[k], reach
         k += 1
     return out

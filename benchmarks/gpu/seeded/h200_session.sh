@@ -11,14 +11,17 @@
 #   bash benchmarks/gpu/seeded/h200_session.sh long OUT      # 64 and 128 streams, long levels
 #   SPECCTL_VERIFY_SCHEDULE=1 ACCEPTANCE=0 bash benchmarks/gpu/seeded/h200_session.sh setup OUT
 #   bash benchmarks/gpu/seeded/h200_session.sh verify OUT    # that server: greedy, d0 vs plain
+#   bash benchmarks/gpu/seeded/h200_session.sh series OUT    # d0 vs plain, SERIES series, pooled
+#   bash benchmarks/gpu/seeded/h200_session.sh context OUT   # benches at two prompt lengths
 #
-# ACCEPTANCE=0 leaves the acceptance measurements out of `setup` (servers only).
+# ACCEPTANCE=0 leaves the acceptance measurements out of `setup` (servers only); SERVER_ARGS
+# adds SGLang arguments to both servers (one string, e.g. "--gc-warning-threshold-secs 0.05").
 # Every step leaves its files under $R (default /tmp/gpu-run) and packs the whole folder into
 # OUT/run.tar.gz (weights left out), so each step's results come back even if a later one fails.
 # SGLang must be importable (../shared/gpu/README.md: `source .gpu/stage.sh .gpu env`).
 set -uo pipefail
 
-STEP=${1:?usage: h200_session.sh setup|measure|traces|parity|profile|long|verify OUT [POLICIES] [final]}
+STEP=${1:?usage: h200_session.sh setup|measure|traces|parity|profile|long|verify|series|context OUT [POLICIES] [final]}
 OUT=${2:?give the folder to pack the results into}
 R=${R:-/tmp/gpu-run}
 PY=${PY:-python3}
@@ -35,6 +38,7 @@ read -r -a EXTRA <<<"${HARNESS_EXTRA:-}"
 HARNESS_OPTS=(--run-dir "$R" --models seeded --depths 0,1,3 --bench-duration "$LEVEL_S"
               --smoke-seconds 4 --greedy-prompts 4 --greedy-tokens 128 --switches 1000
               --switch-interval 0.02 "${EXTRA[@]}")
+[ -n "${SERVER_ARGS:-}" ] && HARNESS_OPTS+=(--server-args "$SERVER_ARGS")
 
 key() { "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['admin_key'])" "$R/state.json"; }
 url_of() {  # url_of spec|plain: from the harness's state
@@ -57,6 +61,11 @@ bench() {  # bench OUTDIR EXTRA...: the harness bench's workload (family a, 128-
         --dataset "$R/models/seeded/family_a.jsonl" --output-tokens 128 \
         --concurrency 1,4,16,64,128 --duration-per-level "$LEVEL_S" --warmup-per-level 1.5 \
         --out "$dir" "$@"
+}
+
+freeze_gc() {  # freeze_gc spec|plain: SGLang's /freeze_gc (scheduler, tokenizer, detokenizer)
+    curl -sS -X POST "$(url_of "$1")/freeze_gc" -H "Authorization: Bearer $(key)" || true
+    echo
 }
 
 pack() {
@@ -172,6 +181,42 @@ long)
             | tail -10 | tee "$R/bench_long_rep$rep.txt"
     done
     ;;
+series)
+    # Depth 0 against the plain server in SERIES whole series (1-128 streams, LEVEL_S s levels,
+    # four load processes) after a warm pass, judged pooled over the series
+    # (benchmarks/gpu/parity.py). FREEZE_AFTER=k: after series k both servers' garbage
+    # collectors are frozen (SGLang's /freeze_gc), to see whether the stalls are collections.
+    stamp "warm pass (not reported): d0 and plain at every level"
+    bench "$R/series_warm" --depths 0 --no-spec-url "$(plain_url)" --duration-per-level 2 \
+        --warmup-per-level 0.5 --client-processes 4 >"$R/series_warm.txt" 2>&1
+    for rep in $(seq 1 "${SERIES:-3}"); do
+        stamp "series $rep: d0 and plain at 1-128 streams"
+        bench "$R/series_$rep" --depths 0 --no-spec-url "$(plain_url)" --client-processes 4 \
+            --warmup-per-level 2 2>&1 | tail -13 | tee "$R/series_$rep.txt"
+        if [ "$rep" = "${FREEZE_AFTER:-0}" ]; then
+            stamp "freezing both servers' garbage collectors"
+            freeze_gc spec; freeze_gc plain
+        fi
+    done
+    "$PY" -m benchmarks.gpu.parity "$R"/series_[0-9]*/ --json "$R/parity.json" \
+        | tee "$R/parity.txt"
+    grep -h "LONG GARBAGE\|Freezing GC" "$R"/logs/*.log >"$R/gc_log.txt" 2>/dev/null
+    echo "$(grep -c "LONG GARBAGE" "$R/gc_log.txt") long collections logged"
+    ;;
+context)
+    # Depths 0, 1, 3 and the plain server at two prompt lengths on one server start (the family's
+    # own prompts, then WORDS-word prompts of the same family, so acceptance stays): the pair
+    # `specctl sim fit` needs for the step's growth with context.
+    WORDS=${WORDS:-512}; LONG="$R/models/seeded/family_a_w$WORDS.jsonl"
+    "$PY" -m benchmarks.gpu.seeded.datasets "$R/models/seeded/family_a.jsonl" "$LONG" \
+        --words "$WORDS"
+    stamp "bench at $WORDS-token prompts: d0, d1, d3, plain"
+    bench "$R/bench_w$WORDS" --depths 0,1,3 --no-spec-url "$(plain_url)" --client-processes 4 \
+        --dataset "$LONG" 2>&1 | tail -26 | tee "$R/bench_w$WORDS.txt"
+    stamp "bench at the family's own prompts: d0, d1, d3, plain"
+    bench "$R/bench_family" --depths 0,1,3 --no-spec-url "$(plain_url)" --client-processes 4 \
+        2>&1 | tail -26 | tee "$R/bench_family.txt"
+    ;;
 profile)
     # SGLang's profiler over the same number of iterations on both servers; traces (tens of
     # MB) stay outside $R, the per-kernel summaries and comparisons are packed.
@@ -197,7 +242,7 @@ profile)
         compare "$P/d1-c64.json" "$P/d3-c64.json" --top 25 | tee "$P/compare_d1_d3_c64.txt"
     ;;
 *)
-    echo "unknown step $STEP: setup, measure, traces, parity, profile, long or verify" >&2
+    echo "unknown step $STEP: setup, measure, traces, parity, profile, long, verify, series or context" >&2
     exit 2 ;;
 esac
 pack

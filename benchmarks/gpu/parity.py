@@ -1,0 +1,184 @@
+"""Depth 0 against the plain server over several bench series: is off as fast as no speculation?
+
+    python -m benchmarks.gpu.parity DIR1 DIR2 DIR3 [--series d0] [--json parity.json]
+
+Each DIR is a `specctl bench --depths 0 --no-spec-url PLAIN` result (its bench.json, or the
+folder holding it). One 5-10 s level of a closed loop is a noisy sample (streams of equal-length
+requests move in waves, and one late admission costs a stream a whole request), so the verdict
+is taken on all series together: per concurrency, both servers' output tokens over their
+measured seconds summed across series (the pooled ratio), beside each series' own ratio, the
+median TPOT p50 of each server, and the levels whose TTFT p99 shows a stall.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+PLAIN = "no-spec"
+# A level whose TTFT p99 is this many times its p50 had an admission stall (a request waited
+# several decode iterations' worth beyond the others).
+STALL_FACTOR = 4.0
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One concurrency: the series' numbers beside the plain server's, over every bench run."""
+
+    concurrency: int
+    ratios: list[float]  # per bench run, series tok/s / plain tok/s
+    pooled_ratio: float
+    tpot_series_ms: float  # median TPOT p50 over the runs
+    tpot_plain_ms: float
+    tpot_change: float
+    stalls_series: int  # levels with TTFT p99 >= STALL_FACTOR x p50
+    stalls_plain: int
+
+    @property
+    def worst_ratio(self) -> float:
+        return min(self.ratios)
+
+
+class ParityError(ValueError):
+    """A bench file that cannot be compared; the message names the file and the fix."""
+
+
+def _rows(path: Path, measured_only: bool = True) -> list[dict[str, Any]]:
+    file = path / "bench.json" if path.is_dir() else path
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, ValueError) as err:
+        raise ParityError(f"{file}: {err}") from None
+    rows = data.get("results") if isinstance(data, dict) else None
+    if not isinstance(rows, list):
+        raise ParityError(f"{file}: no 'results' list; give a `specctl bench` bench.json")
+    return [
+        r
+        for r in rows
+        if isinstance(r, dict)
+        and r.get("request_rate") is None
+        and (_measured(r) or not measured_only)
+    ]
+
+
+def _measured(row: dict[str, Any]) -> bool:
+    """A level with tok/s and TPOT (a window too short to finish a request has no TPOT)."""
+    keys = ("output_tok_per_s", "elapsed_s", "tpot_p50_ms")
+    return not row.get("too_short") and all(isinstance(row.get(k), int | float) for k in keys)
+
+
+def _stalled(row: dict[str, Any]) -> bool:
+    p50, p99 = row.get("ttft_p50_ms"), row.get("ttft_p99_ms")
+    return bool(p50 and p99 and p99 >= STALL_FACTOR * p50)
+
+
+def compare_runs(paths: Sequence[Path], series: str = "d0") -> list[Pair]:
+    """Per concurrency measured in every run for both the series and the plain server (a
+    level too short to finish a request in some run is left out)."""
+    runs = []
+    for path in paths:
+        rows = _rows(path)
+        by = {(str(r.get("series")), int(r.get("concurrency") or 0)): r for r in rows}
+        if not any(s == PLAIN for s, _ in by):
+            raise ParityError(f"{path}: no plain-server series; bench with --no-spec-url PLAIN")
+        if not any(s == series for s, _ in by):
+            raise ParityError(f"{path}: no series {series!r}; bench with --depths 0")
+        runs.append(by)
+    levels = sorted(
+        set.intersection(*({c for s, c in by if s == series and (PLAIN, c) in by} for by in runs))
+    )
+    pairs = []
+    for c in levels:
+        got = [(by[(series, c)], by[(PLAIN, c)]) for by in runs]
+        ratios = [s["output_tok_per_s"] / p["output_tok_per_s"] for s, p in got]
+
+        def tokens(rows: list[dict[str, Any]]) -> float:
+            return sum(r["output_tok_per_s"] * r["elapsed_s"] for r in rows) / sum(
+                r["elapsed_s"] for r in rows
+            )
+
+        pooled = tokens([s for s, _ in got]) / tokens([p for _, p in got])
+        tpot_s = statistics.median(s["tpot_p50_ms"] for s, _ in got)
+        tpot_p = statistics.median(p["tpot_p50_ms"] for _, p in got)
+        pairs.append(Pair(
+            concurrency=c, ratios=[round(r, 4) for r in ratios],
+            pooled_ratio=round(pooled, 4), tpot_series_ms=tpot_s, tpot_plain_ms=tpot_p,
+            tpot_change=round(tpot_s / tpot_p - 1.0, 4),
+            stalls_series=sum(_stalled(s) for s, _ in got),
+            stalls_plain=sum(_stalled(p) for _, p in got),
+        ))  # fmt: skip
+    if not pairs:
+        raise ParityError("no concurrency level is measured in every run for both servers")
+    return pairs
+
+
+def left_out(paths: Sequence[Path], pairs: Sequence[Pair]) -> list[int]:
+    """Levels some run swept that are not compared (too short somewhere, or not in every run)."""
+    swept = {int(r.get("concurrency") or 0) for p in paths for r in _rows(p, measured_only=False)}
+    return sorted(swept - {p.concurrency for p in pairs} - {0})
+
+
+def report(
+    pairs: Sequence[Pair], runs: int, series: str, min_ratio: float, tpot_within: float
+) -> str:
+    lines = [
+        f"{series} against the plain server over {runs} bench runs "
+        f"(stall: TTFT p99 >= {STALL_FACTOR:g} x p50)",
+        f"{'conc':>5} {'pooled':>7} {'per run':<24} {'TPOT ' + series:>10} {'TPOT plain':>10} "
+        f"{'change':>7} {'stalls':>7}",
+    ]
+    for p in pairs:
+        per_run = " ".join(f"{r:.3f}" for r in p.ratios)
+        lines.append(
+            f"{p.concurrency:>5} {p.pooled_ratio:>7.3f} {per_run:<24} {p.tpot_series_ms:>10.3f} "
+            f"{p.tpot_plain_ms:>10.3f} {p.tpot_change:>+7.1%} "
+            f"{p.stalls_series:>3}/{p.stalls_plain:<3}"
+        )
+    low = [p.concurrency for p in pairs if p.pooled_ratio < min_ratio]
+    slow = [p.concurrency for p in pairs if abs(p.tpot_change) > tpot_within]
+    lines.append(
+        f"pooled tok/s >= {min_ratio:g} of plain at every level: "
+        + ("yes" if not low else f"no (c={', '.join(map(str, low))})")
+    )
+    lines.append(
+        f"median TPOT p50 within {tpot_within:.0%} of plain at every level: "
+        + ("yes" if not slow else f"no (c={', '.join(map(str, slow))})")
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu.parity", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("runs", nargs="+", type=Path, help="bench.json files or their folders")
+    ap.add_argument("--series", default="d0", help="the speculative server's series (d0)")
+    ap.add_argument("--min-ratio", type=float, default=0.98, help="tok/s share to meet (0.98)")
+    ap.add_argument("--tpot-within", type=float, default=0.03, help="TPOT p50 change (0.03)")
+    ap.add_argument("--json", type=Path, help="also write the comparison as one JSON object")
+    args = ap.parse_args(argv)
+    try:
+        pairs = compare_runs(args.runs, args.series)
+    except ParityError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(report(pairs, len(args.runs), args.series, args.min_ratio, args.tpot_within))
+    if missing := left_out(args.runs, pairs):
+        print(f"left out (too short to finish a request, or not in every run): c={missing}")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "runs": [str(p) for p in args.runs], "series": args.series,
+            "min_ratio": args.min_ratio, "tpot_within": args.tpot_within,
+            "levels": [{**asdict(p), "worst_ratio": p.worst_ratio} for p in pairs],
+            "left_out": left_out(args.runs, pairs),
+        }, indent=2) + "\n")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""`python -m benchmarks.gpu.parity`: depth 0 against the plain server pooled over bench runs.
+
+The bench.json files are written here in `specctl bench`'s format (the fields parity reads), so
+each run's numbers are known and the pooled figures can be checked by hand.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.gpu import parity
+
+
+def _row(series: str, c: int, tok_s: float, elapsed: float, tpot: float, ttft=(20.0, 30.0)):
+    return {"series": series, "depth": 0 if series == "d0" else None, "concurrency": c,
+            "output_tok_per_s": tok_s, "elapsed_s": elapsed, "tpot_p50_ms": tpot,
+            "ttft_p50_ms": ttft[0], "ttft_p99_ms": ttft[1], "request_rate": None}  # fmt: skip
+
+
+def _bench(path, rows):
+    path.mkdir()
+    (path / "bench.json").write_text(json.dumps({"format": 1, "results": rows}))
+    return path
+
+
+def test_pooled_ratio_weights_each_run_by_its_seconds(tmp_path, capsys):
+    a = _bench(tmp_path / "a", [
+        _row("d0", 4, 90.0, 10.0, 5.1, ttft=(20.0, 400.0)), _row("no-spec", 4, 100.0, 10.0, 5.0),
+        _row("d0", 16, 300.0, 5.0, 5.2), _row("no-spec", 16, 300.0, 5.0, 5.0),
+    ])  # fmt: skip
+    b = _bench(tmp_path / "b", [
+        _row("d0", 4, 100.0, 30.0, 5.0), _row("no-spec", 4, 100.0, 30.0, 5.0),
+        {**_row("d0", 64, 50.0, 5.0, 5.0), "tpot_p50_ms": None, "too_short": True},
+    ])  # fmt: skip
+    pairs = parity.compare_runs([a, b])
+    assert [p.concurrency for p in pairs] == [4]  # c=16 is not in run b, c=64 too short
+    (p,) = pairs
+    assert p.ratios == [0.9, 1.0] and p.worst_ratio == 0.9
+    # d0: (90*10 + 100*30) / 40 = 97.5 tok/s against plain's 100
+    assert p.pooled_ratio == pytest.approx(0.975)
+    assert p.tpot_change == pytest.approx(0.01)  # medians 5.05 / 5.0
+    assert (p.stalls_series, p.stalls_plain) == (1, 0)
+    out = tmp_path / "parity.json"
+    assert parity.main([str(a), str(b / "bench.json"), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "at every level: no (c=4)" in text  # 0.975 < 0.98
+    assert "within 3% of plain at every level: yes" in text
+    written = json.loads(out.read_text())
+    assert written["levels"][0]["worst_ratio"] == 0.9 and written["left_out"] == [16, 64]
+    assert "left out (too short to finish a request, or not in every run): c=[16, 64]" in text
+    assert parity.main([str(a), str(b), "--min-ratio", "0.97"]) == 0
+    assert "at every level: yes" in capsys.readouterr().out
+
+
+def test_errors_name_the_file_and_the_fix(tmp_path, capsys):
+    only_spec = _bench(tmp_path / "s", [_row("d0", 1, 10.0, 5.0, 5.0)])
+    assert parity.main([str(only_spec)]) == 2
+    assert "no plain-server series; bench with --no-spec-url" in capsys.readouterr().err
+    assert parity.main([str(tmp_path / "missing")]) == 2
+    assert "missing" in capsys.readouterr().err
+    garbage = tmp_path / "g.json"
+    garbage.write_text("[1, 2]")
+    assert parity.main([str(garbage)]) == 2
+    assert "no 'results' list" in capsys.readouterr().err

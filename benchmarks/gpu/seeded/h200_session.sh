@@ -184,19 +184,24 @@ long)
 series)
     # Depth 0 against the plain server in SERIES whole series (1-128 streams, LEVEL_S s levels,
     # four load processes) after a warm pass, judged pooled over the series
-    # (benchmarks/gpu/parity.py). FREEZE_AFTER=k: after series k both servers' garbage
-    # collectors are frozen (SGLang's /freeze_gc), to see whether the stalls are collections.
+    # (benchmarks/gpu/parity.py). Both servers' garbage collectors are frozen (SGLang's
+    # /freeze_gc) after the warm pass: before that, gen-2 collections of ~950k objects took
+    # 0.46-0.57 s in each server's tokenizer process (run 5, logged with SERVER_ARGS
+    # "--gc-warning-threshold-secs 0.05"), a TTFT stall for every request waiting then.
+    # FREEZE_AFTER=k freezes after series k instead (0 = after the warm pass), "never" not at all.
+    FREEZE_AFTER=${FREEZE_AFTER:-0}
     stamp "warm pass (not reported): d0 and plain at every level"
     bench "$R/series_warm" --depths 0 --no-spec-url "$(plain_url)" --duration-per-level 2 \
         --warmup-per-level 0.5 --client-processes 4 >"$R/series_warm.txt" 2>&1
-    for rep in $(seq 1 "${SERIES:-3}"); do
-        stamp "series $rep: d0 and plain at 1-128 streams"
-        bench "$R/series_$rep" --depths 0 --no-spec-url "$(plain_url)" --client-processes 4 \
-            --warmup-per-level 2 2>&1 | tail -13 | tee "$R/series_$rep.txt"
-        if [ "$rep" = "${FREEZE_AFTER:-0}" ]; then
+    for rep in $(seq 0 "${SERIES:-3}"); do
+        if [ "$rep" = "$FREEZE_AFTER" ]; then
             stamp "freezing both servers' garbage collectors"
             freeze_gc spec; freeze_gc plain
         fi
+        [ "$rep" = 0 ] && continue
+        stamp "series $rep: d0 and plain at 1-128 streams"
+        bench "$R/series_$rep" --depths 0 --no-spec-url "$(plain_url)" --client-processes 4 \
+            --warmup-per-level 2 2>&1 | tee "$R/series_$rep.txt" | tail -13
     done
     "$PY" -m benchmarks.gpu.parity "$R"/series_[0-9]*/ --json "$R/parity.json" \
         | tee "$R/parity.txt"
@@ -211,11 +216,14 @@ context)
     "$PY" -m benchmarks.gpu.seeded.datasets "$R/models/seeded/family_a.jsonl" "$LONG" \
         --words "$WORDS"
     stamp "bench at $WORDS-token prompts: d0, d1, d3, plain"
+    # Output goes to the file as it comes and the folder is packed after each bench, so a
+    # command cut short at the time limit still brings back what finished.
     bench "$R/bench_w$WORDS" --depths 0,1,3 --no-spec-url "$(plain_url)" --client-processes 4 \
-        --dataset "$LONG" 2>&1 | tail -26 | tee "$R/bench_w$WORDS.txt"
+        --dataset "$LONG" 2>&1 | tee "$R/bench_w$WORDS.txt" | tail -26
+    pack
     stamp "bench at the family's own prompts: d0, d1, d3, plain"
     bench "$R/bench_family" --depths 0,1,3 --no-spec-url "$(plain_url)" --client-processes 4 \
-        2>&1 | tail -26 | tee "$R/bench_family.txt"
+        2>&1 | tee "$R/bench_family.txt" | tail -26
     ;;
 profile)
     # SGLang's profiler over the same number of iterations on both servers; traces (tens of

@@ -56,8 +56,12 @@ off_mode() {  # off_mode CODE: 0 = sglang, 1 = skip-extend (the plugin's default
 }
 
 bench() {  # bench OUTDIR EXTRA...: the harness bench's workload (family a, 128-token outputs)
+    # BENCH_TIMEOUT=S: SIGTERM after S seconds (the bench then restores the table and writes
+    # the levels it finished, marked interrupted).
     local dir=$1; shift
-    "$PY" -m controller.cli bench --url "$(spec_url)" --admin-key "$(key)" \
+    local cut=()
+    [ -n "${BENCH_TIMEOUT:-}" ] && cut=(timeout "$BENCH_TIMEOUT")
+    "${cut[@]}" "$PY" -m controller.cli bench --url "$(spec_url)" --admin-key "$(key)" \
         --dataset "$R/models/seeded/family_a.jsonl" --output-tokens 128 \
         --concurrency 1,4,16,64,128 --duration-per-level "$LEVEL_S" --warmup-per-level 1.5 \
         --out "$dir" "$@"
@@ -212,18 +216,21 @@ context)
     # Depths 0, 1, 3 and the plain server at two prompt lengths on one server start (the family's
     # own prompts, then WORDS-word prompts of the same family, so acceptance stays): the pair
     # `specctl sim fit` needs for the step's growth with context.
+    # Collectors frozen first (see `series`); each bench is cut at BENCH_TIMEOUT seconds (a
+    # run's 512-word bench once took over 470 s for 11 levels, cause not seen).
     WORDS=${WORDS:-512}; LONG="$R/models/seeded/family_a_w$WORDS.jsonl"
+    freeze_gc spec; freeze_gc plain
     "$PY" -m benchmarks.gpu.seeded.datasets "$R/models/seeded/family_a.jsonl" "$LONG" \
         --words "$WORDS"
     stamp "bench at $WORDS-token prompts: d0, d1, d3, plain"
     # Output goes to the file as it comes and the folder is packed after each bench, so a
     # command cut short at the time limit still brings back what finished.
-    bench "$R/bench_w$WORDS" --depths 0,1,3 --no-spec-url "$(plain_url)" --client-processes 4 \
-        --dataset "$LONG" 2>&1 | tee "$R/bench_w$WORDS.txt" | tail -26
+    BENCH_TIMEOUT=${BENCH_TIMEOUT:-280} bench "$R/bench_w$WORDS" --depths 0,1,3 \
+        --no-spec-url "$(plain_url)" --client-processes 4 --dataset "$LONG" 2>&1 | tee "$R/bench_w$WORDS.txt" | tail -26
     pack
     stamp "bench at the family's own prompts: d0, d1, d3, plain"
-    bench "$R/bench_family" --depths 0,1,3 --no-spec-url "$(plain_url)" --client-processes 4 \
-        2>&1 | tee "$R/bench_family.txt" | tail -26
+    BENCH_TIMEOUT=${BENCH_TIMEOUT:-280} bench "$R/bench_family" --depths 0,1,3 \
+        --no-spec-url "$(plain_url)" --client-processes 4 2>&1 | tee "$R/bench_family.txt" | tail -26
     ;;
 profile)
     # SGLang's profiler over the same number of iterations on both servers; traces (tens of

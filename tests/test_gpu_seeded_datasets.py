@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from benchmarks.gpu.seeded import datasets
 
 
@@ -35,3 +37,22 @@ def test_cli_writes_the_file_and_names_bad_input(tmp_path, capsys):
     assert datasets.main([str(bad), str(out), "--words", "10"]) == 2
     assert 'bad.jsonl: every line needs a "prompt"' in capsys.readouterr().err
     assert datasets.main([str(tmp_path / "missing.jsonl"), str(out), "--words", "10"]) == 2
+
+
+def test_spread_outputs_are_seeded_and_within_the_span(tmp_path, capsys):
+    rows = _rows(200, 2)
+    spread = datasets.spread_outputs(rows, 64, 192, seed=3)
+    lengths = [r["output_tokens"] for r in spread]
+    assert all(64 <= n <= 192 for n in lengths) and len(set(lengths)) > 50
+    assert spread == datasets.spread_outputs(rows, 64, 192, seed=3)
+    assert [r["prompt"] for r in spread] == [r["prompt"] for r in rows]
+    src = tmp_path / "a.jsonl"
+    datasets.write_family(src, rows)
+    out = tmp_path / "b.jsonl"
+    assert datasets.main([str(src), str(out), "--words", "5", "--output-tokens", "10:20"]) == 0
+    assert "200 prompts of 5 words, output tokens 10-20" in capsys.readouterr().out
+    assert datasets.main([str(src), str(out), "--output-tokens", "20:10"]) == 2
+    assert "give 1 <= LOW <= HIGH" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        datasets.main([str(src), str(out)])  # neither option
+    assert "give --words N, --output-tokens LOW:HIGH, or both" in capsys.readouterr().err

@@ -7,6 +7,7 @@ about 0.8 of the time for the first draft token, family B's about 0.5.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -60,26 +61,60 @@ def lengthen(rows: list[dict[str, object]], words: int) -> list[dict[str, object
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
+def spread_outputs(
+    rows: list[dict[str, object]], low: int, high: int, seed: int = 0
+) -> list[dict[str, object]]:
+    """Each row's output length drawn uniformly from [low, high] (seeded).
 
+    Under a closed loop, requests of one length start and end together and the batch moves in
+    waves; spread lengths end them one by one, as real traffic does.
+    """
+    if not 1 <= low <= high:
+        raise ValueError(f"output tokens {low}:{high}: give 1 <= LOW <= HIGH")
+    rng = np.random.default_rng([seed, 0x0B7])
+    lengths = rng.integers(low, high + 1, size=len(rows))
+    return [{**row, "output_tokens": int(n)} for row, n in zip(rows, lengths, strict=True)]
+
+
+def _span(text: str) -> tuple[int, int]:
+    low, _, high = text.partition(":")
+    try:
+        return int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give N or LOW:HIGH, e.g. 64:192") from None
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.gpu.seeded.datasets",
-        description="Write a family's dataset with longer prompts (same rows, same output "
-        "lengths, each prompt WORDS words of the family): a bench at a second context length.",
+        description="Rewrite a family's dataset for another bench: longer prompts (each WORDS "
+        "words of the family, so acceptance stays: a second context length) and/or output "
+        "lengths spread over LOW:HIGH (requests that do not end together).",
     )
     ap.add_argument("source", type=Path, help="a family's JSONL, e.g. family_a.jsonl")
-    ap.add_argument("out", type=Path, help="where to write the longer-prompt JSONL")
-    ap.add_argument("--words", type=int, required=True, help="words (tokens) per prompt")
+    ap.add_argument("out", type=Path, help="where to write the new JSONL")
+    ap.add_argument("--words", type=int, help="words (tokens) per prompt")
+    ap.add_argument("--output-tokens", type=_span, metavar="LOW:HIGH",
+                    help="each row's output length, uniform over LOW..HIGH")  # fmt: skip
+    ap.add_argument("--seed", type=int, default=0, help="seed of the output lengths (0)")
     args = ap.parse_args(argv)
+    if args.words is None and args.output_tokens is None:
+        ap.error("give --words N, --output-tokens LOW:HIGH, or both")
     try:
         rows = [json.loads(line) for line in args.source.read_text().splitlines() if line.strip()]
-        longer = lengthen(rows, args.words)
+        if args.words is not None:
+            rows = lengthen(rows, args.words)
+        if args.output_tokens is not None:
+            low, high = args.output_tokens
+            rows = spread_outputs(rows, low, high, seed=args.seed)
     except (OSError, ValueError) as err:  # json.JSONDecodeError is a ValueError
         print(f"error: {args.source}: {err}", file=sys.stderr)
         return 2
-    write_family(args.out, longer)
-    print(f"wrote {args.out}: {len(longer)} prompts of {args.words} words")
+    write_family(args.out, rows)
+    lengths = sorted({int(str(r["output_tokens"])) for r in rows if "output_tokens" in r})
+    span = f"{lengths[0]}-{lengths[-1]}" if lengths else "unset"
+    words = f"{args.words} words" if args.words is not None else "their own words"
+    print(f"wrote {args.out}: {len(rows)} prompts of {words}, output tokens {span}")
     return 0
 
 

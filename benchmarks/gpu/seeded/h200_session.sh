@@ -55,6 +55,7 @@ off_mode() {  # off_mode CODE: 0 = sglang, 1 = skip-extend (the plugin's default
     echo
 }
 
+OUTPUT_TOKENS=(--output-tokens 128)  # every request's length, unless a step spreads them
 bench() {  # bench OUTDIR EXTRA...: the harness bench's workload (family a, 128-token outputs)
     # BENCH_TIMEOUT=S: SIGTERM after S seconds (the bench then restores the table and writes
     # the levels it finished, marked interrupted).
@@ -62,7 +63,7 @@ bench() {  # bench OUTDIR EXTRA...: the harness bench's workload (family a, 128-
     local cut=()
     [ -n "${BENCH_TIMEOUT:-}" ] && cut=(timeout "$BENCH_TIMEOUT")
     "${cut[@]}" "$PY" -m controller.cli bench --url "$(spec_url)" --admin-key "$(key)" \
-        --dataset "$R/models/seeded/family_a.jsonl" --output-tokens 128 \
+        --dataset "${DATASET:-$R/models/seeded/family_a.jsonl}" "${OUTPUT_TOKENS[@]}" \
         --concurrency 1,4,16,64,128 --duration-per-level "$LEVEL_S" --warmup-per-level 1.5 \
         --out "$dir" "$@"
 }
@@ -193,7 +194,14 @@ series)
     # 0.46-0.57 s in each server's tokenizer process (run 5, logged with SERVER_ARGS
     # "--gc-warning-threshold-secs 0.05"), a TTFT stall for every request waiting then.
     # FREEZE_AFTER=k freezes after series k instead (0 = after the warm pass), "never" not at all.
+    # SPREAD=LOW:HIGH: output lengths drawn over LOW..HIGH instead of all 128, so requests end
+    # one by one rather than in waves (the 128-stream levels were bimodal with equal lengths).
     FREEZE_AFTER=${FREEZE_AFTER:-0}
+    if [ -n "${SPREAD:-}" ]; then
+        DATASET="$R/models/seeded/family_a_spread.jsonl"; OUTPUT_TOKENS=()
+        "$PY" -m benchmarks.gpu.seeded.datasets "$R/models/seeded/family_a.jsonl" "$DATASET" \
+            --output-tokens "$SPREAD"
+    fi
     stamp "warm pass (not reported): d0 and plain at every level"
     bench "$R/series_warm" --depths 0 --no-spec-url "$(plain_url)" --duration-per-level 2 \
         --warmup-per-level 0.5 --client-processes 4 >"$R/series_warm.txt" 2>&1

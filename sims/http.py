@@ -242,8 +242,8 @@ def create_app(server: SimulatedServer) -> FastAPI:
         path = request.url.path
         if request.method == "OPTIONS" or path.startswith(_OPEN_PATHS):
             return await call_next(request)
-        if path == "/set_internal_state":
-            return await call_next(request)  # ADMIN_OPTIONAL: checked by the server
+        if path in ("/set_internal_state", "/freeze_gc"):
+            return await call_next(request)  # ADMIN_OPTIONAL: checked by the endpoint
         if not server.authorize("normal", request.headers.get("authorization")):
             return JSONResponse(status_code=401, content={"error": "Unauthorized"})
         return await call_next(request)
@@ -281,6 +281,15 @@ def create_app(server: SimulatedServer) -> FastAPI:
             return JSONResponse(status_code=400, content=validation_error_body(detail))
         status, content = server.set_internal_state(body, authorization)
         return JSONResponse(status_code=status, content=content)
+
+    @app.api_route("/freeze_gc", methods=["GET", "POST"])
+    async def freeze_gc(request: Request) -> Response:
+        # SGLang's endpoint, with its auth level; the simulator has no collector pauses to
+        # remove, so it only counts the calls.
+        if not server.authorize("admin_optional", request.headers.get("authorization")):
+            return JSONResponse(status_code=401, content={"error": "Unauthorized"})
+        server.gc_freezes += 1
+        return Response("Garbage collection frozen.\n", status_code=200)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

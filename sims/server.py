@@ -65,6 +65,7 @@ class SimulatedServer:
         self.model_name = model_name or profile.name
         self.admin_key = admin_key
         self.api_key = api_key
+        self.gc_freezes = 0  # POST /freeze_gc calls answered (nothing to freeze in a simulator)
         self._lock = threading.RLock()
         self.engine = Engine(profile, workload, seed=seed, speculative=speculative)
         self._adaptive = self.engine.policy

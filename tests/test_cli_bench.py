@@ -92,6 +92,37 @@ def test_short_sweep_measures_each_depth_restores_the_table_and_writes_reports(
     assert "server table restored: 1-15: d3 | 16+: off" in flat(result.output)
 
 
+def test_freeze_gc_freezes_each_server_and_names_the_one_it_could_not(
+    sim_server_factory, tmp_path: Path
+) -> None:
+    spec = sim_server_factory(admin_key=KEY, speedup=200)
+    # The plain server has another admin key: its /freeze_gc refuses the bench's key.
+    nospec = sim_server_factory(admin_key="other", speedup=200, speculative=False)
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", "0",
+         "--concurrency", "1", "--no-spec-url", nospec.base_url, "--out", str(out), *FAST,
+         "--freeze-gc", "--client-bound-share", "100"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert (spec.server.gc_freezes, nospec.server.gc_freezes) == (1, 0)
+    text = flat(result.output)
+    assert f"froze the garbage collector of {spec.base_url}" in text
+    assert "garbage collector not frozen" in text and "give the server's --admin-api-key" in text
+    frozen = json.loads((out / "bench.json").read_text())["gc_frozen"]
+    assert frozen["spec"] is True and "refused /freeze_gc (401)" in frozen["no_spec"]
+    # without the option nothing is asked
+    again = CliRunner().invoke(
+        app,
+        ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", "0",
+         "--concurrency", "1", "--out", str(tmp_path / "b2"), *FAST, "--client-bound-share", "100"],
+    )  # fmt: skip
+    assert again.exit_code == 0, again.output
+    assert spec.server.gc_freezes == 1
+    assert json.loads((tmp_path / "b2" / "bench.json").read_text())["gc_frozen"] is None
+
+
 @pytest.mark.parametrize("sim_server", [{"admin_key": KEY, "speedup": 200}], indirect=True)
 def test_clear_errors_for_key_depth_and_url(sim_server, tmp_path: Path) -> None:
     url = sim_server.base_url

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from controller.bench.prompts import DatasetError, load_dataset, synthetic_prompts
-from controller.bench.report import best_depths, crossovers, recommend_table
+from controller.bench.report import best_depths, crossovers, recommend_table, stall_hint
 from controller.bench.sweep import LevelResult, series_name
 
 
@@ -88,3 +88,15 @@ def test_synthetic_prompts_are_distinct_and_about_the_requested_length() -> None
     prompts = synthetic_prompts(50, 100, 8)
     assert len({p.text for p in prompts}) == 50
     assert all(95 <= len(p.text.split()) <= 100 for p in prompts)
+
+
+def test_stall_hint_names_stalled_levels_and_what_to_try() -> None:
+    calm = dataclasses.replace(level(0, 4, 100), ttft_p50_ms=30.0, ttft_p99_ms=60.0)
+    stalled = dataclasses.replace(level(0, 16, 100), ttft_p50_ms=40.0, ttft_p99_ms=480.0)
+    tiny = dataclasses.replace(level(0, 1, 100), ttft_p50_ms=5.0, ttft_p99_ms=40.0)  # < 100 ms
+    assert stall_hint([calm, tiny], gc_frozen=False) is None
+    hint = stall_hint([calm, stalled, tiny], gc_frozen=False)
+    assert hint is not None and "d0 c=16 (480 ms vs 40)" in hint and "c=4" not in hint
+    assert "rerun with --freeze-gc" in hint
+    frozen = stall_hint([stalled], gc_frozen=True)
+    assert frozen is not None and "collectors were frozen" in frozen

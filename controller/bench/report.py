@@ -249,6 +249,33 @@ def too_short_hint(results: Sequence[LevelResult], output_tokens: float | None) 
     )
 
 
+# A level whose TTFT p99 is this many times its p50, and at least STALL_MIN_MS, had requests
+# held back far beyond the rest: an admission stall rather than the load's own queueing.
+STALL_FACTOR = 4.0
+STALL_MIN_MS = 100.0
+
+
+def stall_hint(results: Sequence[LevelResult], gc_frozen: bool) -> str | None:
+    """Levels with TTFT stalls, and what to try when the servers' collectors were not frozen."""
+    stalled = [
+        r for r in results
+        if r.ttft_p50_ms and r.ttft_p99_ms and r.ttft_p99_ms >= STALL_MIN_MS
+        and r.ttft_p99_ms >= STALL_FACTOR * r.ttft_p50_ms
+    ]  # fmt: skip
+    if not stalled:
+        return None
+    levels = ", ".join(
+        f"{r.series} {r.label} ({r.ttft_p99_ms:.0f} ms vs {r.ttft_p50_ms:.0f})" for r in stalled
+    )
+    advice = (
+        "the collectors were frozen, so look for other pauses in the server's log"
+        if gc_frozen
+        else "if the server logs long garbage collections (start it with "
+        "--gc-warning-threshold-secs 0.05), rerun with --freeze-gc"
+    )
+    return f"TTFT stalls: p99 at least {STALL_FACTOR:g} x p50 at {levels}; {advice}"
+
+
 def suggested_processes(total_share: float, processes: int, threshold: float, cores: int) -> int:
     """Enough processes for each to stay under half the threshold at the load measured (a
     saturated client under-reports what the level would ask of it), at least one more than now,
@@ -300,8 +327,8 @@ def client_bound_hint(
 # bench.json's format: /2 added `servers`, `stop_rule` and per level `step_ms`, `prompt_tokens`,
 # `output_tokens`, `server_ttft_ms`, `server_itl_ms` (what `specctl sim fit` needs); /1 had no
 # `format` key. Still /2, as additions that readers of /2 ignore: `client_processes` and
-# `client_bound_share`, and per level `client_processes`, `client_process_cpu_share` and
-# `client_bound`.
+# `client_bound_share`, `gc_frozen` (with --freeze-gc), and per level `client_processes`,
+# `client_process_cpu_share` and `client_bound`.
 BENCH_FORMAT = "specctl-bench/2"
 
 CSV_FIELDS = [f.name for f in fields(LevelResult)]
@@ -356,6 +383,7 @@ def outcome_json(outcome: SweepOutcome) -> dict[str, Any]:
         "table_before_source": outcome.before.source,
         "restored": outcome.restored,
         "interrupted": outcome.interrupted,
+        "gc_frozen": outcome.gc_frozen or None,
         "results": [{k: _round(v) for k, v in r.to_json().items()} for r in results],
         "best_depth_by_concurrency": {} if rate else best,
         "crossovers": [

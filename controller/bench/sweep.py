@@ -98,6 +98,8 @@ class SweepPlan:
     # Worker processes each level's load is split across (1: this process runs it).
     client_processes: int = 1
     client_bound_share: float = CLIENT_BOUND_SHARE
+    # Ask each server to freeze its garbage collector (SGLang's /freeze_gc) before the levels.
+    freeze_gc: bool = False
 
     def __post_init__(self) -> None:
         if bool(self.concurrencies) == bool(self.request_rates):
@@ -236,6 +238,8 @@ class SweepOutcome:
     pushed: bool = False  # whether the sweep changed the server's table at all
     restored: str | None = None  # the table pushed back at the end, described
     interrupted: str | None = None  # why the sweep stopped early, if it did
+    # With plan.freeze_gc, per server ("spec", "no_spec"): True, or why it could not be frozen.
+    gc_frozen: dict[str, bool | str] = field(default_factory=dict)
 
 
 # A level's mean batch may exceed its concurrency by this much before it counts as foreign
@@ -570,6 +574,8 @@ async def sweep(plan: SweepPlan, observer: LevelObserver | None = None) -> Sweep
         check_depths(plan.depths, before)
         outcome = SweepOutcome(plan=plan, before=before)
         outcome.servers["spec"] = server_facts(server.server_info())
+        if plan.freeze_gc:
+            _freeze_gc(outcome, observer)
         observer.sweep_started(outcome)
         processes = (
             LoadProcesses(plan.client_processes, plan.prompts)
@@ -589,6 +595,23 @@ async def sweep(plan: SweepPlan, observer: LevelObserver | None = None) -> Sweep
                 processes.close()  # every level cut its streams already: this only ends them
             _restore(server, before, outcome, observer)
     return outcome
+
+
+def _freeze_gc(outcome: SweepOutcome, observer: LevelObserver) -> None:
+    """Freeze each server's collector; one that cannot be frozen is named, not fatal."""
+    plan = outcome.plan
+    for role, url in (("spec", plan.url), ("no_spec", plan.no_spec_url)):
+        if url is None:
+            continue
+        with ServerClient(url, plan.admin_key) as client:
+            try:
+                client.freeze_gc()
+            except ServerError as err:
+                outcome.gc_frozen[role] = str(err)
+                observer.warning(f"garbage collector not frozen: {err}")
+                continue
+        outcome.gc_frozen[role] = True
+        observer.message(f"froze the garbage collector of {url}")
 
 
 def _restore(

@@ -202,6 +202,15 @@ def bench(
             "so does a level of fewer streams than processes.",
         ),
     ] = 1,
+    freeze_gc: Annotated[
+        bool,
+        typer.Option(
+            "--freeze-gc",
+            help="Before the first level, ask each server to freeze its garbage collector "
+            "(SGLang's /freeze_gc; needs the admin key): a collection of the objects a server "
+            "holds after start-up can stall every request for half a second.",
+        ),
+    ] = False,
     client_bound_share: Annotated[
         float | None,
         typer.Option(
@@ -292,7 +301,7 @@ def bench(
         prompt_source=source, admin_key=admin_key, no_spec_url=no_spec_url, model=model,
         temperature=temperature, request_rates=rates, burstiness=burstiness or 1.0,
         max_concurrency=max_concurrency, slo=slo, client_processes=client_processes,
-        client_bound_share=client_bound_share or CLIENT_BOUND_SHARE,
+        client_bound_share=client_bound_share or CLIENT_BOUND_SHARE, freeze_gc=freeze_gc,
     )  # fmt: skip
     _warn_if_more_than_cores(client_processes)
     code = run_bench(plan, out_dir)

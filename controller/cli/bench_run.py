@@ -30,6 +30,7 @@ from controller.bench.report import (
     crossovers,
     plot,
     recommendation_text,
+    stall_hint,
     too_short_hint,
     write_csv,
     write_json,
@@ -234,6 +235,10 @@ def report(outcome: SweepOutcome, out_dir: Path, console: Console) -> None:
     bound = client_bound_hint(results, outcome.plan.client_bound_share)
     if bound is not None:
         console.print(f"[yellow]![/yellow] {bound}")
+    frozen = bool(outcome.gc_frozen) and all(v is True for v in outcome.gc_frozen.values())
+    stalls = stall_hint(results, frozen)
+    if stalls is not None:
+        console.print(f"[yellow]![/yellow] {stalls}")
     cross = crossovers(results)
     console.print("crossovers: " + ("; ".join(c.describe() for c in cross) or "none measured"))
     verdict = recommendation_text(outcome)

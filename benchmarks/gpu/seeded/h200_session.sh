@@ -15,9 +15,9 @@
 #   bash benchmarks/gpu/seeded/h200_session.sh context OUT   # benches at two prompt lengths
 #
 # Measured on the H200: setup with ACCEPTANCE=0 330-370 s; series with SERIES=3 LEVEL_S=8
-# 358 s; verify 225 s; profile about 100 s. context: two benches of 20 levels each, at
-# LEVEL_S=5 about 160 s each on the family's own prompts (run 3's bench); its 512-word bench once
-# ran past 470 s, hence BENCH_TIMEOUT.
+# 358 s; parity 319 s; verify 225 s; profile about 100 s. context: two benches of 20 levels,
+# about 150 s each at LEVEL_S=5 on the family's own prompts (run 3's parity: 40 such levels
+# and a warm pass in 319 s); its 512-word bench once ran past 470 s, hence BENCH_TIMEOUT.
 #
 # ACCEPTANCE=0 leaves the acceptance measurements out of `setup` (servers only); SERVER_ARGS
 # adds SGLang arguments to both servers (one string, e.g. "--gc-warning-threshold-secs 0.05").

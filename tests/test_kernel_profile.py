@@ -145,3 +145,44 @@ def test_capture_on_a_server_without_a_profiler_fails_clearly(
         served.stop()
     assert rc == 2
     assert "/start_profile answered 404" in capsys.readouterr().err
+
+
+def test_host_sections_count_operators_per_iteration(tmp_path: Path, capsys) -> None:
+    events = _events(10, 40.0, 5.0)
+    for i in range(10):  # the deeper path launches twice per iteration
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel",
+                       "ts": i * 100.0, "dur": 3.0})  # fmt: skip
+    plain = kernel_profile.summarize(_events(10, 40.0, 0.0), 10) | {"label": "plain"}
+    plain["host_ops"] = kernel_profile.summarize(_events(10, 40.0, 0.0), 10, ("cpu_op",))
+    d0 = kernel_profile.summarize(events, 10) | {"label": "d0"}
+    for section, categories in kernel_profile.HOST_SECTIONS.items():
+        d0[section] = kernel_profile.summarize(events, 10, categories)
+    assert d0["host_ops"]["kernels"][0]["name"] == "aten::mm"
+    assert d0["runtime_calls"]["kernels"][0]["launches_per_step"] == pytest.approx(1.0)
+    a, b = tmp_path / "plain.json", tmp_path / "d0.json"
+    a.write_text(json.dumps(plain))
+    b.write_text(json.dumps(d0))
+    assert kernel_profile.main(["compare", str(a), str(b), "--part", "host_ops"]) == 0
+    out = capsys.readouterr().out
+    assert "host_ops (calls per iteration)" in out and "aten::mm (1)" in out
+    assert kernel_profile.main(["compare", str(a), str(b), "--part", "runtime_calls"]) == 2
+    assert "plain.json has no 'runtime_calls': capture it with --host" in capsys.readouterr().err
+
+
+def test_capture_with_host_asks_for_cpu_activity(tmp_path: Path, capsys) -> None:
+    seen: list[dict[str, Any]] = []
+    served = _served(True, seen)
+    try:
+        rc = kernel_profile.main([
+            "capture", "--url", served.base_url, "--label", "plain", "--streams", "2",
+            "--steps", "8", "--seconds", "0.5", "--warmup", "0.2", "--output-tokens", "16",
+            "--out", str(tmp_path), "--host",
+        ])  # fmt: skip
+    finally:
+        served.stop()
+    assert rc == 0 and seen[0]["activities"] == ["CPU", "GPU"]
+    summary = json.loads((tmp_path / "plain-c2.json").read_text())
+    assert summary["host_ops"]["kernels"][0]["name"] == "aten::mm"
+    # the stand-in trace has no runtime calls: recorded as missing, not a failed capture
+    assert summary["runtime_calls"] is None
+    assert "no runtime_calls in the trace" in capsys.readouterr().out

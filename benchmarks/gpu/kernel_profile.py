@@ -12,7 +12,10 @@ activity over `--steps` scheduler iterations once the load is warm, waits for th
 writes `<label>-c<N>.json`: per kernel (name cut to `NAME_CHARS`) its launches and GPU time
 per iteration, the GPU's busy time (union of kernel intervals) and the trace's span. The raw
 trace stays in `--trace-dir` (tens of MB). `compare A B` prints where B's iteration spends
-more GPU time than A's, kernel by kernel.
+more GPU time than A's, kernel by kernel. `capture --host` also records CPU activity: per
+iteration the aten operators the server dispatches (`host_ops`) and its CUDA runtime calls
+(`runtime_calls`), compared with `compare --part host_ops|runtime_calls`; the profiler's own
+overhead inflates host times, so their counts per iteration are what compares cleanly.
 
 The same iteration count on both servers is what makes the numbers comparable: at depth 0
 each iteration of the speculative server emits one token per request, as a plain decode does.
@@ -39,6 +42,10 @@ from controller.bench.server_client import ServerClient, ServerError
 from sglang_hooks.contract import single_depth_table
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+# With --host: the host side of an iteration. `cpu_op` are the aten operators the Python code
+# dispatches (nested, so their busy union is the host time inside operators, not their sum);
+# `cuda_runtime` the launches and copies they issue.
+HOST_SECTIONS = {"host_ops": ("cpu_op",), "runtime_calls": ("cuda_runtime", "cuda_driver")}
 NAME_CHARS = 90  # template arguments make kernel names kilobytes long; the head tells them apart
 TRACE_WAIT_S = 90.0
 
@@ -110,7 +117,8 @@ def summarize(
     if not spans:
         raise ProfileError(
             f"no events of category {', '.join(categories)} in the trace: was GPU activity "
-            "recorded (activities GPU), and did the server run any iteration while profiling?"
+            "recorded (activities GPU, or CPU for host events), and did the server run any "
+            "iteration while profiling?"
         )
     kernels = sorted(
         (KernelRow(name, int(n), us) for name, (n, us) in rows.items()),
@@ -139,8 +147,19 @@ def _us(rows: dict[str, Any], name: str) -> float:
     return float(rows.get(name, {}).get("us_per_step", 0.0))
 
 
-def compare(base: dict[str, Any], other: dict[str, Any], top: int = 20) -> str:
-    """A text table: per kernel, base's and other's GPU us per iteration, largest changes first."""
+def _section(summary: dict[str, Any], part: str, path: str) -> dict[str, Any]:
+    """A host section of a capture, labelled as its capture; an error if it has none."""
+    section = summary.get(part)
+    if not isinstance(section, dict):
+        raise ProfileError(f"{path} has no {part!r}: capture it with --host")
+    return section | {"label": summary.get("label", "?")}
+
+
+def compare(
+    base: dict[str, Any], other: dict[str, Any], top: int = 20, what: str = "kernels"
+) -> str:
+    """A text table: per kernel (or host operator), base's and other's us per iteration,
+    largest changes first."""
     a = {k["name"]: k for k in base["kernels"]}
     b = {k["name"]: k for k in other["kernels"]}
     names = sorted(
@@ -153,13 +172,15 @@ def compare(base: dict[str, Any], other: dict[str, Any], top: int = 20) -> str:
         x, y = base[key], other[key]
         return f"{what:<40} {x:>12.1f} {y:>12.1f} {y - x:>+10.1f}"
 
+    gpu = what == "kernels"
+    unit = "kernel (launches per iteration)" if gpu else f"{what} (calls per iteration)"
     lines = [
         f"{'per iteration':<40} {la:>12} {lb:>12} {'change':>10}",
-        total("GPU kernel time (us)", "kernel_us_per_step"),
-        total("GPU busy time (us)", "busy_us_per_step"),
+        total("GPU kernel time (us)" if gpu else "time, summed (us)", "kernel_us_per_step"),
+        total("GPU busy time (us)" if gpu else "busy time, union (us)", "busy_us_per_step"),
         total("wall span (us)", "span_us_per_step"),
         "",
-        f"{'kernel (launches per iteration)':<60} {la + ' us':>10} {lb + ' us':>10} {'change':>9}",
+        f"{unit:<60} {la + ' us':>10} {lb + ' us':>10} {'change':>9}",
     ]
     for name in names[:top]:
         ka, kb = a.get(name, {}), b.get(name, {})
@@ -234,7 +255,8 @@ def capture(args: argparse.Namespace) -> list[Path]:
             for streams in args.streams:
                 prefix = f"{args.label}-c{streams}"
                 body = {
-                    "output_dir": str(trace_dir), "num_steps": args.steps, "activities": ["GPU"],
+                    "output_dir": str(trace_dir), "num_steps": args.steps,
+                    "activities": ["CPU", "GPU"] if args.host else ["GPU"],
                     "with_stack": False, "record_shapes": False, "profile_prefix": prefix,
                 }  # fmt: skip
                 print(
@@ -246,7 +268,15 @@ def capture(args: argparse.Namespace) -> list[Path]:
                 if error:
                     raise ProfileError(f"{args.url}{error}")
                 trace = _wait_for_trace(trace_dir, prefix, args.trace_wait)
-                summary = summarize(read_trace(trace), args.steps)
+                events = read_trace(trace)
+                summary = summarize(events, args.steps)
+                if args.host:
+                    for section, categories in HOST_SECTIONS.items():
+                        try:
+                            summary[section] = summarize(events, args.steps, categories)
+                        except ProfileError:
+                            summary[section] = None
+                            print(f"   no {section} in the trace (CPU activity recorded?)")
                 summary.update(
                     label=args.label, streams=streams, depth=args.depth, trace=str(trace)
                 )
@@ -289,10 +319,18 @@ def main(argv: list[str] | None = None) -> int:
     cap.add_argument("--out", required=True)
     cap.add_argument("--trace-dir", help="where the server writes traces (default OUT/traces)")
     cap.add_argument("--trace-wait", type=float, default=TRACE_WAIT_S)
+    cap.add_argument("--host", action="store_true",
+                     help="also record CPU activity: aten operators and CUDA runtime calls per "
+                     "iteration (the profiler's own overhead inflates their times; their counts "
+                     "per iteration compare as they are)")  # fmt: skip
     cmp_ = sub.add_parser("compare", help="kernel by kernel, where B spends more than A")
     cmp_.add_argument("base")
     cmp_.add_argument("other")
     cmp_.add_argument("--top", type=int, default=20)
+    cmp_.add_argument(
+        "--part", choices=["kernels", *HOST_SECTIONS], default="kernels",
+        help="GPU kernels (default), or a host section of a --host capture",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     try:
         if args.cmd == "capture":
@@ -301,7 +339,10 @@ def main(argv: list[str] | None = None) -> int:
             capture(args)
         else:
             base, other = (json.loads(Path(p).read_text()) for p in (args.base, args.other))
-            print(compare(base, other, args.top))
+            if args.part != "kernels":
+                base, other = (_section(d, args.part, p)
+                               for d, p in ((base, args.base), (other, args.other)))  # fmt: skip
+            print(compare(base, other, args.top, what=args.part))
     except (ProfileError, ServerError, OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

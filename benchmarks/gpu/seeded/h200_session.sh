@@ -247,10 +247,12 @@ context)
     ;;
 profile)
     # SGLang's profiler over the same number of iterations on both servers; traces (tens of
-    # MB) stay outside $R, the per-kernel summaries and comparisons are packed.
+    # MB) stay outside $R, the per-kernel summaries and comparisons are packed. HOST=1 also
+    # records the host side (aten operators and CUDA runtime calls per iteration).
     P="$R/profile"; TR=${TRACES:-/tmp/gpu-traces}; mkdir -p "$P"
     KP=(--dataset "$R/models/seeded/family_a.jsonl" --output-tokens 128 --streams 1,16,128
-        --steps "${PROFILE_STEPS:-60}" --out "$P" --trace-dir "$TR" --admin-key "$(key)")
+        --steps "${PROFILE_STEPS:-60}" --out "$P" --trace-dir "$TR" --admin-key "$(key)"
+        ${HOST:+--host})
     "$PY" -m benchmarks.gpu.kernel_profile capture --url "$(spec_url)" --depth 0 --label d0 \
         "${KP[@]}" 2>&1 | tee -a "$P/capture.txt"
     "$PY" -m benchmarks.gpu.kernel_profile capture --url "$(plain_url)" --label plain \
@@ -265,6 +267,8 @@ profile)
         [ -f "$P/d0-c$c.json" ] && [ -f "$P/plain-c$c.json" ] || continue
         "$PY" -m benchmarks.gpu.kernel_profile compare "$P/plain-c$c.json" "$P/d0-c$c.json" \
             --top 25 | tee "$P/compare_c$c.txt"
+        [ -n "${HOST:-}" ] && "$PY" -m benchmarks.gpu.kernel_profile compare --part host_ops \
+            "$P/plain-c$c.json" "$P/d0-c$c.json" --top 25 | tee "$P/compare_host_c$c.txt"
     done
     [ -f "$P/d1-c64.json" ] && [ -f "$P/d3-c64.json" ] && "$PY" -m benchmarks.gpu.kernel_profile \
         compare "$P/d1-c64.json" "$P/d3-c64.json" --top 25 | tee "$P/compare_d1_d3_c64.txt"

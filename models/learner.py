@@ -173,6 +173,14 @@ class LearnerConfig(BaseModel):
         description="Past cold start, depth 0 is a probe candidate in every tier besides the "
         "neighbours: it is the alternative that matters where drafting stops paying",
     )
+    probe_past_cold_neighbours: bool = Field(
+        default=False,
+        description="A tier whose neighbour on one side is cold also probes the next captured "
+        "depth past it on that side while that one is cold too, so that a table walking down "
+        "from a depth measured at small batches reaches the best depth in one push instead of "
+        "one depth per push (off: throughput-neutral on the slow profiles, not run on the full "
+        "evaluation; docs/models.md)",
+    )
     cheap_probe_loss: float = Field(
         default=0.05,
         ge=0.0,
@@ -509,6 +517,24 @@ class Learner:
             near.add(0)
         return [d for d in others if d in near]
 
+    def _cold_probe_candidates(self, depth: int, cold: Sequence[int]) -> list[int]:
+        """Cold depths a tier running `depth` probes at the cap: the cold ones among its probe
+        candidates and, with `probe_past_cold_neighbours`, past each cold neighbour the next
+        captured depth if it is cold too (two cold steps would otherwise take two pushes)."""
+        out = set(self._probe_candidates(depth, cold))
+        c = self.config
+        if c.probe_neighbours_only and c.probe_past_cold_neighbours:
+            i = self.captured.index(depth)
+            for side in (-1, 1):
+                near, far = i + side, i + 2 * side
+                if (
+                    0 <= far < len(self.captured)
+                    and self.captured[near] in cold
+                    and self.captured[far] in cold
+                ):
+                    out.add(self.captured[far])
+        return sorted(out)
+
     def _explore_segments(
         self,
         runs: list[Run],
@@ -563,7 +589,7 @@ class Learner:
                 uncertain = c.explore_saturation
             # A cold candidate has no evidence to judge it by: probe it at the cap. Far cold
             # depths wait until a tier runs one of their neighbours.
-            unmeasured = [d for d in self._probe_candidates(p.depth, cold) if d not in warm]
+            unmeasured = [d for d in self._cold_probe_candidates(p.depth, cold) if d not in warm]
             if unmeasured:
                 p.explore_depths = tuple(sorted(set(alts) | set(unmeasured)))
                 p.explore_share = c.exploration_cap
@@ -604,7 +630,7 @@ class Learner:
         tiers = []
         for t in base:
             depth = t.depth if t.depth in self.captured else max(self.captured)
-            alts = tuple(self._probe_candidates(depth, cold))
+            alts = tuple(self._cold_probe_candidates(depth, cold))
             tiers.append(
                 Tier(t.min_batch, depth, t.hysteresis, cap if alts else 0.0, alts if alts else ())
             )

@@ -207,6 +207,13 @@ class LearnerConfig(BaseModel):
         description="The live table's depth at a batch size stays unless another depth is "
         "predicted better by this fraction (stops tables swinging between near-equal depths)",
     )
+    loaded_switch_margin: float | None = Field(
+        default=None,
+        ge=0.0,
+        description="switch_margin for the live depth where its run of the live table carries "
+        "loaded_run_share of the load (null: switch_margin everywhere; measured on one profile "
+        "only, docs/models.md)",
+    )
     extrapolation_factor: float = Field(
         default=2.0,
         ge=1.0,
@@ -462,13 +469,15 @@ class Learner:
         resolved = merge_small_gain_runs(runs_of(_argmax_depth(tok, warm)), tok, c.explore_margin)
         raw_crossovers = crossovers(resolved, tok)
         # Decisions: the live depth at a batch size keeps it unless beaten by switch_margin.
+        load = _load_per_batch(hist, focus or {}, len(grid))
         if live is None and incumbent is not None:
             margin = c.switch_margin if incumbent_margin is None else incumbent_margin
             sticky = self._incumbent_bonus(tok, warm, incumbent, grid, margin)
         else:
-            sticky = self._incumbent_bonus(tok, warm, live, grid, c.switch_margin)
+            sticky = self._incumbent_bonus(
+                tok, warm, live, grid, c.switch_margin, load=load, loaded=c.loaded_switch_margin
+            )
         runs = merge_small_gain_runs(runs_of(_argmax_depth(sticky, warm)), sticky, c.explore_margin)
-        load = _load_per_batch(hist, focus or {}, len(grid))
         runs = merge_small_gain_runs(
             runs,
             sticky,
@@ -494,14 +503,27 @@ class Learner:
         live: PolicyTable | None,
         grid: np.ndarray,
         margin: float,
+        *,
+        load: np.ndarray | None = None,
+        loaded: float | None = None,
     ) -> dict[int, np.ndarray]:
         """Predicted tok/s with the live table's depth at each batch size raised by `margin`
-        (`switch_margin`): a challenger must beat it by that much to replace it."""
-        if live is None or margin <= 0:
+        (`switch_margin`): a challenger must beat it by that much to replace it. With `load`
+        and `loaded` (`loaded_switch_margin`), a run of the live depth carrying
+        `loaded_run_share` of the load is raised by `loaded` instead: a small edge there is
+        earned on most of the load (the push gate still stops churn)."""
+        if live is None:
             return dict(tok)
         incumbent = np.asarray([live.depth_for(int(b)) for b in grid])
+        bonus = np.full(grid.shape, margin)
+        if load is not None and loaded is not None:
+            for r in runs_of(incumbent):
+                if float(np.sum(load[r.lo - 1 : r.hi])) >= self.config.loaded_run_share:
+                    bonus[r.lo - 1 : r.hi] = loaded
+        if not np.any(bonus > 0):
+            return dict(tok)
         return {
-            d: np.where(incumbent == d, tok[d] * (1.0 + margin), tok[d]) if d in warm else tok[d]
+            d: np.where(incumbent == d, tok[d] * (1.0 + bonus), tok[d]) if d in warm else tok[d]
             for d in tok
         }
 

@@ -289,17 +289,36 @@ def test_live_depth_kept_unless_beaten_by_the_switch_margin(learned: Learner) ->
     # depth holds the whole range, with none the model's own crossover decides.
     now = learned.fitted_at or 0.0
     live = single_depth_table(3)
-    sticky = Learner.from_json(
-        {**learned.to_json(), "config": {**learned.config.model_dump(), "switch_margin": 0.05}}
-    )
-    free = Learner.from_json(
-        {**learned.to_json(), "config": {**learned.config.model_dump(), "switch_margin": 0.0}}
-    )
+    # One margin everywhere (the live run carries all the load, see loaded_switch_margin).
+    one = {**learned.config.model_dump(), "loaded_switch_margin": None}
+    sticky = Learner.from_json({**learned.to_json(), "config": {**one, "switch_margin": 0.05}})
+    free = Learner.from_json({**learned.to_json(), "config": {**one, "switch_margin": 0.0}})
     held = sticky.propose(now, live=live).table
     moved = free.propose(now, live=live).table
     near = [b for b in range(20, 60) if moved.depth_for(b) != 3]
     assert near, moved.describe()
     assert sum(held.depth_for(b) == 3 for b in near) > 0, held.describe()
+
+
+def test_loaded_switch_margin_holds_the_live_depth_where_the_load_is(learned: Learner) -> None:
+    now = learned.fitted_at or 0.0
+    live = single_depth_table(3)  # one run: it carries all of any load
+    base = {**learned.to_json(), "config": {**learned.config.model_dump(), "switch_margin": 0.05}}
+
+    def table(loaded: float | None, hist: dict[int, float] | None) -> PolicyTable:
+        state = {**base, "config": {**base["config"], "loaded_switch_margin": loaded}}
+        return Learner.from_json(state).propose(now, live=live, batch_histogram=hist).table
+
+    free = Learner.from_json({**base, "config": {**base["config"], "switch_margin": 0.0}})
+    moved = free.propose(now, live=live, batch_histogram={32: 1.0}).table
+    near = [b for b in range(20, 60) if moved.depth_for(b) != 3]
+    assert near, moved.describe()
+    held = table(None, {32: 1.0})
+    assert sum(held.depth_for(b) == 3 for b in near) > 0, held.describe()
+    loaded = table(0.0, {32: 1.0})
+    assert [loaded.depth_for(b) for b in near] == [moved.depth_for(b) for b in near], (
+        loaded.describe()
+    )
 
 
 def test_settled_near_tie_probes_halve_and_come_back_with_a_reaction(sweep: list[Sample]) -> None:

@@ -173,6 +173,14 @@ class LearnerConfig(BaseModel):
         description="Past cold start, depth 0 is a probe candidate in every tier besides the "
         "neighbours: it is the alternative that matters where drafting stops paying",
     )
+    probe_past_cold_neighbours: bool = Field(
+        default=False,
+        description="A tier whose neighbour on one side is cold also probes the next captured "
+        "depth past it on that side while that one is cold too, so that a table walking down "
+        "from a depth measured at small batches reaches the best depth in one push instead of "
+        "one depth per push (off: throughput-neutral on the slow profiles, not run on the full "
+        "evaluation; docs/models.md)",
+    )
     cheap_probe_loss: float = Field(
         default=0.05,
         ge=0.0,
@@ -198,6 +206,13 @@ class LearnerConfig(BaseModel):
         ge=0.0,
         description="The live table's depth at a batch size stays unless another depth is "
         "predicted better by this fraction (stops tables swinging between near-equal depths)",
+    )
+    loaded_switch_margin: float | None = Field(
+        default=None,
+        ge=0.0,
+        description="switch_margin for the live depth where its run of the live table carries "
+        "loaded_run_share of the load (null: switch_margin everywhere; measured on one profile "
+        "only, docs/models.md)",
     )
     extrapolation_factor: float = Field(
         default=2.0,
@@ -454,13 +469,15 @@ class Learner:
         resolved = merge_small_gain_runs(runs_of(_argmax_depth(tok, warm)), tok, c.explore_margin)
         raw_crossovers = crossovers(resolved, tok)
         # Decisions: the live depth at a batch size keeps it unless beaten by switch_margin.
+        load = _load_per_batch(hist, focus or {}, len(grid))
         if live is None and incumbent is not None:
             margin = c.switch_margin if incumbent_margin is None else incumbent_margin
             sticky = self._incumbent_bonus(tok, warm, incumbent, grid, margin)
         else:
-            sticky = self._incumbent_bonus(tok, warm, live, grid, c.switch_margin)
+            sticky = self._incumbent_bonus(
+                tok, warm, live, grid, c.switch_margin, load=load, loaded=c.loaded_switch_margin
+            )
         runs = merge_small_gain_runs(runs_of(_argmax_depth(sticky, warm)), sticky, c.explore_margin)
-        load = _load_per_batch(hist, focus or {}, len(grid))
         runs = merge_small_gain_runs(
             runs,
             sticky,
@@ -486,14 +503,27 @@ class Learner:
         live: PolicyTable | None,
         grid: np.ndarray,
         margin: float,
+        *,
+        load: np.ndarray | None = None,
+        loaded: float | None = None,
     ) -> dict[int, np.ndarray]:
         """Predicted tok/s with the live table's depth at each batch size raised by `margin`
-        (`switch_margin`): a challenger must beat it by that much to replace it."""
-        if live is None or margin <= 0:
+        (`switch_margin`): a challenger must beat it by that much to replace it. With `load`
+        and `loaded` (`loaded_switch_margin`), a run of the live depth carrying
+        `loaded_run_share` of the load is raised by `loaded` instead: a small edge there is
+        earned on most of the load (the push gate still stops churn)."""
+        if live is None:
             return dict(tok)
         incumbent = np.asarray([live.depth_for(int(b)) for b in grid])
+        bonus = np.full(grid.shape, margin)
+        if load is not None and loaded is not None:
+            for r in runs_of(incumbent):
+                if float(np.sum(load[r.lo - 1 : r.hi])) >= self.config.loaded_run_share:
+                    bonus[r.lo - 1 : r.hi] = loaded
+        if not np.any(bonus > 0):
+            return dict(tok)
         return {
-            d: np.where(incumbent == d, tok[d] * (1.0 + margin), tok[d]) if d in warm else tok[d]
+            d: np.where(incumbent == d, tok[d] * (1.0 + bonus), tok[d]) if d in warm else tok[d]
             for d in tok
         }
 
@@ -508,6 +538,24 @@ class Learner:
         if self.config.probe_off:
             near.add(0)
         return [d for d in others if d in near]
+
+    def _cold_probe_candidates(self, depth: int, cold: Sequence[int]) -> list[int]:
+        """Cold depths a tier running `depth` probes at the cap: the cold ones among its probe
+        candidates and, with `probe_past_cold_neighbours`, past each cold neighbour the next
+        captured depth if it is cold too (two cold steps would otherwise take two pushes)."""
+        out = set(self._probe_candidates(depth, cold))
+        c = self.config
+        if c.probe_neighbours_only and c.probe_past_cold_neighbours:
+            i = self.captured.index(depth)
+            for side in (-1, 1):
+                near, far = i + side, i + 2 * side
+                if (
+                    0 <= far < len(self.captured)
+                    and self.captured[near] in cold
+                    and self.captured[far] in cold
+                ):
+                    out.add(self.captured[far])
+        return sorted(out)
 
     def _explore_segments(
         self,
@@ -563,7 +611,7 @@ class Learner:
                 uncertain = c.explore_saturation
             # A cold candidate has no evidence to judge it by: probe it at the cap. Far cold
             # depths wait until a tier runs one of their neighbours.
-            unmeasured = [d for d in self._probe_candidates(p.depth, cold) if d not in warm]
+            unmeasured = [d for d in self._cold_probe_candidates(p.depth, cold) if d not in warm]
             if unmeasured:
                 p.explore_depths = tuple(sorted(set(alts) | set(unmeasured)))
                 p.explore_share = c.exploration_cap
@@ -604,7 +652,7 @@ class Learner:
         tiers = []
         for t in base:
             depth = t.depth if t.depth in self.captured else max(self.captured)
-            alts = tuple(self._probe_candidates(depth, cold))
+            alts = tuple(self._cold_probe_candidates(depth, cold))
             tiers.append(
                 Tier(t.min_batch, depth, t.hysteresis, cap if alts else 0.0, alts if alts else ())
             )

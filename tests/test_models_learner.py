@@ -88,7 +88,7 @@ def test_curves_bracket_the_true_throughput(learned: Learner) -> None:
 def test_cold_start_probes_off_and_the_neighbours_at_the_cap() -> None:
     server = SyntheticServer(DENSE, single_depth_table(3), seed=1)
     samples = server.run(20.0, lambda t: 8)
-    learner = Learner(DEPTHS)
+    learner = Learner(DEPTHS, LearnerConfig(probe_past_cold_neighbours=False))
     learner.fit(samples, now=server.now)
     proposal = learner.propose(server.now, live=single_depth_table(3))
     for tier in proposal.table.tiers:
@@ -97,6 +97,31 @@ def test_cold_start_probes_off_and_the_neighbours_at_the_cap() -> None:
         # neighbours 0 and 2 are measured.
         assert set(tier.explore_depths) == {0, 2, 4}
     assert proposal.exploration_share <= 0.03 + 1e-12
+
+
+def test_a_tier_beside_a_cold_neighbour_also_probes_the_cold_depth_past_it() -> None:
+    server = SyntheticServer(DENSE, single_depth_table(3), seed=1)
+    learner = Learner(DEPTHS, LearnerConfig(probe_past_cold_neighbours=True))
+    learner.fit(server.run(20.0, lambda t: 8), now=server.now)
+    proposal = learner.propose(server.now, live=single_depth_table(3))
+    for tier in proposal.table.tiers:
+        assert tier.explore_share == pytest.approx(0.03)
+        # 2 is cold, so 1 past it is probed too: a walk down from 3 needs one push, not two.
+        # Nothing lies past 4 on the other side.
+        assert set(tier.explore_depths) == {0, 1, 2, 4}
+    assert proposal.exploration_share <= 0.03 + 1e-12
+    # Once the neighbour is measured the reach is back to the neighbours (1 then sits between
+    # two measured depths and is placed by the pooled model).
+    probed = PolicyTable.build(
+        [Tier(1, 3, explore_share=0.3, explore_depths=(0, 2))], captured_depths=DEPTHS
+    )
+    warm_two = SyntheticServer(DENSE, probed, seed=1)
+    learner.fit(warm_two.run(30.0, lambda t: 8), now=warm_two.now)
+    assert 2 in learner.warm_depths()
+    assert learner._cold_probe_candidates(3, [4]) == [4]
+    # Only cold depths, and one step past the neighbour at most (off counts where it is cold).
+    assert learner._cold_probe_candidates(4, [1, 2, 3]) == [2, 3]
+    assert learner._cold_probe_candidates(4, [0, 1, 2, 3]) == [0, 2, 3]
 
 
 def test_a_depth_between_two_measured_ones_may_be_run_without_evidence_of_its_own() -> None:
@@ -264,17 +289,36 @@ def test_live_depth_kept_unless_beaten_by_the_switch_margin(learned: Learner) ->
     # depth holds the whole range, with none the model's own crossover decides.
     now = learned.fitted_at or 0.0
     live = single_depth_table(3)
-    sticky = Learner.from_json(
-        {**learned.to_json(), "config": {**learned.config.model_dump(), "switch_margin": 0.05}}
-    )
-    free = Learner.from_json(
-        {**learned.to_json(), "config": {**learned.config.model_dump(), "switch_margin": 0.0}}
-    )
+    # One margin everywhere (the live run carries all the load, see loaded_switch_margin).
+    one = {**learned.config.model_dump(), "loaded_switch_margin": None}
+    sticky = Learner.from_json({**learned.to_json(), "config": {**one, "switch_margin": 0.05}})
+    free = Learner.from_json({**learned.to_json(), "config": {**one, "switch_margin": 0.0}})
     held = sticky.propose(now, live=live).table
     moved = free.propose(now, live=live).table
     near = [b for b in range(20, 60) if moved.depth_for(b) != 3]
     assert near, moved.describe()
     assert sum(held.depth_for(b) == 3 for b in near) > 0, held.describe()
+
+
+def test_loaded_switch_margin_holds_the_live_depth_where_the_load_is(learned: Learner) -> None:
+    now = learned.fitted_at or 0.0
+    live = single_depth_table(3)  # one run: it carries all of any load
+    base = {**learned.to_json(), "config": {**learned.config.model_dump(), "switch_margin": 0.05}}
+
+    def table(loaded: float | None, hist: dict[int, float] | None) -> PolicyTable:
+        state = {**base, "config": {**base["config"], "loaded_switch_margin": loaded}}
+        return Learner.from_json(state).propose(now, live=live, batch_histogram=hist).table
+
+    free = Learner.from_json({**base, "config": {**base["config"], "switch_margin": 0.0}})
+    moved = free.propose(now, live=live, batch_histogram={32: 1.0}).table
+    near = [b for b in range(20, 60) if moved.depth_for(b) != 3]
+    assert near, moved.describe()
+    held = table(None, {32: 1.0})
+    assert sum(held.depth_for(b) == 3 for b in near) > 0, held.describe()
+    loaded = table(0.0, {32: 1.0})
+    assert [loaded.depth_for(b) for b in near] == [moved.depth_for(b) for b in near], (
+        loaded.describe()
+    )
 
 
 def test_settled_near_tie_probes_halve_and_come_back_with_a_reaction(sweep: list[Sample]) -> None:

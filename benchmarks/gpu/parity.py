@@ -21,10 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from controller.bench.report import STALL_FACTOR
+
 PLAIN = "no-spec"
-# A level whose TTFT p99 is this many times its p50 had an admission stall (a request waited
-# several decode iterations' worth beyond the others).
-STALL_FACTOR = 4.0
 
 
 @dataclass(frozen=True)
@@ -73,6 +72,12 @@ def _measured(row: dict[str, Any]) -> bool:
     return not row.get("too_short") and all(isinstance(row.get(k), int | float) for k in keys)
 
 
+def _pooled_tok_s(rows: list[dict[str, Any]]) -> float:
+    """Output tokens over measured seconds, summed across runs."""
+    seconds = sum(r["elapsed_s"] for r in rows)
+    return sum(r["output_tok_per_s"] * r["elapsed_s"] for r in rows) / seconds
+
+
 def _stalled(row: dict[str, Any]) -> bool:
     p50, p99 = row.get("ttft_p50_ms"), row.get("ttft_p99_ms")
     return bool(p50 and p99 and p99 >= STALL_FACTOR * p50)
@@ -97,13 +102,7 @@ def compare_runs(paths: Sequence[Path], series: str = "d0") -> list[Pair]:
     for c in levels:
         got = [(by[(series, c)], by[(PLAIN, c)]) for by in runs]
         ratios = [s["output_tok_per_s"] / p["output_tok_per_s"] for s, p in got]
-
-        def tokens(rows: list[dict[str, Any]]) -> float:
-            return sum(r["output_tok_per_s"] * r["elapsed_s"] for r in rows) / sum(
-                r["elapsed_s"] for r in rows
-            )
-
-        pooled = tokens([s for s, _ in got]) / tokens([p for _, p in got])
+        pooled = _pooled_tok_s([s for s, _ in got]) / _pooled_tok_s([p for _, p in got])
         tpot_s = statistics.median(s["tpot_p50_ms"] for s, _ in got)
         tpot_p = statistics.median(p["tpot_p50_ms"] for _, p in got)
         pairs.append(Pair(
@@ -168,14 +167,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(report(pairs, len(args.runs), args.series, args.min_ratio, args.tpot_within))
-    if missing := left_out(args.runs, pairs):
+    missing = left_out(args.runs, pairs)
+    if missing:
         print(f"left out (too short to finish a request, or not in every run): c={missing}")
     if args.json:
         args.json.write_text(json.dumps({
             "runs": [str(p) for p in args.runs], "series": args.series,
             "min_ratio": args.min_ratio, "tpot_within": args.tpot_within,
             "levels": [{**asdict(p), "worst_ratio": p.worst_ratio} for p in pairs],
-            "left_out": left_out(args.runs, pairs),
+            "left_out": missing,
         }, indent=2) + "\n")  # fmt: skip
     return 0
 

@@ -575,7 +575,7 @@ async def sweep(plan: SweepPlan, observer: LevelObserver | None = None) -> Sweep
         outcome = SweepOutcome(plan=plan, before=before)
         outcome.servers["spec"] = server_facts(server.server_info())
         if plan.freeze_gc:
-            _freeze_gc(outcome, observer)
+            _freeze_gc(outcome, server, observer)
         observer.sweep_started(outcome)
         processes = (
             LoadProcesses(plan.client_processes, plan.prompts)
@@ -597,21 +597,22 @@ async def sweep(plan: SweepPlan, observer: LevelObserver | None = None) -> Sweep
     return outcome
 
 
-def _freeze_gc(outcome: SweepOutcome, observer: LevelObserver) -> None:
+def _freeze_gc(outcome: SweepOutcome, server: ServerClient, observer: LevelObserver) -> None:
     """Freeze each server's collector; one that cannot be frozen is named, not fatal."""
     plan = outcome.plan
-    for role, url in (("spec", plan.url), ("no_spec", plan.no_spec_url)):
-        if url is None:
-            continue
-        with ServerClient(url, plan.admin_key) as client:
+    with contextlib.ExitStack() as stack:
+        clients = {"spec": server}
+        if plan.no_spec_url is not None:
+            clients["no_spec"] = stack.enter_context(ServerClient(plan.no_spec_url, plan.admin_key))
+        for role, client in clients.items():
             try:
                 client.freeze_gc()
             except ServerError as err:
                 outcome.gc_frozen[role] = str(err)
                 observer.warning(f"garbage collector not frozen: {err}")
                 continue
-        outcome.gc_frozen[role] = True
-        observer.message(f"froze the garbage collector of {url}")
+            outcome.gc_frozen[role] = True
+            observer.message(f"froze the garbage collector of {client.url}")
 
 
 def _restore(

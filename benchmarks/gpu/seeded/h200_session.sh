@@ -21,9 +21,14 @@
 #
 # ACCEPTANCE=0 leaves the acceptance measurements out of `setup` (servers only); SERVER_ARGS
 # adds SGLang arguments to both servers (one string, e.g. "--gc-warning-threshold-secs 0.05").
+# DEVICE_TIMER=1 (the default) starts both servers with SGLANG_ENABLE_METRICS_DEVICE_TIMER=1:
+# SGLang then times every forward with CUDA events and exports the GPU seconds per forward kind,
+# which `specctl bench` splits into prefill and decode per level (GPU prefill/decode column).
+# DEVICE_TIMER=0 starts them without it.
 # Every step leaves its files under $R (default /tmp/gpu-run) and packs the whole folder into
 # OUT/run.tar.gz (weights left out), so each step's results come back even if a later one fails.
-# SGLang must be importable (../shared/gpu/README.md: `source .gpu/stage.sh .gpu env`).
+# SGLang must be importable: docs/sglang.md "Getting SGLang onto a machine without network"
+# (`source .gpu/stage.sh .gpu env`, after benchmarks/gpu/staging/pack.sh).
 set -uo pipefail
 
 STEP=${1:?usage: h200_session.sh setup|measure|traces|parity|profile|long|verify|series|context OUT [POLICIES] [final]}
@@ -39,6 +44,7 @@ LEVEL_S=${LEVEL_S:-5}  # seconds per bench level, after a 1.5 s warm-up
 #   R=/tmp/dry PY=.venv-sglang/bin/python LEVEL_S=0.5 PHASES=2:2:a,2:16:a,2:4:b \
 #   HARNESS_EXTRA="--backend sim --tiny --seeded-args=--tiny --sim-speedup 20" \
 #   bash benchmarks/gpu/seeded/h200_session.sh setup|measure|traces ...
+[ "${DEVICE_TIMER:-1}" = 1 ] && export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1
 read -r -a EXTRA <<<"${HARNESS_EXTRA:-}"
 HARNESS_OPTS=(--run-dir "$R" --models seeded --depths 0,1,3 --bench-duration "$LEVEL_S"
               --smoke-seconds 4 --greedy-prompts 4 --greedy-tokens 128 --switches 1000

@@ -31,6 +31,7 @@ class ExposedServer(Protocol):
     profile: Profile
     speculative: bool
     model_name: str
+    device_timer: bool
 
     @property
     def policy_version(self) -> int: ...
@@ -111,6 +112,9 @@ class SimulatedServerCollector(Collector):
             gauge.add_metric(base, values[name])
             yield gauge
 
+        if server.device_timer:
+            yield _forward_seconds(server, base)
+
         tok_labels = ["model_name", "engine_type", "is_streaming"]
         gen = CounterMetricFamily(
             "sglang:generation_tokens", "Number of generation tokens processed.", labels=tok_labels
@@ -125,6 +129,23 @@ class SimulatedServerCollector(Collector):
         yield gen
         yield req
         yield from _latency_histograms(server, tok_labels)
+
+
+def _forward_seconds(server: ExposedServer, base: list[str]) -> Metric:
+    """SGLang's device-timer counter (its SGLANG_ENABLE_METRICS_DEVICE_TIMER=1): GPU seconds
+    per forward kind. Prefills are `extend`; a decode iteration, drafting included, is one
+    `target_verify` on a speculative server (SGLang splits out `eagle_draft` and
+    `eagle_draft_extend`; the simulator's step has no such split) and `decode` on a plain one."""
+    engine = server.engine
+    family = CounterMetricFamily(
+        "sglang:forward_execution_seconds",
+        "Total time that GPU is busy executing model forward passes.",
+        labels=[*contract.BASE_LABELS, "category"],
+    )
+    decode_s = sum(row[3] for row in engine.counters.values())
+    family.add_metric([*base, "extend"], engine.stats.prefill_seconds)
+    family.add_metric([*base, "target_verify" if server.speculative else "decode"], decode_s)
+    return family
 
 
 def _latency_histograms(server: ExposedServer, tok_labels: list[str]) -> Iterator[Metric]:

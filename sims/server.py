@@ -56,12 +56,16 @@ class SimulatedServer:
         model_name: str | None = None,
         table: PolicyTable | None = None,
         policy: DepthPolicy | None = None,
+        device_timer: bool = False,
     ) -> None:
         """`table`: a policy file frozen at start-up (source "startup"). `policy`: run this
-        policy instead (a fixed depth or the oracle, for baselines); both optional."""
+        policy instead (a fixed depth or the oracle, for baselines); both optional.
+        `device_timer`: export SGLang's GPU seconds per forward kind, as SGLang does with
+        SGLANG_ENABLE_METRICS_DEVICE_TIMER=1."""
         self.profile = profile
         self.workload = workload
         self.speculative = speculative
+        self.device_timer = device_timer
         self.model_name = model_name or profile.name
         self.admin_key = admin_key
         self.api_key = api_key

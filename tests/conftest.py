@@ -14,8 +14,9 @@ no background load, seed 0. Change them with indirect parametrisation:
     def test_x(sim_server): ...
 
 Recognised keys: profile (name or path), admin_key, api_key, speedup, concurrency (closed-loop
-background clients), seed, speculative. For several servers in one test, or options chosen
-inside the test, use the `sim_server_factory` fixture: `factory(**same_keys) -> SimHandle`.
+background clients), seed, speculative, device_timer. For several servers in one test, or
+options chosen inside the test, use the `sim_server_factory` fixture:
+`factory(**same_keys) -> SimHandle`.
 Every server is stopped at teardown.
 """
 
@@ -50,6 +51,7 @@ def _start(
     concurrency: float = 0.0,
     seed: int = 0,
     speculative: bool = True,
+    device_timer: bool = False,
 ) -> SimHandle:
     server = SimulatedServer(
         load_profile(profile),
@@ -58,6 +60,7 @@ def _start(
         admin_key=admin_key,
         api_key=api_key,
         speculative=speculative,
+        device_timer=device_timer,
     )
     served = ServedSimulation(server, speedup=speedup)
     return SimHandle(served.start(), server, served)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from controller.bench.metrics import parse_scrape
+from controller.bench.metrics import FORWARD_SECONDS, forward_busy_between, parse_scrape
 from sglang_hooks.contract import (
     BASE_LABELS,
     COUNTER_FAMILIES,
@@ -36,3 +36,33 @@ def test_tensor_parallel_ranks_are_not_counted_twice() -> None:
 def test_data_parallel_ranks_add_up() -> None:
     dp2 = parse_scrape(_page([("0", "0"), ("0", "1")])).by_depth()[2]
     assert (dp2.iterations, dp2.tokens) == (20.0, 100.0)
+
+
+def _timer_page(seconds: dict[tuple[str, str], float]) -> str:
+    """SGLang's device-timer counter, real exposition, per (tp_rank, category)."""
+    registry = CollectorRegistry()
+    counter = Counter(FORWARD_SECONDS, "GPU busy", (*BASE_LABELS, "category"), registry=registry)
+    for (tp, category), value in seconds.items():
+        counter.labels("m", "unified", tp, "0", "0", category).inc(value)
+    return generate_latest(registry).decode()
+
+
+def test_device_timer_splits_prefill_from_the_rest_on_one_rank() -> None:
+    before = parse_scrape(_timer_page({("0", "extend"): 1.0, ("0", "target_verify"): 2.0}))
+    after = parse_scrape(
+        _timer_page(
+            {("0", "extend"): 1.5, ("0", "target_verify"): 5.0, ("0", "eagle_draft_extend"): 1.0,
+             ("1", "extend"): 9.0, ("1", "target_verify"): 9.0}
+        )
+    )  # fmt: skip
+    assert after.forward_seconds == {"extend": 1.5, "target_verify": 5.0, "eagle_draft_extend": 1.0}
+    busy = forward_busy_between(before, after, seconds=5.0)
+    assert busy is not None
+    # prefill 0.5 s of 5; the rest: verify 3 s + the draft's extend 1 s (new since before)
+    assert (busy.prefill, busy.decode) == (0.1, 0.8)
+
+
+def test_no_device_timer_no_split() -> None:
+    page = parse_scrape(_page([("0", "0")]))
+    assert page.forward_seconds == {}
+    assert forward_busy_between(page, page, seconds=5.0) is None

@@ -123,6 +123,43 @@ def test_freeze_gc_freezes_each_server_and_names_the_one_it_could_not(
     assert json.loads((tmp_path / "b2" / "bench.json").read_text())["gc_frozen"] is None
 
 
+def test_device_timer_gives_each_level_its_prefill_and_decode_gpu_share(
+    sim_server_factory, tmp_path: Path
+) -> None:
+    """Both servers export SGLang's device-timer counter (`--device-timer`); a third does not."""
+    speedup = 50.0
+    spec = sim_server_factory(admin_key=KEY, speedup=speedup, device_timer=True)
+    nospec = sim_server_factory(speedup=speedup, speculative=False, device_timer=True)
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", "0,3",
+         "--concurrency", "1,4", "--no-spec-url", nospec.base_url, "--out", str(out), *FAST,
+         "--output-tokens", "48", "--client-bound-share", "100"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "GPU prefill/decode" in flat(result.output)
+    rows = list(csv.DictReader((out / "bench.csv").open()))
+    assert len(rows) == 6
+    for r in rows:
+        # Simulated GPU seconds per wall second: at most the clock's speedup, prefill and
+        # decode together (the simulated server runs one forward at a time).
+        prefill, decode = float(r["gpu_prefill_busy"]), float(r["gpu_decode_busy"])
+        assert prefill > 0 and decode > 0, r
+        assert (prefill + decode) / speedup <= 1.1, r
+
+    plain = sim_server_factory(admin_key=KEY, speedup=speedup)
+    again = CliRunner().invoke(
+        app,
+        ["bench", "--url", plain.base_url, "--admin-key", KEY, "--depths", "0",
+         "--concurrency", "1", "--out", str(tmp_path / "b2"), *FAST, "--client-bound-share", "100"],
+    )  # fmt: skip
+    assert again.exit_code == 0, again.output
+    assert "GPU prefill/decode" not in flat(again.output)
+    (row,) = csv.DictReader((tmp_path / "b2" / "bench.csv").open())
+    assert row["gpu_prefill_busy"] == row["gpu_decode_busy"] == ""
+
+
 @pytest.mark.parametrize("sim_server", [{"admin_key": KEY, "speedup": 200}], indirect=True)
 def test_clear_errors_for_key_depth_and_url(sim_server, tmp_path: Path) -> None:
     url = sim_server.base_url

@@ -227,3 +227,23 @@ def test_external_concurrency_override(kimi):
     server.set_concurrency(32)
     server.advance(60)
     assert server.engine.n + server.engine.queue_length >= 24
+
+
+@pytest.mark.parametrize("speculative, decode_kind", [(True, "target_verify"), (False, "decode")])
+def test_device_timer_counter_is_the_engines_own_time(kimi, speculative, decode_kind):
+    """SGLang's `sglang:forward_execution_seconds_total` (its device timer), when asked for:
+    prefill seconds as `extend`, the decode iterations' timed seconds under the kind SGLang
+    uses for them; together no more than the clock moved."""
+    from controller.bench.metrics import parse_scrape
+
+    server = _server(kimi, speculative=speculative, device_timer=True)
+    server.advance(60)
+    seen = parse_scrape(server.metrics_text()).forward_seconds
+    stats = server.stats()
+    gpu = _by_depth(_counters(server.metrics_text()), contract.METRIC_GPU_SECONDS)
+    assert set(seen) == {"extend", decode_kind}
+    assert seen["extend"] == pytest.approx(stats.prefill_seconds) and seen["extend"] > 0
+    if speculative:
+        assert seen[decode_kind] == pytest.approx(sum(gpu.values())) and seen[decode_kind] > 0
+    assert 0 < seen["extend"] + seen[decode_kind] <= server.now
+    assert "forward_execution_seconds" not in _server(kimi).metrics_text()

@@ -6,6 +6,7 @@ a delta between two scrapes is the server's total work at that depth and bucket 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -34,6 +35,14 @@ _FIELD_BY_FAMILY = {
 TTFT_HISTOGRAM = "sglang:time_to_first_token_seconds"
 ITL_HISTOGRAM = "sglang:inter_token_latency_seconds"
 LATENCY_HISTOGRAMS = (TTFT_HISTOGRAM, ITL_HISTOGRAM)
+
+# GPU seconds per forward kind, from SGLang's device timer (exported only when the server runs
+# with SGLANG_ENABLE_METRICS_DEVICE_TIMER=1): CUDA events around each forward, by `category`
+# (decode, extend, target_verify, eagle_draft, eagle_draft_extend, idle, split_prefill).
+FORWARD_SECONDS = "sglang:forward_execution_seconds"
+# The categories that are prefill work: a speculative server's draft prefill runs the draft
+# model's extend, which SGLang times as `extend` too.
+PREFILL_CATEGORIES = frozenset({"extend", "split_prefill"})
 
 
 class MetricsFormatError(ValueError):
@@ -94,6 +103,9 @@ class Scrape:
     # SGLang's latency histograms (`LATENCY_HISTOGRAMS`): (sum of seconds, count), summed over
     # label sets. Measured inside the server, so free of the client's and the network's time.
     histograms: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    # `FORWARD_SECONDS` per category (TP rank 0, PP rank 0, summed over DP ranks); empty when
+    # the server does not export it.
+    forward_seconds: Mapping[str, float] = field(default_factory=dict)
 
     def by_depth(self) -> dict[int, DepthWork]:
         out: dict[int, DepthWork] = {}
@@ -125,7 +137,15 @@ def parse_scrape(text: str) -> Scrape:
         slot[field] = slot.get(field, 0.0) + value
     gauges: dict[str, float] = {}
     histograms: dict[str, tuple[float, float]] = {}
+    forward: dict[str, float] = {}
     for metric in families:
+        if metric.type == "counter" and metric.name == FORWARD_SECONDS:
+            for sample in metric.samples:
+                labels = sample.labels
+                first_rank = labels.get("tp_rank", "0") == "0" and labels.get("pp_rank", "0") == "0"
+                if sample.name.endswith("_total") and first_rank and math.isfinite(sample.value):
+                    kind = labels.get("category", "")
+                    forward[kind] = forward.get(kind, 0.0) + max(sample.value, 0.0)
         if metric.type == "histogram" and metric.name in LATENCY_HISTOGRAMS:
             total_s = sum(x.value for x in metric.samples if x.name == metric.name + "_sum")
             count = sum(x.value for x in metric.samples if x.name == metric.name + "_count")
@@ -136,7 +156,9 @@ def parse_scrape(text: str) -> Scrape:
             # Several ranks report the same gauge; keep the largest (e.g. running reqs).
             gauges[sample.name] = max(gauges.get(sample.name, float("-inf")), sample.value)
     counters = {key: DepthWork(**fields) for key, fields in sums.items()}
-    return Scrape(counters=counters, gauges=gauges, histograms=histograms)
+    return Scrape(
+        counters=counters, gauges=gauges, histograms=histograms, forward_seconds=forward
+    )
 
 
 def mean_between(before: Scrape, after: Scrape, histogram: str) -> float | None:
@@ -145,6 +167,29 @@ def mean_between(before: Scrape, after: Scrape, histogram: str) -> float | None:
         return None
     (s0, n0), (s1, n1) = before.histograms[histogram], after.histograms[histogram]
     return (s1 - s0) / (n1 - n0) if n1 > n0 else None
+
+
+@dataclass(frozen=True)
+class ForwardBusy:
+    """GPU seconds per second of a window, split into prefill and the rest (decode, verify,
+    drafting), as SGLang's device timer measured them."""
+
+    prefill: float
+    decode: float
+
+
+def forward_busy_between(before: Scrape, after: Scrape, seconds: float) -> ForwardBusy | None:
+    """None when either scrape lacks the device timer's counter or the window is empty."""
+    if not before.forward_seconds or not after.forward_seconds or seconds <= 0:
+        return None
+    prefill = decode = 0.0
+    for kind, value in after.forward_seconds.items():
+        delta = max(value - before.forward_seconds.get(kind, 0.0), 0.0)
+        if kind in PREFILL_CATEGORIES:
+            prefill += delta
+        else:
+            decode += delta
+    return ForwardBusy(prefill=prefill / seconds, decode=decode / seconds)
 
 
 def work_between(before: Scrape, after: Scrape) -> dict[int, DepthWork]:

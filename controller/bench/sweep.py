@@ -47,6 +47,7 @@ from controller.bench.metrics import (
     ITL_HISTOGRAM,
     TTFT_HISTOGRAM,
     Scrape,
+    forward_busy_between,
     mean_between,
     total,
     work_between,
@@ -202,6 +203,10 @@ class LevelResult:
     client_processes: int = 1
     client_process_cpu_share: float | None = None
     client_bound: bool = False
+    # GPU seconds per second of the window in prefill forwards and in the rest (decode, verify,
+    # drafting), from SGLang's device timer (SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 on the server).
+    gpu_prefill_busy: float | None = None
+    gpu_decode_busy: float | None = None
 
     @property
     def level(self) -> int | float:
@@ -274,8 +279,10 @@ def summarize(
 ) -> LevelResult:
     done = load.completed
     lat = latencies(done)
-    mean_batch = accept = step = ttft_s = itl_s = None
+    mean_batch = accept = step = ttft_s = itl_s = busy = None
+    window = load.elapsed_s
     if before is not None and after is not None:
+        busy = forward_busy_between(before, after, window)
         ttft_s = mean_between(before, after, TTFT_HISTOGRAM)
         itl_s = mean_between(before, after, ITL_HISTOGRAM)
         work = work_between(before, after)
@@ -286,7 +293,6 @@ def summarize(
     prompts = [r.prompt_tokens for r in load.requests if r.prompt_tokens is not None]
     good = goodput(slo, load.measured, load.elapsed_s) if slo is not None else None
     open_loop = load.shape if isinstance(load.shape, OpenLoop) else None
-    window = load.elapsed_s
     busiest = max(load.process_cpu_s or (load.client_cpu_s,)) / window if window > 0 else math.nan
     return LevelResult(
         series=series_name(depth),
@@ -328,6 +334,8 @@ def summarize(
         client_processes=len(load.process_cpu_s) or 1,
         client_process_cpu_share=busiest,
         client_bound=busiest >= client_bound_share,
+        gpu_prefill_busy=None if busy is None else busy.prefill,
+        gpu_decode_busy=None if busy is None else busy.decode,
     )
 
 

@@ -164,18 +164,27 @@ def _batch(r: LevelResult) -> str:
     return f"{r.mean_batch:.1f}" + ("!" if r.foreign_traffic else "")
 
 
+def _busy(r: LevelResult) -> str:
+    if r.gpu_prefill_busy is None or r.gpu_decode_busy is None:
+        return "-"
+    return f"{r.gpu_prefill_busy:.2f} / {r.gpu_decode_busy:.2f}"
+
+
 def results_table(results: list[LevelResult]) -> Table:
     """One row per level; p90s and the rest are in bench.csv / bench.json."""
     best = best_depths(results)
     rate = any(r.request_rate is not None for r in results)
     slo = any(r.goodput_req_per_s is not None for r in results)
     flagged = any(r.flags for r in results)
+    gpu = any(r.gpu_prefill_busy is not None for r in results)
     table = Table(title="per (depth, level); * = best forced depth", box=None)
     names = ["series", *(["rate/s", "max conc"] if rate else ["conc"]), "tok/s"]
     names += ["req/s"] if rate else []
     names += ["TTFT p50/p99 ms", "TPOT p50/p99 ms", "ITL p50/p99 ms"]
     names += ["goodput req/s"] if slo else []
-    names += ["batch", "accept", "req"] + (["left out"] if flagged else [])
+    names += ["batch", "accept", "req"]
+    names += ["GPU prefill/decode"] if gpu else []
+    names += ["left out"] if flagged else []
     for name in names:
         table.add_column(name, justify="left" if name in ("series", "left out") else "right")
     for r in results:
@@ -200,6 +209,8 @@ def results_table(results: list[LevelResult]) -> Table:
             "-" if r.accept_length is None else f"{r.accept_length:.2f}",
             f"{r.requests}" + (f" ({r.errors} err)" if r.errors else ""),
         ]
+        if gpu:
+            row.append(_busy(r))
         if flagged:
             row.append(", ".join(r.flags))
         table.add_row(*row)

@@ -187,6 +187,13 @@ def serve(
     speculative: Annotated[
         bool, typer.Option("--speculative/--no-speculative", help="EAGLE-3 on, or a plain server")
     ] = True,
+    device_timer: Annotated[
+        bool,
+        typer.Option(
+            help="Export GPU seconds per forward kind (sglang:forward_execution_seconds_total), "
+            "as SGLang does with SGLANG_ENABLE_METRICS_DEVICE_TIMER=1"
+        ),
+    ] = False,
 ) -> None:
     """Serve a simulated SGLang server (SGLang's HTTP API + the specctl plugin's contract).
 
@@ -217,6 +224,7 @@ def serve(
         admin_key=admin_key,
         api_key=api_key,
         speculative=speculative,
+        device_timer=device_timer,
     )
     try:
         served = ServedSimulation(server, host=host, port=port, speedup=speedup, log_level="info")

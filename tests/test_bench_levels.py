@@ -179,3 +179,28 @@ def test_the_server_table_is_restored_after_a_rate_sweep(sim_server_factory) -> 
     ]  # fmt: skip
     assert all(r.request_per_s > 0 and r.itl_p50_ms is not None for r in outcome.results)
     assert outcome.restored == before.describe()
+
+
+@pytest.mark.parametrize(
+    "sim_server", [{"speedup": 5, "concurrency": 24, "profile": "h200-llama8b-eagle3"}],
+    indirect=True,
+)  # fmt: skip
+def test_request_gauges_are_read_through_the_window(sim_server) -> None:
+    """The simulator's own closed loop keeps 24 requests running: the window's readings of
+    SGLang's running-request gauge, every poll, see them (and nothing queued)."""
+    from controller.bench.server_client import ServerClient
+    from controller.bench.sweep import _WindowScrapes
+
+    async def window() -> _WindowScrapes:
+        scrapes = _WindowScrapes(ServerClient(sim_server.base_url), poll_s=0.05)
+        await scrapes.window_started()
+        await asyncio.sleep(0.6)
+        await scrapes.window_ended()
+        return scrapes
+
+    sim_server.server.advance(5)  # the background load is warm
+    scrapes = asyncio.run(window())
+    assert scrapes.before is not None and scrapes.after is not None
+    assert len(scrapes.running) >= 6  # before, after and the polls between
+    assert 20 <= statistics.fmean(scrapes.running) <= 24
+    assert statistics.fmean(scrapes.queued) == 0

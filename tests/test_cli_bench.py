@@ -123,7 +123,7 @@ def test_freeze_gc_freezes_each_server_and_names_the_one_it_could_not(
     assert json.loads((tmp_path / "b2" / "bench.json").read_text())["gc_frozen"] is None
 
 
-def test_device_timer_gives_each_level_its_prefill_and_decode_gpu_share(
+def test_device_timer_and_request_gauges_give_each_level_its_gpu_split_and_batch(
     sim_server_factory, tmp_path: Path
 ) -> None:
     """Both servers export SGLang's device-timer counter (`--device-timer`); a third does not."""
@@ -147,6 +147,13 @@ def test_device_timer_gives_each_level_its_prefill_and_decode_gpu_share(
         prefill, decode = float(r["gpu_prefill_busy"]), float(r["gpu_decode_busy"])
         assert prefill > 0 and decode > 0, r
         assert (prefill + decode) / speedup <= 1.1, r
+        # SGLang's request gauges, read through the window: never more than was sent (often 0
+        # here: a sped-up simulator finishes requests faster than the client sends them)
+        running, queued = float(r["running_mean"]), float(r["queued_mean"])
+        assert 0 <= running <= int(r["concurrency"]) and queued >= 0, r
+    # the plain server has no plugin counters: its batch column is the gauge's mean, marked ~
+    lines = result.output.splitlines()
+    assert any(line.split()[:1] == ["no-spec"] and "~" in line for line in lines)
 
     plain = sim_server_factory(admin_key=KEY, speedup=speedup)
     again = CliRunner().invoke(

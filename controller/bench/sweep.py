@@ -207,6 +207,10 @@ class LevelResult:
     # drafting), from SGLang's device timer (SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 on the server).
     gpu_prefill_busy: float | None = None
     gpu_decode_busy: float | None = None
+    # SGLang's running and queued request gauges, read every GAUGE_POLL_S through the window
+    # (means of the readings): the batch of a server without the plugin's counters too.
+    running_mean: float | None = None
+    queued_mean: float | None = None
 
     @property
     def level(self) -> int | float:
@@ -276,6 +280,7 @@ def summarize(
     slo: Slo | None = None,
     drain: Drain | None = None,
     client_bound_share: float = CLIENT_BOUND_SHARE,
+    gauges: tuple[Sequence[float], Sequence[float]] = ((), ()),
 ) -> LevelResult:
     done = load.completed
     lat = latencies(done)
@@ -336,6 +341,8 @@ def summarize(
         client_bound=busiest >= client_bound_share,
         gpu_prefill_busy=None if busy is None else busy.prefill,
         gpu_decode_busy=None if busy is None else busy.decode,
+        running_mean=statistics.fmean(gauges[0]) if gauges[0] else None,
+        queued_mean=statistics.fmean(gauges[1]) if gauges[1] else None,
     )
 
 
@@ -423,20 +430,50 @@ def _scrape_or_none(server: ServerClient) -> Scrape | None:
         return None
 
 
-class _WindowScrapes(WindowHooks):
-    """Scrapes the server as a level's window opens and closes (off the event loop, so the
-    streams keep being read meanwhile)."""
+# How often the request gauges are read inside a window. SGLang refreshes them at every prefill
+# and every 40 decode iterations, so reading more often sees the same values again.
+GAUGE_POLL_S = 0.5
 
-    def __init__(self, server: ServerClient) -> None:
+
+class _WindowScrapes(WindowHooks):
+    """Scrapes the server as a level's window opens and closes, and reads its running and
+    queued request gauges every `poll_s` between (all off the event loop, so the streams keep
+    being read meanwhile; one scrape at a time)."""
+
+    def __init__(self, server: ServerClient, poll_s: float = GAUGE_POLL_S) -> None:
         self.server = server
+        self.poll_s = poll_s
         self.before: Scrape | None = None
         self.after: Scrape | None = None
+        self.running: list[float] = []
+        self.queued: list[float] = []
+        self._stop = asyncio.Event()
+        self._poller: asyncio.Task[None] | None = None
+
+    def _keep(self, scrape: Scrape | None) -> None:
+        if scrape is not None and RUNNING_GAUGE in scrape.gauges:
+            self.running.append(scrape.gauges[RUNNING_GAUGE])
+            self.queued.append(scrape.gauges.get(QUEUED_GAUGE, 0.0))
+
+    async def _poll(self) -> None:
+        while True:
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=self.poll_s)
+                return
+            except TimeoutError:
+                self._keep(await asyncio.to_thread(_scrape_or_none, self.server))
 
     async def window_started(self) -> None:
         self.before = await asyncio.to_thread(_scrape_or_none, self.server)
+        self._keep(self.before)
+        self._poller = asyncio.create_task(self._poll())
 
     async def window_ended(self) -> None:
+        if self._poller is not None:
+            self._stop.set()
+            await self._poller  # a scrape under way finishes first: never two at once
         self.after = await asyncio.to_thread(_scrape_or_none, self.server)
+        self._keep(self.after)
 
 
 class _Levels:
@@ -504,8 +541,9 @@ class _Levels:
                 "so the next level measures that traffic too"
             )
         return summarize(
-            depth, load, scrapes.before, scrapes.after, plan.slo, drained, plan.client_bound_share
-        )
+            depth, load, scrapes.before, scrapes.after, plan.slo, drained, plan.client_bound_share,
+            gauges=(scrapes.running, scrapes.queued),
+        )  # fmt: skip
 
 
 def _requests(n: float | None) -> str:

@@ -159,8 +159,10 @@ def _pair(a: float | None, b: float | None) -> str:
 
 
 def _batch(r: LevelResult) -> str:
+    """The plugin's mean batch; else (a server without it) the mean of SGLang's running-request
+    gauge over the window, marked `~`."""
     if r.mean_batch is None:
-        return "-"
+        return "-" if r.running_mean is None else f"~{r.running_mean:.1f}"
     return f"{r.mean_batch:.1f}" + ("!" if r.foreign_traffic else "")
 
 

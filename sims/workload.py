@@ -254,14 +254,17 @@ class Workload(_Strict):
         concurrency: float | Trace,
         *,
         prompt_tokens: int | None = None,
-        output_tokens: int | None = None,
+        output_tokens: int | tuple[int, int] | None = None,
         phase: str | None = None,
     ) -> Workload:
-        """A closed loop at fixed lengths (handy for sweeps and tests)."""
+        """A closed loop at fixed lengths (handy for sweeps and tests); `output_tokens` as
+        (low, high) draws each request's uniformly from that range."""
         data: dict[str, object] = {"mode": "closed", "concurrency": concurrency}
         if prompt_tokens is not None:
             data["prompt_tokens"] = FixedLength(value=prompt_tokens)
-        if output_tokens is not None:
+        if isinstance(output_tokens, tuple):
+            data["output_tokens"] = UniformLength(low=output_tokens[0], high=output_tokens[1])
+        elif output_tokens is not None:
             data["output_tokens"] = FixedLength(value=output_tokens)
         if phase is not None:
             data["phases"] = [PhaseStep(phase=phase)]

@@ -223,6 +223,14 @@ def test_a_valid_bench_file_loads(tmp_path: Path) -> None:
          "results[0].output_tok_per_s: must be a number, got 'fast'"),
         ({"results": [{"series": "no-spec", "depth": None, "concurrency": 1}]},
          "servers.no_spec: missing, but results[0] is a 'no-spec' level"),
+        ({"results": [{"series": "d1", "depth": 1, "concurrency": 2, "requests": 5,
+                       "errors": 0, "elapsed_s": 1.0, "output_tok_per_s": 9.0,
+                       "output_tokens_min": 90, "output_tokens_max": 30}]},
+         "results[0].output_tokens_min: 90 is above output_tokens_max (30)"),
+        ({"results": [{"series": "d1", "depth": 1, "concurrency": 2, "requests": 5,
+                       "errors": 0, "elapsed_s": 1.0, "output_tok_per_s": 9.0,
+                       "output_tokens_max": 2.5}]},
+         "results[0].output_tokens_max: must be an integer or null >= 1, got 2.5"),
     ],
 )  # fmt: skip
 def test_bench_file_errors_name_the_field(tmp_path: Path, changes: dict, message: str) -> None:
@@ -262,6 +270,38 @@ def test_cli_errors_are_one_line_and_exit_2(tmp_path: Path, setup: str, expected
     lines = output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], output
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_a_spread_of_output_lengths_is_replayed_as_one(tmp_path: Path) -> None:
+    """A bench whose outputs spread evenly (shortest 32, longest 96, mean 64) replays them
+    drawn from that range; a skewed spread, or none, keeps every request at the mean."""
+    from sims.fit.framing import output_range, shape_of
+
+    level = json.loads(bench_json(tmp_path).read_text())["results"][0]
+    even = {**level, "output_tokens_min": 32, "output_tokens_max": 96}
+    skewed = {**level, "output_tokens_min": 4, "output_tokens_max": 900}
+    run = load_bench(bench_json(tmp_path, results=[level, even, skewed]))
+    plain, spread, skew = run.levels
+    assert spread.output_tokens_min == 32 and spread.output_tokens_max == 96
+    assert output_range(plain) is None and output_range(skew) is None
+    shape = shape_of(spread, None)
+    assert shape.output_range == (32, 96) and shape.output_tokens == 64
+
+    truth = load_profile(TRUTH)
+    engine = Engine(truth, Workload.closed(8, prompt_tokens=100, output_tokens=(32, 96)), seed=0)
+    engine.request_log = []
+    engine.run_until(20.0)
+    outputs = [out for *_, out in engine.request_log]
+    assert min(outputs) >= 32 and max(outputs) <= 96 and len(set(outputs)) > 10
+    assert abs(np.mean(outputs) - 64) < 6
+    # Requests that do not end together: the finishes of the first wave spread out.
+    ends = sorted(end for _, _, _, end, _ in engine.request_log)[:8]
+    fixed = Engine(truth, Workload.closed(8, prompt_tokens=100, output_tokens=64), seed=0)
+    fixed.request_log = []
+    fixed.run_until(20.0)
+    fixed_ends = sorted(end for _, _, _, end, _ in fixed.request_log)[:8]
+    assert ends[-1] - ends[0] > 2 * (fixed_ends[-1] - fixed_ends[0])
+    assert replay(truth, shape, phase="chat").completed > 0
 
 
 def test_cli_checks_out_and_base_before_fitting(tmp_path: Path) -> None:

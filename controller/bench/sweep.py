@@ -211,6 +211,10 @@ class LevelResult:
     # (means of the readings): the batch of a server without the plugin's counters too.
     running_mean: float | None = None
     queued_mean: float | None = None
+    # The shortest and longest output of the window's completed requests: a spread of lengths
+    # (requests that do not end together) is part of the protocol a replay must follow.
+    output_tokens_min: int | None = None
+    output_tokens_max: int | None = None
 
     @property
     def level(self) -> int | float:
@@ -334,6 +338,8 @@ def summarize(
         step_ms=step,
         prompt_tokens=statistics.fmean(prompts) if prompts else None,
         output_tokens=statistics.fmean(r.output_tokens for r in done) if done else None,
+        output_tokens_min=min(r.output_tokens for r in done) if done else None,
+        output_tokens_max=max(r.output_tokens for r in done) if done else None,
         server_ttft_ms=None if ttft_s is None else 1000.0 * ttft_s,
         server_itl_ms=None if itl_s is None else 1000.0 * itl_s,
         client_processes=len(load.process_cpu_s) or 1,

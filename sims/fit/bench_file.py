@@ -66,6 +66,9 @@ class Level:
     # Unmeasured load before the window (server seconds); 0 in benches from before warm-ups.
     warmup_s: float = 0.0
     request_rate: float | None = None  # an open-loop level's arrivals per second
+    # Shortest and longest output among the window's requests (None in older benches).
+    output_tokens_min: int | None = None
+    output_tokens_max: int | None = None
 
     @property
     def label(self) -> str:
@@ -196,6 +199,10 @@ def _level(path: Path, i: int, raw: Any, spec: ServerFacts, no_spec: ServerFacts
     if not isinstance(foreign, bool):
         raise _err(path, f"{where}.foreign_traffic", f"must be true or false, got {foreign!r}")
     tok = num("output_tok_per_s", optional=False)
+    shortest, longest = raw.get("output_tokens_min"), raw.get("output_tokens_max")
+    if isinstance(shortest, int) and isinstance(longest, int) and shortest > longest:
+        why = f"{shortest} is above output_tokens_max ({longest})"
+        raise _err(path, f"{where}.output_tokens_min", why)
     return Level(
         source=str(path),
         series=series,
@@ -217,7 +224,11 @@ def _level(path: Path, i: int, raw: Any, spec: ServerFacts, no_spec: ServerFacts
         server_itl_ms=num("server_itl_ms"),
         warmup_s=(num("warmup_s") or 0.0) * x,
         request_rate=scaled("request_rate", 1.0 / x),
-    )
+        output_tokens_min=_int(path, f"{where}.output_tokens_min", raw.get("output_tokens_min"),
+                               optional=True, low=1),
+        output_tokens_max=_int(path, f"{where}.output_tokens_max", raw.get("output_tokens_max"),
+                               optional=True, low=1),
+    )  # fmt: skip
 
 
 def load_bench(path: Path) -> BenchRun:

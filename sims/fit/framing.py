@@ -29,7 +29,25 @@ def shape_of(level: Level, run_limit: int | None) -> LevelShape:
         duration_s=level.elapsed_s,
         request_limit=run_limit,
         warmup_s=level.warmup_s,
+        output_range=output_range(level),
     )
+
+
+# A spread is replayed as uniform over [shortest, longest] only where the mean sits this close
+# to the middle (as `benchmarks.gpu.seeded.datasets --output-tokens LOW:HIGH` makes them); a
+# skewed spread (a ShareGPT dump: most replies short, a few long) keeps the mean for all.
+UNIFORM_MIDDLE = 0.1
+
+
+def output_range(level: Level) -> tuple[int, int] | None:
+    """The level's output lengths as a range, when they spread about evenly; None when all were
+    equal, the spread is skewed, or the bench did not record them."""
+    low, high, mean = level.output_tokens_min, level.output_tokens_max, level.output_tokens
+    if low is None or high is None or mean is None or low >= high:
+        return None
+    if abs(mean - (low + high) / 2) > UNIFORM_MIDDLE * (high - low):
+        return None
+    return (low, high)
 
 
 def measured_accept_lengths(levels: Sequence[Level]) -> dict[int, float]:

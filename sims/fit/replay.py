@@ -42,6 +42,9 @@ class LevelShape:
     duration_s: float  # the measured window
     request_limit: int | None = None  # the bench's --requests-per-level, if that ended it
     warmup_s: float = 0.0  # unmeasured load before the window
+    # Output lengths drawn uniformly from [low, high] (the bench's shortest and longest), not
+    # all `output_tokens`: requests that do not end together do not move in waves.
+    output_range: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -93,7 +96,7 @@ def replay(
     workload = Workload.closed(
         shape.concurrency,
         prompt_tokens=shape.prompt_tokens,
-        output_tokens=shape.output_tokens,
+        output_tokens=shape.output_tokens if shape.output_range is None else shape.output_range,
         phase=phase,
     )
     engine = Engine(

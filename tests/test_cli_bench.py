@@ -52,24 +52,41 @@ def push_before(url: str) -> None:
     assert resp.json() == [True]
 
 
-def test_short_sweep_measures_each_depth_restores_the_table_and_writes_reports(
-    sim_server_factory, tmp_path: Path
-) -> None:
-    # Slower clocks and longer replies than FAST alone: requests must outlast the client's
-    # own turnaround, or a busy machine's client never keeps 4 streams in flight.
-    spec = sim_server_factory(admin_key=KEY, speedup=50)
-    nospec = sim_server_factory(speedup=50, speculative=False)
-    push_before(spec.base_url)
-    out = tmp_path / "bench"
-    # The simulators serve from this process, whose CPU share the client-bound flag reads: a
-    # busy machine would flag every level and leave nothing to recommend from (the flag has its
-    # own tests in test_cli_bench_processes.py).
-    result = CliRunner().invoke(
+def sweep_two_servers(factory, out: Path, speedup: float = 50, **options: object):
+    """Two simulators and a `bench` of depths 0 and 3 and the plain twin at 1 and 4 streams:
+    (spec, nospec, run), where run() invokes the bench (after whatever the test sets up).
+
+    Slower clocks and longer replies than FAST alone: requests must outlast the client's own
+    turnaround, or a busy machine's client never keeps 4 streams in flight. The simulators
+    serve from this process, whose CPU share the client-bound flag reads: a busy machine would
+    flag every level and leave nothing to recommend from (the flag has its own tests in
+    test_cli_bench_processes.py)."""
+    spec = factory(admin_key=KEY, speedup=speedup, **options)
+    nospec = factory(speedup=speedup, speculative=False, **options)
+    return spec, nospec, lambda: CliRunner().invoke(
         app,
         ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", "0,3",
          "--concurrency", "1,4", "--no-spec-url", nospec.base_url, "--out", str(out), *FAST,
          "--output-tokens", "48", "--client-bound-share", "100"],
     )  # fmt: skip
+
+
+def one_level_bench(url: str, out: Path):
+    """`bench` of depth 0 at one stream, no plain twin, no other option."""
+    return CliRunner().invoke(
+        app,
+        ["bench", "--url", url, "--admin-key", KEY, "--depths", "0", "--concurrency", "1",
+         "--out", str(out), *FAST, "--client-bound-share", "100"],
+    )  # fmt: skip
+
+
+def test_short_sweep_measures_each_depth_restores_the_table_and_writes_reports(
+    sim_server_factory, tmp_path: Path
+) -> None:
+    out = tmp_path / "bench"
+    spec, _, run = sweep_two_servers(sim_server_factory, out)
+    push_before(spec.base_url)
+    result = run()
     assert result.exit_code == 0, result.output
     rows = list(csv.DictReader((out / "bench.csv").open()))
     assert [(r["series"], r["concurrency"]) for r in rows] == [
@@ -114,11 +131,7 @@ def test_freeze_gc_freezes_each_server_and_names_the_one_it_could_not(
     frozen = json.loads((out / "bench.json").read_text())["gc_frozen"]
     assert frozen["spec"] is True and "refused /freeze_gc (401)" in frozen["no_spec"]
     # without the option nothing is asked
-    again = CliRunner().invoke(
-        app,
-        ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", "0",
-         "--concurrency", "1", "--out", str(tmp_path / "b2"), *FAST, "--client-bound-share", "100"],
-    )  # fmt: skip
+    again = one_level_bench(spec.base_url, tmp_path / "b2")
     assert again.exit_code == 0, again.output
     assert spec.server.gc_freezes == 1
     assert json.loads((tmp_path / "b2" / "bench.json").read_text())["gc_frozen"] is None
@@ -129,15 +142,8 @@ def test_device_timer_and_request_gauges_give_each_level_its_gpu_split_and_batch
 ) -> None:
     """Both servers export SGLang's device-timer counter (`--device-timer`); a third does not."""
     speedup = 50.0
-    spec = sim_server_factory(admin_key=KEY, speedup=speedup, device_timer=True)
-    nospec = sim_server_factory(speedup=speedup, speculative=False, device_timer=True)
     out = tmp_path / "bench"
-    result = CliRunner().invoke(
-        app,
-        ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", "0,3",
-         "--concurrency", "1,4", "--no-spec-url", nospec.base_url, "--out", str(out), *FAST,
-         "--output-tokens", "48", "--client-bound-share", "100"],
-    )  # fmt: skip
+    result = sweep_two_servers(sim_server_factory, out, speedup, device_timer=True)[2]()
     assert result.exit_code == 0, result.output
     assert "GPU prefill/decode" in flat(result.output)
     rows = list(csv.DictReader((out / "bench.csv").open()))
@@ -157,11 +163,7 @@ def test_device_timer_and_request_gauges_give_each_level_its_gpu_split_and_batch
     assert any(line.split()[:1] == ["no-spec"] and "~" in line for line in lines)
 
     plain = sim_server_factory(admin_key=KEY, speedup=speedup)
-    again = CliRunner().invoke(
-        app,
-        ["bench", "--url", plain.base_url, "--admin-key", KEY, "--depths", "0",
-         "--concurrency", "1", "--out", str(tmp_path / "b2"), *FAST, "--client-bound-share", "100"],
-    )  # fmt: skip
+    again = one_level_bench(plain.base_url, tmp_path / "b2")
     assert again.exit_code == 0, again.output
     assert "GPU prefill/decode" not in flat(again.output)
     (row,) = csv.DictReader((tmp_path / "b2" / "bench.csv").open())

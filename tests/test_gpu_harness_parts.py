@@ -199,6 +199,19 @@ def test_sim_launch_plan_matches_the_sglang_one_in_shape(tmp_path):
     assert [p.role for p in order] == ["plain", "spec"] and "0.4" in order[0].argv
 
 
+def test_sim_stand_ins_follow_sglangs_device_timer_switch(tmp_path, monkeypatch):
+    """SGLang times its forwards when SGLANG_ENABLE_METRICS_DEVICE_TIMER is set; the sim
+    stand-ins of both servers then export the same counter."""
+    from benchmarks.gpu.model_folders import TINY, build_dummy_folders
+
+    models = build_dummy_folders(tmp_path, TINY)
+    opts = servers.ServerOptions(backend="sim", admin_key="k", spec_port=1, plain_port=2)
+    monkeypatch.delenv(servers.DEVICE_TIMER_ENV, raising=False)
+    assert not any("--device-timer" in p.argv for p in servers.plans(models, opts, tmp_path))
+    monkeypatch.setenv(servers.DEVICE_TIMER_ENV, "1")
+    assert all("--device-timer" in p.argv for p in servers.plans(models, opts, tmp_path))
+
+
 def test_phases_that_need_only_the_speculative_server_run_without_the_plain_one(
     sim_server, tmp_path
 ):

@@ -97,7 +97,13 @@ def _sim_argv(role: str, port: int, opts: ServerOptions) -> list[str]:
     argv = [opts.python, "-m", "controller.cli", "sim", "serve", "--profile", opts.sim_profile,
             "--port", str(port), "--admin-key", opts.admin_key,
             "--speedup", f"{opts.sim_speedup:g}"]
+    # SGLang reads its device timer's switch from the environment; the stand-in takes a flag.
+    if os.environ.get(DEVICE_TIMER_ENV, "").strip().lower() in ("1", "true", "yes"):
+        argv.append("--device-timer")
     return argv + (["--no-speculative"] if role == PLAIN else [])
+
+
+DEVICE_TIMER_ENV = "SGLANG_ENABLE_METRICS_DEVICE_TIMER"
 
 
 class StartError(RuntimeError):

@@ -237,18 +237,27 @@ context)
     # `specctl sim fit` needs for the step's growth with context.
     # Collectors frozen first (see `series`); each bench is cut at BENCH_TIMEOUT seconds (a
     # run's 512-word bench once took over 470 s for 11 levels, cause not seen).
+    # SPREAD=LOW:HIGH spreads both benches' output lengths (see `series`), which `sim fit`
+    # replays as spread.
     WORDS=${WORDS:-512}; LONG="$R/models/seeded/family_a_w$WORDS.jsonl"
+    SPREAD_ARGS=(); FAMILY="$R/models/seeded/family_a.jsonl"
+    if [ -n "${SPREAD:-}" ]; then
+        SPREAD_ARGS=(--output-tokens "$SPREAD"); OUTPUT_TOKENS=()  # each row's own length
+        "$PY" -m benchmarks.gpu.seeded.datasets "$FAMILY" "$R/models/seeded/family_a_spread.jsonl" \
+            "${SPREAD_ARGS[@]}"
+        FAMILY="$R/models/seeded/family_a_spread.jsonl"
+    fi
     freeze_gc spec; freeze_gc plain
     "$PY" -m benchmarks.gpu.seeded.datasets "$R/models/seeded/family_a.jsonl" "$LONG" \
-        --words "$WORDS"
+        --words "$WORDS" "${SPREAD_ARGS[@]}"
     stamp "bench at $WORDS-token prompts: d0, d1, d3, plain"
     # Output goes to the file as it comes and the folder is packed after each bench, so a
     # command cut short at the time limit still brings back what finished.
-    BENCH_TIMEOUT=${BENCH_TIMEOUT:-280} bench "$R/bench_w$WORDS" --depths 0,1,3 \
-        --no-spec-url "$(plain_url)" --client-processes 4 --dataset "$LONG" 2>&1 | tee "$R/bench_w$WORDS.txt" | tail -26
+    DATASET="$LONG" BENCH_TIMEOUT=${BENCH_TIMEOUT:-280} bench "$R/bench_w$WORDS" --depths 0,1,3 \
+        --no-spec-url "$(plain_url)" --client-processes 4 2>&1 | tee "$R/bench_w$WORDS.txt" | tail -26
     pack
     stamp "bench at the family's own prompts: d0, d1, d3, plain"
-    BENCH_TIMEOUT=${BENCH_TIMEOUT:-280} bench "$R/bench_family" --depths 0,1,3 \
+    DATASET="$FAMILY" BENCH_TIMEOUT=${BENCH_TIMEOUT:-280} bench "$R/bench_family" --depths 0,1,3 \
         --no-spec-url "$(plain_url)" --client-processes 4 2>&1 | tee "$R/bench_family.txt" | tail -26
     ;;
 profile)

@@ -64,3 +64,36 @@ def test_errors_name_the_file_and_the_fix(tmp_path, capsys):
     garbage.write_text("[1, 2]")
     assert parity.main([str(garbage)]) == 2
     assert "no 'results' list" in capsys.readouterr().err
+
+
+def _timed(row, prefill: float, decode: float, requests: int, running: float | None):
+    return {**row, "gpu_prefill_busy": prefill, "gpu_decode_busy": decode, "requests": requests,
+            "running_mean": running}  # fmt: skip
+
+
+def test_where_the_time_went_pools_the_device_timer_figures(tmp_path, capsys):
+    """Two runs at 128 streams; d0's prefills cost three times the plain server's per request."""
+    a = _bench(tmp_path / "a", [
+        _timed(_row("d0", 128, 9000.0, 10.0, 10.0), 0.30, 0.60, 300, 110.0),
+        _timed(_row("no-spec", 128, 10000.0, 10.0, 9.0), 0.10, 0.80, 300, 120.0),
+        _row("d0", 1, 200.0, 10.0, 5.0), _row("no-spec", 1, 200.0, 10.0, 5.0),
+    ])  # fmt: skip
+    b = _bench(tmp_path / "b", [
+        _timed(_row("d0", 128, 9000.0, 30.0, 10.0), 0.30, 0.60, 900, 110.0),
+        _timed(_row("no-spec", 128, 10000.0, 30.0, 9.0), 0.10, 0.80, 900, None),
+        _row("d0", 1, 200.0, 10.0, 5.0), _row("no-spec", 1, 200.0, 10.0, 5.0),
+    ])  # fmt: skip
+    one, many = parity.compare_runs([a, b])
+    assert one.time is None  # no device timer at one stream
+    assert many.time is not None
+    d0, plain = many.time
+    # d0: 0.3 x 40 s of prefill over 1,200 requests = 10 ms each; plain 0.1 x 40 / 1,200
+    assert d0.prefill_ms_per_request == pytest.approx(10.0)
+    assert plain.prefill_ms_per_request == pytest.approx(3.333, abs=1e-3)
+    # decode: 0.6 x 40 s over 9,000 x 40 tokens
+    assert d0.decode_ms_per_token == pytest.approx(1000 * 0.6 / 9000, abs=1e-4)
+    assert (d0.idle_share, plain.idle_share) == (pytest.approx(0.1), pytest.approx(0.1))
+    assert (d0.running, plain.running) == (110.0, 120.0)  # plain: only run a had the gauge
+    assert parity.main([str(a), str(b)]) == 0
+    text = capsys.readouterr().out
+    assert "where the time went" in text and "10.00 / 3.33" in text

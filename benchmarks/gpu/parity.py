@@ -7,7 +7,10 @@ folder holding it). One 5-10 s level of a closed loop is a noisy sample (streams
 requests move in waves, and one late admission costs a stream a whole request), so the verdict
 is taken on all series together: per concurrency, both servers' output tokens over their
 measured seconds summed across series (the pooled ratio), beside each series' own ratio, the
-median TPOT p50 of each server, and the levels whose TTFT p99 shows a stall.
+median TPOT p50 of each server, and the levels whose TTFT p99 shows a stall. Where both servers
+ran with SGLang's device timer (SGLANG_ENABLE_METRICS_DEVICE_TIMER=1), a second table says where
+the time went, pooled the same way: prefill GPU ms per completed request, decode GPU ms per
+output token, the share of the window the GPU ran nothing, and the mean running requests.
 """
 
 from __future__ import annotations
@@ -38,10 +41,42 @@ class Pair:
     tpot_change: float
     stalls_series: int  # levels with TTFT p99 >= STALL_FACTOR x p50
     stalls_plain: int
+    # Where the time went (None where some run lacks the device timer): (series, plain).
+    time: tuple[TimeSplit, TimeSplit] | None = None
 
     @property
     def worst_ratio(self) -> float:
         return min(self.ratios)
+
+
+@dataclass(frozen=True)
+class TimeSplit:
+    """One server at one concurrency, pooled over the runs."""
+
+    prefill_ms_per_request: float  # prefill GPU time over completed requests
+    decode_ms_per_token: float  # decode-phase GPU time (verify, drafting) over output tokens
+    idle_share: float  # of the window, neither prefill nor decode on the GPU
+    running: float | None  # mean of SGLang's running-request gauge
+
+
+def time_split(rows: Sequence[dict[str, Any]]) -> TimeSplit | None:
+    """None unless every row has the device timer's figures."""
+    keys = ("gpu_prefill_busy", "gpu_decode_busy")
+    if not rows or not all(isinstance(r.get(k), int | float) for r in rows for k in keys):
+        return None
+    seconds = sum(r["elapsed_s"] for r in rows)
+    prefill_s = sum(r["gpu_prefill_busy"] * r["elapsed_s"] for r in rows)
+    decode_s = sum(r["gpu_decode_busy"] * r["elapsed_s"] for r in rows)
+    tokens = sum(r["output_tok_per_s"] * r["elapsed_s"] for r in rows)
+    requests = sum(int(r.get("requests") or 0) for r in rows)
+    running = [r for r in rows if isinstance(r.get("running_mean"), int | float)]
+    return TimeSplit(
+        prefill_ms_per_request=round(1000.0 * prefill_s / requests, 3) if requests else 0.0,
+        decode_ms_per_token=round(1000.0 * decode_s / tokens, 4) if tokens else 0.0,
+        idle_share=round(max(0.0, 1.0 - (prefill_s + decode_s) / seconds), 4),
+        running=round(sum(r["running_mean"] * r["elapsed_s"] for r in running)
+                      / sum(r["elapsed_s"] for r in running), 2) if running else None,
+    )  # fmt: skip
 
 
 class ParityError(ValueError):
@@ -111,10 +146,44 @@ def compare_runs(paths: Sequence[Path], series: str = "d0") -> list[Pair]:
             tpot_change=round(tpot_s / tpot_p - 1.0, 4),
             stalls_series=sum(_stalled(s) for s, _ in got),
             stalls_plain=sum(_stalled(p) for _, p in got),
+            time=_time_pair([s for s, _ in got], [p for _, p in got]),
         ))  # fmt: skip
     if not pairs:
         raise ParityError("no concurrency level is measured in every run for both servers")
     return pairs
+
+
+def _time_pair(
+    series: list[dict[str, Any]], plain: list[dict[str, Any]]
+) -> tuple[TimeSplit, TimeSplit] | None:
+    a, b = time_split(series), time_split(plain)
+    return None if a is None or b is None else (a, b)
+
+
+def time_table(pairs: Sequence[Pair], series: str) -> str | None:
+    """Where the time went, per concurrency (None when no level has the device timer)."""
+    timed = [p for p in pairs if p.time is not None]
+    if not timed:
+        return None
+    lines = [
+        f"where the time went (SGLang's device timer; {series} / plain)",
+        f"{'conc':>5} {'prefill ms/req':>16} {'decode ms/token':>17} {'GPU idle':>13} "
+        f"{'running':>13}",
+    ]
+    for p in timed:
+        assert p.time is not None
+        a, b = p.time
+
+        def run(x: TimeSplit) -> str:
+            return "-" if x.running is None else f"{x.running:.1f}"
+
+        prefill = f"{a.prefill_ms_per_request:>7.2f} / {b.prefill_ms_per_request:<6.2f}"
+        lines.append(
+            f"{p.concurrency:>5} {prefill} "
+            f"{a.decode_ms_per_token:>8.4f} / {b.decode_ms_per_token:<6.4f} "
+            f"{a.idle_share:>5.1%} / {b.idle_share:<5.1%} {run(a):>6} / {run(b):<6}"
+        )
+    return "\n".join(lines)
 
 
 def left_out(paths: Sequence[Path], pairs: Sequence[Pair]) -> list[int]:
@@ -167,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(report(pairs, len(args.runs), args.series, args.min_ratio, args.tpot_within))
+    split = time_table(pairs, args.series)
+    if split is not None:
+        print(split)
     missing = left_out(args.runs, pairs)
     if missing:
         print(f"left out (too short to finish a request, or not in every run): c={missing}")

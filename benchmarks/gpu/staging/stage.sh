@@ -18,7 +18,8 @@ env)
   if [ ! -f "$root/site/.done" ]; then
     cp "$dir"/s[0-9]*/site.tar.xz.* "$root/w/" 2>/dev/null
     mkdir -p "$root/site" "$root/bin"
-    cat "$root"/w/site.tar.xz.* 2>/dev/null | xz -d -T0 | tar -xf - -C "$root/site"
+    threads=(); xz -T0 --version >/dev/null 2>&1 && threads=(-T0)  # an old xz lacks -T
+    cat "$root"/w/site.tar.xz.* 2>/dev/null | xz -d "${threads[@]}" | tar -xf - -C "$root/site"
     unpacked=("${PIPESTATUS[@]}")  # a cut stream fails xz even where tar stops quietly
     if [ "${unpacked[1]}" != 0 ] || [ "${unpacked[2]}" != 0 ]; then
       echo "stage: parts missing or broken (have: $(ls "$root/w" | tr '\n' ' ')): carry s1.. in order"

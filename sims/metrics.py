@@ -136,15 +136,15 @@ def _forward_seconds(server: ExposedServer, base: list[str]) -> Metric:
     per forward kind. Prefills are `extend`; a decode iteration, drafting included, is one
     `target_verify` on a speculative server (SGLang splits out `eagle_draft` and
     `eagle_draft_extend`; the simulator's step has no such split) and `decode` on a plain one."""
-    engine = server.engine
     family = CounterMetricFamily(
         "sglang:forward_execution_seconds",
         "Total time that GPU is busy executing model forward passes.",
         labels=[*contract.BASE_LABELS, "category"],
     )
-    decode_s = sum(row[3] for row in engine.counters.values())
-    family.add_metric([*base, "extend"], engine.stats.prefill_seconds)
-    family.add_metric([*base, "target_verify" if server.speculative else "decode"], decode_s)
+    stats = server.engine.stats
+    family.add_metric([*base, "extend"], stats.prefill_seconds)
+    kind = "target_verify" if server.speculative else "decode"
+    family.add_metric([*base, kind], stats.decode_gpu_seconds)
     return family
 
 

@@ -59,23 +59,32 @@ class TimeSplit:
     running: float | None  # mean of SGLang's running-request gauge
 
 
+def _seconds(rows: Sequence[dict[str, Any]]) -> float:
+    return sum(r["elapsed_s"] for r in rows)
+
+
+def _over_seconds(rows: Sequence[dict[str, Any]], key: str) -> float:
+    """A per-second figure times each row's measured seconds, summed: the rows' total."""
+    return sum(r[key] * r["elapsed_s"] for r in rows)
+
+
 def time_split(rows: Sequence[dict[str, Any]]) -> TimeSplit | None:
     """None unless every row has the device timer's figures."""
     keys = ("gpu_prefill_busy", "gpu_decode_busy")
     if not rows or not all(isinstance(r.get(k), int | float) for r in rows for k in keys):
         return None
-    seconds = sum(r["elapsed_s"] for r in rows)
-    prefill_s = sum(r["gpu_prefill_busy"] * r["elapsed_s"] for r in rows)
-    decode_s = sum(r["gpu_decode_busy"] * r["elapsed_s"] for r in rows)
-    tokens = sum(r["output_tok_per_s"] * r["elapsed_s"] for r in rows)
+    seconds = _seconds(rows)
+    prefill_s = _over_seconds(rows, "gpu_prefill_busy")
+    decode_s = _over_seconds(rows, "gpu_decode_busy")
+    tokens = _over_seconds(rows, "output_tok_per_s")
     requests = sum(int(r.get("requests") or 0) for r in rows)
     running = [r for r in rows if isinstance(r.get("running_mean"), int | float)]
     return TimeSplit(
         prefill_ms_per_request=round(1000.0 * prefill_s / requests, 3) if requests else 0.0,
         decode_ms_per_token=round(1000.0 * decode_s / tokens, 4) if tokens else 0.0,
         idle_share=round(max(0.0, 1.0 - (prefill_s + decode_s) / seconds), 4),
-        running=round(sum(r["running_mean"] * r["elapsed_s"] for r in running)
-                      / sum(r["elapsed_s"] for r in running), 2) if running else None,
+        running=round(_over_seconds(running, "running_mean") / _seconds(running), 2)
+        if running else None,
     )  # fmt: skip
 
 
@@ -109,8 +118,7 @@ def _measured(row: dict[str, Any]) -> bool:
 
 def _pooled_tok_s(rows: list[dict[str, Any]]) -> float:
     """Output tokens over measured seconds, summed across runs."""
-    seconds = sum(r["elapsed_s"] for r in rows)
-    return sum(r["output_tok_per_s"] * r["elapsed_s"] for r in rows) / seconds
+    return _over_seconds(rows, "output_tok_per_s") / _seconds(rows)
 
 
 def _stalled(row: dict[str, Any]) -> bool:
@@ -162,7 +170,7 @@ def _time_pair(
 
 def time_table(pairs: Sequence[Pair], series: str) -> str | None:
     """Where the time went, per concurrency (None when no level has the device timer)."""
-    timed = [p for p in pairs if p.time is not None]
+    timed = [(p.concurrency, p.time) for p in pairs if p.time is not None]
     if not timed:
         return None
     lines = [
@@ -170,20 +178,18 @@ def time_table(pairs: Sequence[Pair], series: str) -> str | None:
         f"{'conc':>5} {'prefill ms/req':>16} {'decode ms/token':>17} {'GPU idle':>13} "
         f"{'running':>13}",
     ]
-    for p in timed:
-        assert p.time is not None
-        a, b = p.time
-
-        def run(x: TimeSplit) -> str:
-            return "-" if x.running is None else f"{x.running:.1f}"
-
+    for concurrency, (a, b) in timed:
         prefill = f"{a.prefill_ms_per_request:>7.2f} / {b.prefill_ms_per_request:<6.2f}"
         lines.append(
-            f"{p.concurrency:>5} {prefill} "
+            f"{concurrency:>5} {prefill} "
             f"{a.decode_ms_per_token:>8.4f} / {b.decode_ms_per_token:<6.4f} "
-            f"{a.idle_share:>5.1%} / {b.idle_share:<5.1%} {run(a):>6} / {run(b):<6}"
+            f"{a.idle_share:>5.1%} / {b.idle_share:<5.1%} {_running(a):>6} / {_running(b):<6}"
         )
     return "\n".join(lines)
+
+
+def _running(split: TimeSplit) -> str:
+    return "-" if split.running is None else f"{split.running:.1f}"
 
 
 def left_out(paths: Sequence[Path], pairs: Sequence[Pair]) -> list[int]:

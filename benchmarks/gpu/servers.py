@@ -93,6 +93,10 @@ def _sglang_argv(role: str, port: int, mem: float, models: ModelFolders,
     return [opts.python, "-m", "controller.cli", "serve", "--depths", opts.depths, "--", *args]
 
 
+# SGLang's switch for its device timer (GPU seconds per forward kind on /metrics).
+DEVICE_TIMER_ENV = "SGLANG_ENABLE_METRICS_DEVICE_TIMER"
+
+
 def _sim_argv(role: str, port: int, opts: ServerOptions) -> list[str]:
     argv = [opts.python, "-m", "controller.cli", "sim", "serve", "--profile", opts.sim_profile,
             "--port", str(port), "--admin-key", opts.admin_key,
@@ -101,9 +105,6 @@ def _sim_argv(role: str, port: int, opts: ServerOptions) -> list[str]:
     if os.environ.get(DEVICE_TIMER_ENV, "").strip().lower() in ("1", "true", "yes"):
         argv.append("--device-timer")
     return argv + (["--no-speculative"] if role == PLAIN else [])
-
-
-DEVICE_TIMER_ENV = "SGLANG_ENABLE_METRICS_DEVICE_TIMER"
 
 
 class StartError(RuntimeError):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from controller.daemon.scrape import ScrapeError, parse_counters, split_key
+from controller.daemon.scrape import ScrapeError, first_rank, parse_counters, split_key
 from sglang_hooks.contract import (
     METRIC_EXPLORE_ITERATIONS,
     METRIC_GPU_SECONDS,
@@ -142,8 +142,8 @@ def parse_scrape(text: str) -> Scrape:
         if metric.type == "counter" and metric.name == FORWARD_SECONDS:
             for sample in metric.samples:
                 labels = sample.labels
-                first_rank = labels.get("tp_rank", "0") == "0" and labels.get("pp_rank", "0") == "0"
-                if sample.name.endswith("_total") and first_rank and math.isfinite(sample.value):
+                if sample.name.endswith("_total") and first_rank(labels) \
+                        and math.isfinite(sample.value):
                     kind = labels.get("category", "")
                     forward[kind] = forward.get(kind, 0.0) + max(sample.value, 0.0)
         if metric.type == "histogram" and metric.name in LATENCY_HISTOGRAMS:

@@ -89,6 +89,12 @@ def _parse_int(raw: str | None) -> int | None:
         return None
 
 
+def first_rank(labels: Mapping[str, str]) -> bool:
+    """A series of TP rank 0 and PP rank 0 (or without those labels): every TP rank counts the
+    same iterations, and only one pipeline stage is read."""
+    return labels.get("tp_rank", "0") == "0" and labels.get("pp_rank", "0") == "0"
+
+
 def parse_counters(text: str) -> CounterSnapshot:
     """The specctl counters of one /metrics page. Raises ScrapeError('parse') on bad text."""
     snap = CounterSnapshot()
@@ -102,7 +108,7 @@ def parse_counters(text: str) -> CounterSnapshot:
             if family is None:
                 continue
             labels = s.labels
-            if labels.get("tp_rank", "0") != "0" or labels.get("pp_rank", "0") != "0":
+            if not first_rank(labels):
                 continue
             depth = _parse_int(labels.get(LABEL_DEPTH))
             bucket = _parse_int(labels.get(LABEL_BUCKET))

@@ -199,8 +199,11 @@ def _level(path: Path, i: int, raw: Any, spec: ServerFacts, no_spec: ServerFacts
     if not isinstance(foreign, bool):
         raise _err(path, f"{where}.foreign_traffic", f"must be true or false, got {foreign!r}")
     tok = num("output_tok_per_s", optional=False)
-    shortest, longest = raw.get("output_tokens_min"), raw.get("output_tokens_max")
-    if isinstance(shortest, int) and isinstance(longest, int) and shortest > longest:
+    shortest, longest = (
+        _int(path, f"{where}.{key}", raw.get(key), optional=True, low=1)
+        for key in ("output_tokens_min", "output_tokens_max")
+    )
+    if shortest is not None and longest is not None and shortest > longest:
         why = f"{shortest} is above output_tokens_max ({longest})"
         raise _err(path, f"{where}.output_tokens_min", why)
     return Level(
@@ -224,11 +227,9 @@ def _level(path: Path, i: int, raw: Any, spec: ServerFacts, no_spec: ServerFacts
         server_itl_ms=num("server_itl_ms"),
         warmup_s=(num("warmup_s") or 0.0) * x,
         request_rate=scaled("request_rate", 1.0 / x),
-        output_tokens_min=_int(path, f"{where}.output_tokens_min", raw.get("output_tokens_min"),
-                               optional=True, low=1),
-        output_tokens_max=_int(path, f"{where}.output_tokens_max", raw.get("output_tokens_max"),
-                               optional=True, low=1),
-    )  # fmt: skip
+        output_tokens_min=shortest,
+        output_tokens_max=longest,
+    )
 
 
 def load_bench(path: Path) -> BenchRun:

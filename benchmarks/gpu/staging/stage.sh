@@ -25,19 +25,21 @@ env)
       echo "stage: parts missing or broken (have: $(ls "$root/w" | tr '\n' ' ')): carry s1.. in order"
       return 1 2>/dev/null || exit 1
     fi
-    # The checkout itself is the specctl package: register its SGLang plugin entry point.
-    mkdir -p "$root/site/specctl-0.0.0.dist-info"
-    printf 'Metadata-Version: 2.1\nName: specctl\nVersion: 0.0.0\n' > "$root/site/specctl-0.0.0.dist-info/METADATA"
-    python3 - <<'PY' > "$root/site/specctl-0.0.0.dist-info/entry_points.txt"
-import tomllib
-eps = tomllib.load(open("pyproject.toml", "rb"))["project"]
-for group, items in eps.get("entry-points", {}).items():
-    print(f"[{group}]"); [print(f"{k} = {v}") for k, v in items.items()]; print()
-print("[console_scripts]"); [print(f"{k} = {v}") for k, v in eps.get("scripts", {}).items()]
-PY
-    STAGE_BIN="$root/bin" python3 - <<'PY'
+    # The checkout itself is the specctl package: its metadata with the SGLang plugin entry
+    # point, and a wrapper per console script, from one read of pyproject.toml.
+    STAGE_SITE="$root/site" STAGE_BIN="$root/bin" python3 - <<'PY'
 import os, tomllib
-for name, target in tomllib.load(open("pyproject.toml", "rb"))["project"].get("scripts", {}).items():
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+scripts = project.get("scripts", {})
+info = os.path.join(os.environ["STAGE_SITE"], "specctl-0.0.0.dist-info")
+os.makedirs(info, exist_ok=True)
+with open(os.path.join(info, "METADATA"), "w") as f:
+    f.write("Metadata-Version: 2.1\nName: specctl\nVersion: 0.0.0\n")
+groups = {**project.get("entry-points", {}), "console_scripts": scripts}
+with open(os.path.join(info, "entry_points.txt"), "w") as f:
+    for group, items in groups.items():
+        f.write(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in items.items()) + "\n")
+for name, target in scripts.items():
     module, func = target.split(":")
     path = os.path.join(os.environ["STAGE_BIN"], name)
     with open(path, "w") as f:

@@ -25,7 +25,7 @@ from sims.fit.framing import acceptance_rates
 from sims.fit.outliers import slower_than_more_streams
 from sims.fit.replay import LevelShape, replay
 from sims.fit.replayed_bench import replayed_bench
-from sims.fit.report import Report, replay_rows
+from sims.fit.report import Report, Row, bench_names, render, replay_rows, summarize
 from sims.profile import load_profile
 from sims.workload import Workload
 
@@ -158,6 +158,36 @@ def test_a_level_the_model_cannot_reproduce_is_an_outlier_with_its_reason() -> N
     assert report["error"]["tok_per_s"]["worst"] < 0.1
     assert report["error_with_outliers"]["tok_per_s"]["worst_at"] == "d1 c=8"
     assert report["outliers"][0]["reason"] == outlier.reason
+
+
+def test_several_benches_are_named_by_what_tells_their_paths_apart() -> None:
+    """With two bench files the table, the worst level and the outlier lines name each file
+    by its folder ("bench_w512"), not its whole path, which pushed the figures out of a
+    110-column table; a legend under the table gives the paths."""
+    a, b = "res/run6/bench_w512/bench.json", "res/run6/bench_family/bench.json"
+    assert bench_names([a, b, a]) == {a: "bench_w512", b: "bench_family"}
+    assert bench_names(["x/s1.json", "x/s2.json"]) == {
+        "x/s1.json": "s1.json", "x/s2.json": "s2.json"}  # fmt: skip
+    assert bench_names(["only/bench.json"]) == {"only/bench.json": "bench.json"}
+    assert bench_names(["a/bench.json", "a/b/bench.json"]) == {
+        "a/bench.json": "bench.json", "a/b/bench.json": "b/bench.json"}  # fmt: skip
+    run = replayed((160,), concurrency=(1, 4), depths=(0,))[0]
+    levels = [replace(lv, source=src) for lv in run.levels for src in (a, b)]
+    rows = [Row(level=lv, tok_per_s=lv.tok_per_s * (1.2 if lv.source == b else 1.0),
+                tpot_ms=lv.tpot_p50_ms, ttft_ms=None, outlier=False) for lv in levels]  # fmt: skip
+    worst = summarize(rows, "tok_per_s")
+    assert worst is not None and worst.worst == pytest.approx(0.2)
+    assert worst.worst_at.endswith(", bench_family")
+    truth = load_profile(TRUTH)
+    result = fit_profile([run], truth, "f")
+    result.outliers.clear()
+    report = Report(replace(result, levels=levels), truth, rows, "f.yaml")
+    table, *lines = render(report)
+    cells = [str(c) for c in table.columns[0]._cells]
+    assert "d0 (bench_w512)" in cells and "d0 (bench_family)" in cells
+    assert not any("res/run6" in c for c in cells)
+    assert f"bench_w512 = {a}" in " ".join(str(x) for x in lines)
+    assert summarize(rows[:2][::2], "tok_per_s").worst_at == "d0 c=1"  # type: ignore[union-attr]
 
 
 def test_unfit_levels_are_named_with_their_reason() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import PurePath
 from typing import Any
 
 from rich.table import Table
@@ -87,10 +88,39 @@ def replay_rows(
     return rows
 
 
+def bench_names(sources: Sequence[str]) -> dict[str, str]:
+    """A short name per bench file: what tells the files apart, not their whole paths.
+
+    The folders and file name the paths share are left out ("run6/bench_w512/bench.json" and
+    "run6/bench_family/bench.json" are "bench_w512" and "bench_family").
+    """
+    unique = list(dict.fromkeys(sources))
+    parts = [PurePath(s).parts for s in unique]
+    if len(unique) < 2:
+        return {s: PurePath(s).name for s in unique}
+    head = 0
+    while all(len(p) > head + 1 for p in parts) and len({p[head] for p in parts}) == 1:
+        head += 1
+    tail = 0
+    while all(len(p) > head + tail + 1 for p in parts) and len({p[-1 - tail] for p in parts}) == 1:
+        tail += 1
+    names = {s: "/".join(p[head : len(p) - tail]) for s, p in zip(unique, parts, strict=True)}
+    return names if len(set(names.values())) == len(names) else {s: s for s in unique}
+
+
+def _level_label(level: Level, names: dict[str, str] | None) -> str:
+    return level.label if not names else f"{level.label}, {names[level.source]}"
+
+
 def summarize(rows: Sequence[Row], which: str, *, outliers: bool = False) -> Summary | None:
-    """Median and worst |error| over the fitted levels (with `outliers`, over every row)."""
+    """Median and worst |error| over the fitted levels (with `outliers`, over every row).
+
+    With rows from several bench files the worst level is named with its file's short name.
+    """
+    names = bench_names([r.level.source for r in rows])
+    several = len(names) > 1
     errs = [
-        (abs(e), r.level.label)
+        (abs(e), _level_label(r.level, names if several else None))
         for r in rows
         if (outliers or not r.outlier)
         and (e := (r.tok_error if which == "tok_per_s" else r.tpot_error)) is not None
@@ -198,7 +228,8 @@ def _pct(e: float | None) -> str:
 
 def render(report: Report) -> list[Any]:
     """Rich renderables: the per-level table, then the lines under it."""
-    several = len({r.level.source for r in report.rows}) > 1
+    names = bench_names([r.level.source for r in report.rows])
+    several = len(names) > 1
     table = Table(
         title=f"{report.result.profile.name}: the bench replayed on the fitted profile", box=None
     )
@@ -215,7 +246,7 @@ def render(report: Report) -> list[Any]:
         table.add_column(name, justify="left" if name == "series" else "right", no_wrap=True)
     for r in report.rows:
         lv = r.level
-        series = f"{lv.series} ({lv.source})" if several else lv.series
+        series = f"{lv.series} ({names[lv.source]})" if several else lv.series
         if r.outlier:
             series += " (outlier)"
         table.add_row(
@@ -244,8 +275,17 @@ def render(report: Report) -> list[Any]:
                     f"worst {100 * every.worst:.1f}% ({every.worst_at})"
                 )
             lines.append(line)
+    if several:
+        lines.append("benches: " + ", ".join(f"{n} = {src}" for src, n in names.items()))
     for o in report.result.outliers:
-        lines.append(f"[yellow]outlier[/yellow]: {o.level.label} ({o.level.source}): {o.reason}")
+        lines.append(f"[yellow]outlier[/yellow]: {o.level.label} ({_source(o.level, names)}): "
+                     f"{o.reason}")
     for u in report.unfit:
-        lines.append(f"[yellow]not fitted[/yellow]: {u.level.label} ({u.level.source}): {u.reason}")
+        lines.append(f"[yellow]not fitted[/yellow]: {u.level.label} ({_source(u.level, names)}): "
+                     f"{u.reason}")
     return lines
+
+
+def _source(level: Level, names: dict[str, str]) -> str:
+    """The short name where the table used short names, else the file as given."""
+    return names.get(level.source, level.source) if len(names) > 1 else level.source

@@ -17,14 +17,18 @@
 # Measured on the H200: setup with ACCEPTANCE=0 330-370 s; series with SERIES=3 LEVEL_S=8
 # 358 s; parity 319 s; verify 225 s; profile about 100 s. context: two benches of 20 levels,
 # about 150 s each at LEVEL_S=5 on the family's own prompts (run 3's parity: 40 such levels
-# and a warm pass in 319 s); its 512-word bench once ran past 470 s, hence BENCH_TIMEOUT.
+# and a warm pass in 319 s); its 512-word bench once ran past 470 s, hence BENCH_TIMEOUT
+# (run 6, spread outputs: 296 s for both benches); HOST=1 profile plus SERIES=2 LEVEL_S=8
+# series 359 s; SERIES=2 LEVEL_S=10 series 299 s.
 #
 # ACCEPTANCE=0 leaves the acceptance measurements out of `setup` (servers only); SERVER_ARGS
 # adds SGLang arguments to both servers (one string, e.g. "--gc-warning-threshold-secs 0.05").
-# DEVICE_TIMER=1 (the default) starts both servers with SGLANG_ENABLE_METRICS_DEVICE_TIMER=1:
-# SGLang then times every forward with CUDA events and exports the GPU seconds per forward kind,
-# which `specctl bench` splits into prefill and decode per level (GPU prefill/decode column).
-# DEVICE_TIMER=0 starts them without it.
+# DEVICE_TIMER=1 starts both servers with SGLANG_ENABLE_METRICS_DEVICE_TIMER=1: SGLang then
+# times every forward with CUDA events and exports the GPU seconds per forward kind, which
+# `specctl bench` splits into prefill and decode per level (GPU prefill/decode column). Off by
+# default: in the one run with it (run 6) depths 1 and 3 ran 20-30% slower at one stream than
+# in the runs without it, on the host side (cause not isolated). Run `profile` last: after a
+# HOST=1 profile both servers of run 6 were 27-32% slower on the same workload.
 # Every step leaves its files under $R (default /tmp/gpu-run) and packs the whole folder into
 # OUT/run.tar.gz (weights left out), so each step's results come back even if a later one fails.
 # SGLang must be importable: docs/sglang.md "Getting SGLang onto a machine without network"
@@ -44,7 +48,7 @@ LEVEL_S=${LEVEL_S:-5}  # seconds per bench level, after a 1.5 s warm-up
 #   R=/tmp/dry PY=.venv-sglang/bin/python LEVEL_S=0.5 PHASES=2:2:a,2:16:a,2:4:b \
 #   HARNESS_EXTRA="--backend sim --tiny --seeded-args=--tiny --sim-speedup 20" \
 #   bash benchmarks/gpu/seeded/h200_session.sh setup|measure|traces ...
-[ "${DEVICE_TIMER:-1}" = 1 ] && export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1
+[ "${DEVICE_TIMER:-0}" = 1 ] && export SGLANG_ENABLE_METRICS_DEVICE_TIMER=1
 read -r -a EXTRA <<<"${HARNESS_EXTRA:-}"
 HARNESS_OPTS=(--run-dir "$R" --models seeded --depths 0,1,3 --bench-duration "$LEVEL_S"
               --smoke-seconds 4 --greedy-prompts 4 --greedy-tokens 128 --switches 1000

@@ -129,6 +129,12 @@ class SchedulerCost(_Strict):
     host_us_per_token: NonNeg = Field(
         0.0, description="The same host work per token an iteration emits (detokenising it)"
     )
+    spec_host_us_per_req: NonNeg = Field(
+        0.0,
+        description="A speculative server's extra host work per decode iteration and running "
+        "request, at every depth, depth 0 included (SGLang's spec-v2 per-request preparation "
+        "and result handling); adds to host_us_per_req on that server only",
+    )
     prefill_fixed_ms: NonNeg = Field(description="Fixed cost of one prefill batch")
     prefill_us_per_token: NonNeg = Field(description="Prefill cost per prompt token")
     max_running_requests_spec: Annotated[int, Field(ge=1)] = Field(
@@ -307,14 +313,19 @@ class Profile(_Strict):
             + self.draft.spec_sched_ms
         )
 
-    def host_ms(self, batch: Any, tokens: Any) -> Any:
-        """Host work of one decode iteration over `batch` requests emitting `tokens` tokens."""
+    def host_us_per_req(self, speculative: bool) -> float:
         s = self.scheduler
-        return (s.host_us_per_req * np.asarray(batch, float) + s.host_us_per_token * tokens) / 1e3
+        return s.host_us_per_req + (s.spec_host_us_per_req if speculative else 0.0)
+
+    def host_ms(self, batch: Any, tokens: Any, speculative: bool = False) -> Any:
+        """Host work of one decode iteration over `batch` requests emitting `tokens` tokens."""
+        per_req, per_token = self.host_us_per_req(speculative), self.scheduler.host_us_per_token
+        return (per_req * np.asarray(batch, float) + per_token * tokens) / 1e3
 
     @property
     def host_bound(self) -> bool:
-        return self.scheduler.host_us_per_req > 0 or self.scheduler.host_us_per_token > 0
+        s = self.scheduler
+        return s.host_us_per_req > 0 or s.host_us_per_token > 0 or s.spec_host_us_per_req > 0
 
     def decode_step_ms(
         self,
@@ -332,7 +343,7 @@ class Profile(_Strict):
             return step
         b = np.asarray(batch if real_batch is None else real_batch, float)
         untimed = self.scheduler.untimed_ms
-        host = self.host_ms(b, b * np.asarray(tokens_per_req, float))
+        host = self.host_ms(b, b * np.asarray(tokens_per_req, float), depth is not None)
         return np.asarray(np.maximum(step - untimed, host) + untimed)
 
     def max_running(self, speculative: bool) -> int:

@@ -21,8 +21,9 @@ from sims.engine import Engine
 from sims.fit.bench_file import BenchFileError, BenchRun, load_bench
 from sims.fit.closed_form import host_floor_guess
 from sims.fit.fitting import fit_profile, split_levels
-from sims.fit.framing import acceptance_rates
+from sims.fit.framing import acceptance_rates, active_keys
 from sims.fit.outliers import slower_than_more_streams
+from sims.fit.params import with_values
 from sims.fit.replay import LevelShape, replay
 from sims.fit.replayed_bench import replayed_bench
 from sims.fit.report import Report, Row, bench_names, render, replay_rows, summarize
@@ -368,3 +369,38 @@ def test_host_floor_start_and_the_trend_reason() -> None:
     stalled = replace(one, server_itl_ms=eight.server_itl_ms)
     reason = slower_than_more_streams(stalled, [stalled, eight])
     assert reason is not None and "about as long as at 8 streams" in reason
+
+
+def test_a_speculative_servers_own_host_work_is_told_from_the_plain_servers() -> None:
+    """A server whose speculative iterations carry more host work per request than its plain
+    server's (as SGLang's spec-v2 preparation does, at depth 0 too): both servers host-bound
+    at 8 streams, the plain one at 4.5 ms a request, the speculative one 1.5 ms more. The fit,
+    started from the same server without host work, recovers both servers' host work an
+    iteration within 5% and the extra within 10%; without the plain server the extra is kept
+    and said why."""
+    truth = with_values(load_profile(TRUTH), {
+        "scheduler.host_us_per_req": 4500.0, "scheduler.spec_host_us_per_req": 1500.0})  # fmt: skip
+    plain8 = truth.decode_step_ms(None, 8)
+    d0_8 = truth.decode_step_ms(0, 8)
+    assert float(plain8) == pytest.approx(36.0 + truth.scheduler.untimed_ms)
+    assert float(d0_8) == pytest.approx(48.0 + truth.scheduler.untimed_ms)
+    runs = [replayed_bench(truth, depths=(0, 1, 3), concurrency=(1, 8), prompt_tokens=160,
+                           output_tokens=64, seconds=8.0, phase="chat", name="p160")]  # fmt: skip
+    tpot = {lv.label: lv.tpot_p50_ms for lv in runs[0].levels}  # the engine runs the same
+    assert tpot["no-spec c=8"] == pytest.approx(float(plain8), rel=0.03)
+    assert tpot["d0 c=8"] == pytest.approx(float(d0_8), rel=0.03)
+    start = with_values(truth, {
+        "scheduler.host_us_per_req": 0.0, "scheduler.spec_host_us_per_req": 0.0})  # fmt: skip
+    result = fit_profile(runs, start, "f")
+    assert not result.outliers  # one floor for both would have to set a level aside
+    fitted = result.profile
+    # Per request and per token are one term where every request emits a token an
+    # iteration (the plain server, depth 0): the host work of an iteration is what is pinned.
+    for spec in (False, True):
+        got, want = (float(p.host_ms(8, 8, spec)) for p in (fitted, truth))
+        assert got == pytest.approx(want, rel=0.05), spec
+    assert fitted.scheduler.spec_host_us_per_req == pytest.approx(1500.0, rel=0.1)
+    spec_only = [lv for lv in runs[0].levels if lv.depth is not None]
+    keys, kept = active_keys(spec_only, extend_at_depth0=True)
+    assert "scheduler.spec_host_us_per_req" not in keys
+    assert "--no-spec-url" in kept["scheduler.spec_host_us_per_req"]

@@ -172,12 +172,19 @@ def largest_batch(profile: Profile, levels: Sequence[Level]) -> float:
 
 
 def host_floor_guess(profile: Profile, levels: Sequence[Level]) -> float:
-    """A start for `scheduler.host_us_per_req`: the least time per iteration and request among
-    the levels that accept nothing (the plain server, depth 0) and whose time per token exceeds
-    the modelled step by `HOST_MARGIN`; 0 where none does. Their requests stay in step (every
-    one decodes as many iterations), so their TPOT holds no other request's prefill: what
-    lengthens it is the iteration itself. A start only: the replay decides the value."""
-    rates = []
+    """A start for `scheduler.host_us_per_req` (see `host_floor_guesses`)."""
+    return host_floor_guesses(profile, levels)["scheduler.host_us_per_req"]
+
+
+def host_floor_guesses(profile: Profile, levels: Sequence[Level]) -> dict[str, float]:
+    """Starts for `scheduler.host_us_per_req` and `spec_host_us_per_req`: the least time per
+    iteration and request among the levels that accept nothing (the plain server, depth 0) and
+    whose time per token exceeds the modelled step by `HOST_MARGIN`; 0 where none does. Their
+    requests stay in step (every one decodes as many iterations), so their TPOT holds no other
+    request's prefill: what lengthens it is the iteration itself. Where the bench has the plain
+    server, its levels give the shared floor and depth 0's excess over it the speculative
+    server's own; without it, depth 0's floor is all shared. Starts only: the replay decides."""
+    rates: dict[bool, list[float]] = {False: [], True: []}
     for lv in levels:
         per_token = lv.tpot_p50_ms
         if lv.depth not in (None, 0) or not per_token:
@@ -186,8 +193,15 @@ def host_floor_guess(profile: Profile, levels: Sequence[Level]) -> float:
         batch = min(lv.mean_batch or lv.concurrency, profile.max_running(spec))
         step = float(profile.iteration_ms(lv.depth, _pad(profile, spec, batch), _context(lv)))
         if per_token > HOST_MARGIN * step:
-            rates.append(1000.0 * per_token / batch)
-    return min(rates) if rates else 0.0
+            rates[spec].append(1000.0 * per_token / batch)
+    spec_floor = min(rates[True], default=0.0)
+    if not any(lv.depth is None for lv in levels):
+        return {"scheduler.host_us_per_req": spec_floor, "scheduler.spec_host_us_per_req": 0.0}
+    shared = min(rates[False], default=0.0)
+    return {
+        "scheduler.host_us_per_req": shared,
+        "scheduler.spec_host_us_per_req": max(spec_floor - shared, 0.0) if rates[True] else 0.0,
+    }
 
 
 def prefill_stall_guess(levels: Sequence[Level]) -> float | None:

@@ -41,7 +41,7 @@ from sims.fit.closed_form import (
     client_time_guess,
     closed_form_residuals,
     depth0_references,
-    host_floor_guess,
+    host_floor_guesses,
     largest_batch,
     largest_forward_tokens,
     prefill_split,
@@ -168,8 +168,7 @@ class _Fitter:
         first = _least_squares(residuals, vec, self.framed, max_nfev=200)
         start = with_values(self.framed, vec.values(first.x))
         guesses = client_time_guess(start, self.levels)
-        if "scheduler.host_us_per_req" in self.keys:
-            guesses["scheduler.host_us_per_req"] = host_floor_guess(start, self.levels)
+        guesses.update(host_floor_guesses(start, self.levels))
         return with_values(start, {k: v for k, v in guesses.items() if k in self.keys})
 
     def search(self, start: Profile, keys: Sequence[str], budget: int, stage: str) -> Profile:

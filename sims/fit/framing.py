@@ -231,6 +231,10 @@ def active_keys(
         )
     if not plain or not spec_depths:
         kept["draft.prefill_ms"] = "needs both servers' TTFT (the bench had no --no-spec-url)"
+        kept["scheduler.spec_host_us_per_req"] = (
+            "needs both servers (the bench had no --no-spec-url): the speculative server's "
+            "host work beside the plain server's"
+        )
     if not any(lv.ttft_p50_ms or lv.server_ttft_ms for lv in levels):
         for k in (
             "scheduler.prefill_fixed_ms",

@@ -73,6 +73,11 @@ PARAMS: dict[str, Param] = {
         Param(
             "scheduler.host_us_per_token", "us", meaning="host work per token, an iteration's floor"
         ),
+        Param(
+            "scheduler.spec_host_us_per_req",
+            "req",
+            meaning="a speculative server's extra host work per request",
+        ),
         Param("scheduler.prefill_fixed_ms", "ms", meaning="per prefill batch"),
         Param("scheduler.prefill_us_per_token", "us", meaning="per prompt token"),
         Param("scheduler.request_overhead_ms", "ms", meaning="client gap between requests"),

@@ -239,7 +239,8 @@ context)
     # Depths 0, 1, 3 and the plain server at two prompt lengths on one server start (the family's
     # own prompts, then WORDS-word prompts of the same family, so acceptance stays): the pair
     # `specctl sim fit` needs for the step's growth with context.
-    # Collectors frozen first (see `series`); each bench is cut at BENCH_TIMEOUT seconds (a
+    # Collectors frozen by each bench (--freeze-gc, recorded in bench.json; see `series`); each
+    # bench is cut at BENCH_TIMEOUT seconds (a
     # run's 512-word bench once took over 470 s for 11 levels, cause not seen).
     # SPREAD=LOW:HIGH spreads both benches' output lengths (see `series`), which `sim fit`
     # replays as spread.
@@ -251,18 +252,17 @@ context)
             "${SPREAD_ARGS[@]}"
         FAMILY="$R/models/seeded/family_a_spread.jsonl"
     fi
-    freeze_gc spec; freeze_gc plain
     "$PY" -m benchmarks.gpu.seeded.datasets "$R/models/seeded/family_a.jsonl" "$LONG" \
         --words "$WORDS" "${SPREAD_ARGS[@]}"
     stamp "bench at $WORDS-token prompts: d0, d1, d3, plain"
     # Output goes to the file as it comes and the folder is packed after each bench, so a
     # command cut short at the time limit still brings back what finished.
     DATASET="$LONG" BENCH_TIMEOUT=${BENCH_TIMEOUT:-280} bench "$R/bench_w$WORDS" --depths 0,1,3 \
-        --no-spec-url "$(plain_url)" --client-processes 4 2>&1 | tee "$R/bench_w$WORDS.txt" | tail -26
+        --no-spec-url "$(plain_url)" --client-processes 4 --freeze-gc 2>&1 | tee "$R/bench_w$WORDS.txt" | tail -26
     pack
     stamp "bench at the family's own prompts: d0, d1, d3, plain"
     DATASET="$FAMILY" BENCH_TIMEOUT=${BENCH_TIMEOUT:-280} bench "$R/bench_family" --depths 0,1,3 \
-        --no-spec-url "$(plain_url)" --client-processes 4 2>&1 | tee "$R/bench_family.txt" | tail -26
+        --no-spec-url "$(plain_url)" --client-processes 4 --freeze-gc 2>&1 | tee "$R/bench_family.txt" | tail -26
     ;;
 profile)
     # SGLang's profiler over the same number of iterations on both servers; traces (tens of

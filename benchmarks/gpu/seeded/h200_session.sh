@@ -254,15 +254,23 @@ context)
     fi
     "$PY" -m benchmarks.gpu.seeded.datasets "$R/models/seeded/family_a.jsonl" "$LONG" \
         --words "$WORDS" "${SPREAD_ARGS[@]}"
-    stamp "bench at $WORDS-token prompts: d0, d1, d3, plain"
-    # Output goes to the file as it comes and the folder is packed after each bench, so a
-    # command cut short at the time limit still brings back what finished.
-    DATASET="$LONG" BENCH_TIMEOUT=${BENCH_TIMEOUT:-280} bench "$R/bench_w$WORDS" --depths 0,1,3 \
-        --no-spec-url "$(plain_url)" --client-processes 4 --freeze-gc 2>&1 | tee "$R/bench_w$WORDS.txt" | tail -26
-    pack
-    stamp "bench at the family's own prompts: d0, d1, d3, plain"
-    DATASET="$FAMILY" BENCH_TIMEOUT=${BENCH_TIMEOUT:-280} bench "$R/bench_family" --depths 0,1,3 \
-        --no-spec-url "$(plain_url)" --client-processes 4 --freeze-gc 2>&1 | tee "$R/bench_family.txt" | tail -26
+    # BENCHES="long family" (the default) runs both benches; one of them alone where both do
+    # not fit one command (LEVEL_S=15: about 360 s each).
+    for which in ${BENCHES:-long family}; do
+        case "$which" in
+        long) stamp "bench at $WORDS-token prompts: d0, d1, d3, plain"
+              data="$LONG"; dir="$R/bench_w$WORDS" ;;
+        family) stamp "bench at the family's own prompts: d0, d1, d3, plain"
+              data="$FAMILY"; dir="$R/bench_family" ;;
+        *) echo "BENCHES: unknown bench $which (long, family)" >&2; exit 2 ;;
+        esac
+        # Output goes to the file as it comes and the folder is packed after each bench, so a
+        # command cut short at the time limit still brings back what finished.
+        DATASET="$data" BENCH_TIMEOUT=${BENCH_TIMEOUT:-280} bench "$dir" --depths 0,1,3 \
+            --no-spec-url "$(plain_url)" --client-processes 4 --freeze-gc 2>&1 \
+            | tee "$dir.txt" | tail -26
+        pack
+    done
     ;;
 profile)
     # SGLang's profiler over the same number of iterations on both servers; traces (tens of

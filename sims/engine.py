@@ -218,7 +218,7 @@ class Engine:
         self._via_send = self._frontend_s > 0.0 or self._dispatch_s > 0.0
         self._untimed_ms = profile.scheduler.untimed_ms
         self._host_us = (profile.host_us_per_req(speculative), profile.scheduler.host_us_per_token)
-        self._host_bound = profile.host_bound
+        self._host_bound = any(self._host_us)
         self._frontend_free = 0.0
         # Closed-loop clients stop sending once this many requests were sent (None: never).
         self.request_limit: int | None = None

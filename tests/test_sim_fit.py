@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from controller.cli import app
 from sims.engine import Engine
 from sims.fit.bench_file import BenchFileError, BenchRun, load_bench
-from sims.fit.closed_form import host_floor_guess
+from sims.fit.closed_form import host_floor_guesses
 from sims.fit.fitting import fit_profile, split_levels
 from sims.fit.framing import acceptance_rates, active_keys
 from sims.fit.outliers import slower_than_more_streams
@@ -358,10 +358,11 @@ def test_host_floor_start_and_the_trend_reason() -> None:
     truth = load_profile(TRUTH)
     run = replayed((160,), concurrency=(1, 8))[0]
     plain8 = next(lv for lv in run.levels if lv.label == "no-spec c=8")
-    assert host_floor_guess(truth, run.levels) == 0.0  # the truth has no floor
+    host = "scheduler.host_us_per_req"
+    assert host_floor_guesses(truth, run.levels)[host] == 0.0  # the truth has no floor
     assert plain8.tpot_p50_ms is not None
     slow = replace(plain8, tpot_p50_ms=3 * plain8.tpot_p50_ms)
-    assert host_floor_guess(truth, [slow]) == pytest.approx(1000 * slow.tpot_p50_ms / 8)
+    assert host_floor_guesses(truth, [slow])[host] == pytest.approx(1000 * slow.tpot_p50_ms / 8)
     d1 = [lv for lv in run.levels if lv.series == "d1"]
     one, eight = sorted(d1, key=lambda lv: lv.concurrency)
     assert slower_than_more_streams(one, d1) is None

@@ -171,11 +171,6 @@ def largest_batch(profile: Profile, levels: Sequence[Level]) -> float:
     )
 
 
-def host_floor_guess(profile: Profile, levels: Sequence[Level]) -> float:
-    """A start for `scheduler.host_us_per_req` (see `host_floor_guesses`)."""
-    return host_floor_guesses(profile, levels)["scheduler.host_us_per_req"]
-
-
 def host_floor_guesses(profile: Profile, levels: Sequence[Level]) -> dict[str, float]:
     """Starts for `scheduler.host_us_per_req` and `spec_host_us_per_req`: the least time per
     iteration and request among the levels that accept nothing (the plain server, depth 0) and
@@ -200,7 +195,7 @@ def host_floor_guesses(profile: Profile, levels: Sequence[Level]) -> dict[str, f
     shared = min(rates[False], default=0.0)
     return {
         "scheduler.host_us_per_req": shared,
-        "scheduler.spec_host_us_per_req": max(spec_floor - shared, 0.0) if rates[True] else 0.0,
+        "scheduler.spec_host_us_per_req": max(spec_floor - shared, 0.0),
     }
 
 

@@ -108,8 +108,15 @@ def bench_names(sources: Sequence[str]) -> dict[str, str]:
     return names if len(set(names.values())) == len(names) else {s: s for s in unique}
 
 
-def _level_label(level: Level, names: dict[str, str] | None) -> str:
-    return level.label if not names else f"{level.label}, {names[level.source]}"
+def _short_names(rows: Sequence[Row]) -> dict[str, str]:
+    """`bench_names` of the rows' files where there are several, else none (one bench's
+    levels need no name)."""
+    names = bench_names([r.level.source for r in rows])
+    return names if len(names) > 1 else {}
+
+
+def _level_label(level: Level, names: dict[str, str]) -> str:
+    return f"{level.label}, {names[level.source]}" if names else level.label
 
 
 def summarize(rows: Sequence[Row], which: str, *, outliers: bool = False) -> Summary | None:
@@ -117,10 +124,9 @@ def summarize(rows: Sequence[Row], which: str, *, outliers: bool = False) -> Sum
 
     With rows from several bench files the worst level is named with its file's short name.
     """
-    names = bench_names([r.level.source for r in rows])
-    several = len(names) > 1
+    names = _short_names(rows)
     errs = [
-        (abs(e), _level_label(r.level, names if several else None))
+        (abs(e), _level_label(r.level, names))
         for r in rows
         if (outliers or not r.outlier)
         and (e := (r.tok_error if which == "tok_per_s" else r.tpot_error)) is not None
@@ -228,8 +234,7 @@ def _pct(e: float | None) -> str:
 
 def render(report: Report) -> list[Any]:
     """Rich renderables: the per-level table, then the lines under it."""
-    names = bench_names([r.level.source for r in report.rows])
-    several = len(names) > 1
+    names = _short_names(report.rows)
     table = Table(
         title=f"{report.result.profile.name}: the bench replayed on the fitted profile", box=None
     )
@@ -246,7 +251,7 @@ def render(report: Report) -> list[Any]:
         table.add_column(name, justify="left" if name == "series" else "right", no_wrap=True)
     for r in report.rows:
         lv = r.level
-        series = f"{lv.series} ({names[lv.source]})" if several else lv.series
+        series = f"{lv.series} ({names[lv.source]})" if names else lv.series
         if r.outlier:
             series += " (outlier)"
         table.add_row(
@@ -275,7 +280,7 @@ def render(report: Report) -> list[Any]:
                     f"worst {100 * every.worst:.1f}% ({every.worst_at})"
                 )
             lines.append(line)
-    if several:
+    if names:
         lines.append("benches: " + ", ".join(f"{n} = {src}" for src, n in names.items()))
     for o in report.result.outliers:
         lines.append(f"[yellow]outlier[/yellow]: {o.level.label} ({_source(o.level, names)}): "
@@ -288,4 +293,4 @@ def render(report: Report) -> list[Any]:
 
 def _source(level: Level, names: dict[str, str]) -> str:
     """The short name where the table used short names, else the file as given."""
-    return names.get(level.source, level.source) if len(names) > 1 else level.source
+    return names.get(level.source, level.source)

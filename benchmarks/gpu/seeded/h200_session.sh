@@ -256,7 +256,10 @@ context)
         --words "$WORDS" "${SPREAD_ARGS[@]}"
     # BENCHES="long family" (the default) runs both benches; one of them alone where both do
     # not fit one command (LEVEL_S=15: about 360 s each).
+    packed_before=""  # the folder is packed before each later bench, and at the end below
     for which in ${BENCHES:-long family}; do
+        [ -n "$packed_before" ] && pack
+        packed_before=1
         case "$which" in
         long) stamp "bench at $WORDS-token prompts: d0, d1, d3, plain"
               data="$LONG"; dir="$R/bench_w$WORDS" ;;
@@ -269,7 +272,6 @@ context)
         DATASET="$data" BENCH_TIMEOUT=${BENCH_TIMEOUT:-280} bench "$dir" --depths 0,1,3 \
             --no-spec-url "$(plain_url)" --client-processes 4 --freeze-gc 2>&1 \
             | tee "$dir.txt" | tail -26
-        pack
     done
     ;;
 profile)

@@ -583,7 +583,9 @@ def bucket_upper(lower: int) -> int:
 SGLANG, SKIP_EXTEND, SKIP_EXTEND_ALL = "sglang", "skip-extend", "skip-extend-all"
 OFF_MODES = (SGLANG, SKIP_EXTEND, SKIP_EXTEND_ALL)  # the wire code of a mode is its index
 OFF_MODE_KEY = "specctl_off_mode"
-SETTING_KEYS = frozenset({OFF_MODE_KEY})
+# Trimmed host work on the speculative iteration (sglang_hooks/lean_host.py): 0 or 1.
+LEAN_HOST_KEY = "specctl_lean_host"
+SETTING_KEYS = frozenset({OFF_MODE_KEY, LEAN_HOST_KEY})
 
 
 def decode_off_mode(value: Any) -> str:
@@ -593,6 +595,15 @@ def decode_off_mode(value: Any) -> str:
         codes = ", ".join(f"{i} = {m}" for i, m in enumerate(OFF_MODES))
         raise PolicyError(OFF_MODE_KEY, f"must be one of {codes}; got {value!r}")
     return OFF_MODES[int(value)]
+
+
+def decode_lean_host(value: Any) -> bool:
+    """Whether a `specctl_lean_host` value turns the trims on. Raises PolicyError naming the
+    key."""
+    if isinstance(value, bool) or value in (0, 1):
+        return bool(value)
+    raise PolicyError(LEAN_HOST_KEY, f"must be 0 (SGLang's own host work) or 1 (trimmed); "
+                      f"got {value!r}")
 
 
 def split_settings(server_args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

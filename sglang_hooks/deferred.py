@@ -30,14 +30,15 @@ logger = logging.getLogger("specctl")
 
 @dataclass(frozen=True)
 class PendingHook:
-    target: str  # "package.module.Class.method"
+    target: str  # "package.module.Class.method" or "package.module.function"
     hook: Callable[..., Any]
     kind: str  # a HookType member name: "AROUND", "AFTER", ...
+    in_module: str = ""  # the target's module where it is not everything before Class.method
 
     @property
     def module(self) -> str:
-        """The module the target lives in: everything before `Class.method`."""
-        return self.target.rsplit(".", 2)[0]
+        """The module the target lives in: everything before `Class.method` unless given."""
+        return self.in_module or self.target.rsplit(".", 2)[0]
 
 
 class _Apply:

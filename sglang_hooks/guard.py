@@ -67,8 +67,11 @@ def check_symbol(root: Path, sym: SymbolSpec) -> str | None:
     path = _module_file(root, sym.module)
     if not path.is_file():
         return f"{sym.module} is missing ({path.name} not found)"
+    tree = _parse(path)
+    if not sym.cls:
+        return _check_function(tree, sym)
     cls = next(
-        (n for n in _parse(path).body if isinstance(n, ast.ClassDef) and n.name == sym.cls),
+        (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == sym.cls),
         None,
     )
     if cls is None:
@@ -99,6 +102,16 @@ def check_symbol(root: Path, sym: SymbolSpec) -> str | None:
     if args[: len(want)] != want:
         return f"{sym.where}{_sig(args)} no longer starts with {_sig(want)}"
     return None
+
+
+def _check_function(tree: ast.Module, sym: SymbolSpec) -> str | None:
+    fn = next((n for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+               and n.name == sym.name), None)
+    if fn is None:
+        return f"function {sym.where} is missing"
+    names = {a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}
+    missing = [p for p in sym.params if p not in names]
+    return f"function {sym.where} has no parameter {', '.join(missing)}" if missing else None
 
 
 def _init_assigned(cls: ast.ClassDef) -> set[str]:

@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from sglang_hooks import off_mode, override_log, verify_schedule
+from sglang_hooks import lean_host, off_mode, override_log, verify_schedule
 from sglang_hooks.adapters.base import Adapter
 from sglang_hooks.contract import (
     PolicyError,
@@ -30,6 +30,7 @@ from sglang_hooks.runtime import SchedulerRuntime, validate_change
 logger = logging.getLogger("specctl")
 
 ADAPTER: Adapter | None = None
+RELEASE: str | None = None  # the SGLang version the guard read, once bound
 RUNTIME = SchedulerRuntime()
 
 
@@ -44,9 +45,9 @@ HTTP = _HttpSide()
 _failed: set[str] = set()
 
 
-def bind(adapter: Adapter) -> None:
-    global ADAPTER
-    ADAPTER = adapter
+def bind(adapter: Adapter, release: str | None = None) -> None:
+    global ADAPTER, RELEASE
+    ADAPTER, RELEASE = adapter, release
 
 
 def _log_failure_once(name: str) -> None:
@@ -142,6 +143,9 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
         if mode_error is not None:
             logger.error("specctl: %s", mode_error)
         rt.off_mode = mode
+        rt.lean_host, lean_error = lean_host.from_env()
+        if lean_error is not None:
+            logger.error("specctl: %s", lean_error)
         startup = None
         path = policy_file_from_env()
         if path is not None:
@@ -165,16 +169,18 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
             peers.publish(fingerprint({
                 "sglang": ADAPTER.name, "depths": sorted(usable),
                 "startup": table_fingerprint(startup), "off_mode": mode,
+                "lean_host": rt.lean_host,
                 SKIP_EXTEND_ENV: os.environ.get(SKIP_EXTEND_ENV, ""),
             }))
         rt.activate(usable, startup, peers)
         # Every TP rank logs this line: with several nodes, each reads its own policy file.
         logger.info("specctl: active; depths usable by a table: %s%s; start-up table: %s%s; "
-                    "off mode %s%s",
+                    "off mode %s; host-work trims %s%s",
                     sorted(usable),
                     f" (partly captured, refused: {sorted(partial)})" if partial else "",
                     table_fingerprint(startup), f" from {path}" if startup is not None else "",
-                    mode, f"; waits for TP ranks 0-{peers.world_size - 1} to agree before a "
+                    mode, "on" if rt.lean_host else "off",
+                    f"; waits for TP ranks 0-{peers.world_size - 1} to agree before a "
                     f"table takes control" if peers is not None else "")
     except Exception:
         _log_failure_once("on_states_built")
@@ -276,12 +282,41 @@ def skip_extend(original: Callable[..., Any], draft_worker: Any, batch: Any, bat
             or getattr(worker, "speculative_num_steps", None) != 0:
         return original(draft_worker, batch, batch_result, *args, **kwargs)
     try:
-        worker._stub_skipped_draft_extend(batch, batch_result)
+        if rt.lean_host:
+            lean_host.stub_skipped_extend(worker, batch, batch_result)
+        else:
+            worker._stub_skipped_draft_extend(batch, batch_result)
     except Exception:
         _log_failure_once("skip_extend")  # the real extend overwrites whatever the stub set
         return original(draft_worker, batch, batch_result, *args, **kwargs)
     rt.skipped_extends += 1
     return None
+
+
+def lean_trivial_verify(original: Callable[..., Any], worker: Any, batch: Any, *args: Any,
+                        **kwargs: Any) -> Any:
+    """AROUND EAGLEWorkerV2._build_trivial_verify_input: under the host-work trims, the
+    input's index tensors reused per batch size (lean_host.py)."""
+    if not RUNTIME.lean_host or args or kwargs:
+        return original(worker, batch, *args, **kwargs)
+    try:
+        return lean_host.trivial_verify_input(original, worker, batch)
+    except Exception:
+        _log_failure_once("lean_trivial_verify")
+        lean_host.VERIFY_INDEXES.clear()
+        return original(worker, batch)
+
+
+def lean_kv_lens(original: Callable[..., Any], tree_cache: Any, *args: Any,
+                 **kwargs: Any) -> Any:
+    """AROUND alloc_for_spec_decode: under the host-work trims, the next KV lengths handed
+    over as a list where the release reads them one by one (lean_host.py)."""
+    if RUNTIME.lean_host:
+        try:
+            lean_host.kv_lens_as_list(RELEASE, tree_cache, kwargs)
+        except Exception:
+            _log_failure_once("lean_kv_lens")
+    return original(tree_cache, *args, **kwargs)
 
 
 def verify_schedule_refresh(original: Callable[..., Any], backend: Any, *args: Any,

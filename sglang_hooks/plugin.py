@@ -36,11 +36,12 @@ def register() -> bool:
         return False
     from sglang_hooks import deferred, hooks, verify_schedule
 
-    hooks.bind(result.adapter)
+    hooks.bind(result.adapter, result.version)
     wanted = [spec for spec in result.adapter.hooks
               if verify_schedule.ENABLED or spec.hook not in verify_schedule.HOOKS]
     DEFERRED = deferred.install(
-        [deferred.PendingHook(spec.target, getattr(hooks, spec.hook), spec.kind)
+        [deferred.PendingHook(spec.target, getattr(hooks, spec.hook), spec.kind,
+                              in_module="" if spec.symbol.cls else spec.symbol.module)
          for spec in wanted],
         source=_plugin_source(),
     )

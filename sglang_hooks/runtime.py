@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_hooks import off_mode, verify_schedule
+from sglang_hooks import lean_host, off_mode, verify_schedule
 from sglang_hooks.contract import (
     PolicyError,
     PolicyTable,
@@ -52,6 +52,7 @@ class Change:
     table: PolicyTable | None = None
     table_given: bool = False
     off_mode: str | None = None
+    lean_host: bool | None = None  # the host-work trims (lean_host.py), if the request says
 
 
 def skippable_tiers(table: PolicyTable | None, mode: str) -> tuple[bool, ...]:
@@ -96,6 +97,7 @@ class SchedulerRuntime:
         self.launch_skips_extend = False
         self.spec_worker: Any = None  # the EAGLEWorkerV2 of the current launch
         self.off_mode = off_mode.DEFAULT_MODE
+        self.lean_host = False  # lean_host.py: trimmed host work on the speculative iteration
         self._skippable: tuple[bool, ...] = ()
         self.depth_switches = 0  # runtime-state switches SGLang made (table or its own)
         self.skipped_extends = 0
@@ -181,6 +183,10 @@ class SchedulerRuntime:
             change = Change(table=change, table_given=True)
         if change.off_mode is not None:
             self.set_off_mode(change.off_mode)
+        if change.lean_host is not None:
+            if change.lean_host != self.lean_host:
+                logger.info("specctl: host-work trims %s", "on" if change.lean_host else "off")
+            self.lean_host = change.lean_host
         if change.table_given:
             if change.table is None:
                 self.selector = None
@@ -232,6 +238,7 @@ class SchedulerRuntime:
         state["iteration"] = self.iteration
         state["unattributed_results"] = self.unattributed_results
         state["off_mode"] = self.off_mode
+        state["lean_host"] = self.lean_host
         state["depth_switches"] = self.depth_switches
         state["skipped_draft_extends"] = self.skipped_extends
         state["verify_schedule"] = verify_schedule.ENABLED
@@ -320,7 +327,10 @@ def validate_change(server_args: Mapping[str, Any], captured_depths: Iterable[in
     mode = None
     if off_mode.OFF_MODE_KEY in settings:
         mode = off_mode.decode_mode(settings[off_mode.OFF_MODE_KEY])
+    lean = None
+    if lean_host.KEY in settings:
+        lean = lean_host.decode(settings[lean_host.KEY])
     if not has_policy_keys(table_keys):
-        return Change(off_mode=mode)
+        return Change(off_mode=mode, lean_host=lean)
     table = decode_table(table_keys, captured_depths=captured_depths)
-    return Change(table=table, table_given=True, off_mode=mode)
+    return Change(table=table, table_given=True, off_mode=mode, lean_host=lean)

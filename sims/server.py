@@ -79,6 +79,7 @@ class SimulatedServer:
         self._last_rejection: str | None = None
         self._off_mode = (contract.SGLANG if self.engine.profile.draft.extend_at_depth0
                           else contract.SKIP_EXTEND)  # fmt: skip
+        self._lean_host = False
         self._applied_iteration: int | None = None
         self._live_version = 0
         # Of finished streaming requests: tokens, requests, TTFT seconds, latency seconds.
@@ -219,6 +220,12 @@ class SimulatedServer:
                     mode = contract.decode_off_mode(settings[contract.OFF_MODE_KEY])
                 except PolicyError as err:
                     return 400, contract.rejection_body(err)
+            lean: bool | None = None
+            if contract.LEAN_HOST_KEY in settings:
+                try:
+                    lean = contract.decode_lean_host(settings[contract.LEAN_HOST_KEY])
+                except PolicyError as err:
+                    return 400, contract.rejection_body(err)
             ours, rest = contract.split_policy_keys(args)
             table: PolicyTable | None = None
             if ours:
@@ -238,6 +245,8 @@ class SimulatedServer:
                     return 200, [False]
             if mode is not None:
                 self._off_mode = mode
+            if lean is not None:
+                self._lean_host = lean  # reported only: the profile's host costs stand for both
             if ours:
                 self._install(table)
             return 200, [True]
@@ -302,6 +311,7 @@ class SimulatedServer:
             # depth 0 costs here stays the profile's (`draft.extend_at_depth0`) whatever is pushed.
             if self.engine.speculative:
                 state["off_mode"] = self._off_mode
+                state["lean_host"] = self._lean_host
             return state
 
     # ------------------------------------------------------------------ readback

@@ -135,6 +135,13 @@ def test_the_off_mode_key_is_answered_as_the_plugin_answers_it(kimi):
     rejection = parse_rejection(err)
     assert status == 400 and rejection is not None and rejection.field == "specctl_off_mode"
     assert read_server_state(server.server_info())[0]["off_mode"] == "skip-extend-all"
+    assert read_server_state(server.server_info())[0]["lean_host"] is False
+    assert server.set_internal_state({"server_args": {"specctl_lean_host": 1}}, None) == \
+        (200, [True])
+    assert read_server_state(server.server_info())[0]["lean_host"] is True
+    status, err = server.set_internal_state({"server_args": {"specctl_lean_host": "on"}}, None)
+    rejection = parse_rejection(err)
+    assert status == 400 and rejection is not None and rejection.field == "specctl_lean_host"
 
 
 @pytest.mark.parametrize(

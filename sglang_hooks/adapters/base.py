@@ -17,7 +17,9 @@ class SymbolSpec:
     `__init__` assigns on `self`) the plugin relies on.
 
     `module`/`cls` say where it is *defined* (what the guard parses); `params` are the
-    leading parameters after `self` that the hook reads, by position and name.
+    leading parameters after `self` that the hook reads, by position and name. An empty
+    `cls` names a module-level function; its `params` are parameter names it must have
+    (positional or keyword-only), since such a hook reads them by name.
     """
 
     module: str
@@ -30,7 +32,7 @@ class SymbolSpec:
 
     @property
     def where(self) -> str:
-        return f"{self.module}.{self.cls}.{self.name}"
+        return f"{self.module}.{self.cls}.{self.name}" if self.cls else f"{self.module}.{self.name}"
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,9 @@ COMMON_HOOKS: tuple[HookSpec, ...] = (
           "on_apply_state", "state"),
     _hook(_WORKER, "EagleDraftWorker", "_draft_extend_for_decode", AROUND,
           "skip_extend", "batch", "batch_result"),
+    # host-work trims (lean_host.py)
+    _hook(_WORKER, "EAGLEWorkerV2", "_build_trivial_verify_input", AROUND,
+          "lean_trivial_verify", "batch"),
     _hook(_RESULTS, "SchedulerBatchResultProcessor", "_resolve_spec_v2_tokens", AFTER,
           "count_result", "result", "batch"),
     _hook(_METRICS, "SchedulerMetricsCollector", "__init__", AFTER,
@@ -69,6 +72,13 @@ COMMON_READS: tuple[SymbolSpec, ...] = (
     # skip-extend: SGLang's own stub for a skipped draft extend
     SymbolSpec(_WORKER, "EAGLEWorkerV2", "_stub_skipped_draft_extend",
                ("batch", "batch_output")),
+    # the trivial verify input's fields the host-work trims rebuild it with
+    SymbolSpec(_WORKER, "EAGLEWorkerV2", "topk", instance=True),
+    SymbolSpec(_WORKER, "EAGLEWorkerV2", "_target_worker", instance=True),
+    SymbolSpec("sglang.srt.speculative.eagle_info", "EagleVerifyInput", "retrieve_next_sibling",
+               attribute=True),
+    SymbolSpec("sglang.srt.speculative.eagle_info", "EagleVerifyInput", "seq_lens_cpu",
+               attribute=True),
     # emitted-token counts: the rows SGLang's output loop skips
     SymbolSpec(_BATCH, "Req", "finished_reason", instance=True),
     SymbolSpec(_BATCH, "Req", "is_retracted", instance=True),

@@ -15,6 +15,7 @@ from sglang_hooks.adapters.base import AFTER, AROUND, Adapter, HookSpec, SymbolS
 from sglang_hooks.adapters.common import COMMON_HOOKS, COMMON_READS
 
 _SCHED = "sglang.srt.managers.scheduler"
+_ALLOC = "sglang.srt.mem_cache.allocation"
 
 
 def _tokens(result: Any, batch_size: int) -> int:
@@ -32,6 +33,10 @@ ADAPTER = Adapter(
                  SymbolSpec(_SCHED, "Scheduler", "set_internal_state", ("recv_req",))),
         HookSpec(f"{_SCHED}.Scheduler.get_internal_state", AFTER, "get_internal_state",
                  SymbolSpec(_SCHED, "Scheduler", "get_internal_state", ("recv_req",))),
+        # host-work trims (lean_host.py): 0.5.23 reads the KV lengths as a list itself
+        HookSpec(f"{_ALLOC}.alloc_for_spec_decode", AROUND, "lean_kv_lens",
+                 SymbolSpec(_ALLOC, "", "alloc_for_spec_decode",
+                            ("tree_cache", "nxt_kv_lens_cpu"))),
     ),
     reads=COMMON_READS,
     scheduler_of=lambda scheduler: scheduler,

@@ -93,6 +93,15 @@ def test_off_mode_switches_through_the_controller_with_or_without_a_table(
     assert "specctl_off_mode" in (runtime.last_rejection or "")
 
 
+def test_the_host_trims_switch_through_the_controller(controller: Any,
+                                                     runtime: SchedulerRuntime) -> None:
+    assert controller.set_internal_state(_req({"specctl_lean_host": 1})).updated
+    assert runtime.lean_host and runtime.table is None
+    out = controller.set_internal_state(_req({"specctl_lean_host": 3}))
+    assert out.updated is False and runtime.lean_host
+    assert "specctl_lean_host" in (runtime.last_rejection or "")
+
+
 def test_state_report_lands_in_the_real_output_message(runtime: SchedulerRuntime) -> None:
     from sglang.srt.managers.io_struct import GetInternalStateReqOutput
 

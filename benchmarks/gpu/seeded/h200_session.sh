@@ -13,6 +13,7 @@
 #   bash benchmarks/gpu/seeded/h200_session.sh verify OUT    # that server: greedy, d0 vs plain
 #   bash benchmarks/gpu/seeded/h200_session.sh series OUT    # d0 vs plain, SERIES series, pooled
 #   bash benchmarks/gpu/seeded/h200_session.sh context OUT   # benches at two prompt lengths
+#   bash benchmarks/gpu/seeded/h200_session.sh lean OUT      # d0 with/without host trims vs plain
 #
 # Measured on the H200: setup with ACCEPTANCE=0 330-370 s; series with SERIES=3 LEVEL_S=8
 # 358 s; parity 319 s; verify 225 s; profile about 100 s. context: two benches of 20 levels,
@@ -35,7 +36,7 @@
 # (`source .gpu/stage.sh .gpu env`, after benchmarks/gpu/staging/pack.sh).
 set -uo pipefail
 
-STEP=${1:?usage: h200_session.sh setup|measure|traces|parity|profile|long|verify|series|context OUT [POLICIES] [final]}
+STEP=${1:?usage: h200_session.sh setup|measure|traces|parity|profile|long|verify|series|lean|context OUT [POLICIES] [final]}
 OUT=${2:?give the folder to pack the results into}
 R=${R:-/tmp/gpu-run}
 PY=${PY:-python3}
@@ -63,6 +64,12 @@ url_of() {  # url_of spec|plain: from the harness's state
 spec_url() { url_of spec; }
 plain_url() { url_of plain; }
 stamp() { echo "== $(date +%H:%M:%S) $*"; }
+
+lean_host() {  # lean_host 0|1: the plugin's host-work trims (sglang_hooks/lean_host.py)
+    curl -sS -X POST "$(spec_url)/set_internal_state" -H "Authorization: Bearer $(key)" \
+        -H 'Content-Type: application/json' -d "{\"server_args\": {\"specctl_lean_host\": $1}}"
+    echo
+}
 
 off_mode() {  # off_mode CODE: 0 = sglang, 1 = skip-extend (the plugin's default)
     curl -sS -X POST "$(spec_url)/set_internal_state" -H "Authorization: Bearer $(key)" \
@@ -235,6 +242,35 @@ series)
     grep -h "LONG GARBAGE\|Freezing GC" "$R"/logs/*.log >"$R/gc_log.txt" 2>/dev/null
     echo "$(grep -c "LONG GARBAGE" "$R/gc_log.txt") long collections logged"
     ;;
+lean)
+    # Depth 0 with the plugin's host-work trims and without, each against the plain server, in
+    # alternating benches on one server start (SERIES pairs, four load processes, collectors
+    # frozen after a warm pass), judged pooled per arm (benchmarks/gpu/parity.py). SWITCH=1
+    # then runs the 1,000 on/off switches with the trims on, greedy output checked after.
+    stamp "warm pass (not reported): d0 and plain at every level"
+    bench "$R/lean_warm" --depths 0 --no-spec-url "$(plain_url)" --duration-per-level 2 \
+        --warmup-per-level 0.5 --client-processes 4 >"$R/lean_warm.txt" 2>&1
+    freeze_gc spec; freeze_gc plain
+    for rep in $(seq 1 "${SERIES:-2}"); do
+        for arm in 0 1; do
+            lean_host "$arm"
+            stamp "pair $rep, trims $arm: d0 and plain at 1-128 streams"
+            bench "$R/lean${arm}_$rep" --depths 0 --no-spec-url "$(plain_url)" \
+                --client-processes 4 --warmup-per-level 2 2>&1 | tee "$R/lean${arm}_$rep.txt" \
+                | tail -13
+        done
+    done
+    for arm in 0 1; do
+        echo "== trims $arm"
+        "$PY" -m benchmarks.gpu.parity "$R"/lean${arm}_[0-9]*/ --json "$R/parity_lean$arm.json" \
+            | tee "$R/parity_lean$arm.txt"
+    done
+    if [ "${SWITCH:-0}" = 1 ]; then
+        lean_host 1
+        stamp "1,000 on/off switches under load with the trims on, greedy after"
+        "$PY" -m benchmarks.gpu.harness switch "${HARNESS_OPTS[@]}" --budget 200
+    fi
+    ;;
 context)
     # Depths 0, 1, 3 and the plain server at two prompt lengths on one server start (the family's
     # own prompts, then WORDS-word prompts of the same family, so acceptance stays): the pair
@@ -303,7 +339,7 @@ profile)
         compare "$P/d1-c64.json" "$P/d3-c64.json" --top 25 | tee "$P/compare_d1_d3_c64.txt"
     ;;
 *)
-    echo "unknown step $STEP: setup, measure, traces, parity, profile, long, verify, series or context" >&2
+    echo "unknown step $STEP: setup, measure, traces, parity, profile, long, verify, series, lean or context" >&2
     exit 2 ;;
 esac
 pack

@@ -1,0 +1,158 @@
+"""Trimmed host work on the speculative server's decode iteration (`specctl_lean_host`).
+
+A depth-0 iteration's GPU work equals a plain decode's (kernel time within 0.7% on the H200);
+what it loses against a server without speculation is host time around it (docs/sglang.md,
+"Off"). With the trims on, three pieces of that work are done once instead of every
+iteration, with the same values handed to SGLang:
+
+- the trivial verify input of a depth-0 iteration (`_build_trivial_verify_input`): its three
+  index tensors depend on the batch size only, so they are built once per batch size and
+  reused; the draft tokens, positions and the mask fill are still SGLang's per iteration;
+- the zeroed draft inputs of a skipped draft extend (`_stub_skipped_draft_extend`): one set
+  per batch size, reused (the overlap scheduler copies them into its own buffers and nothing
+  reads them at depth 0);
+- SGLang 0.5.17's per-request KV bookkeeping in `alloc_for_spec_decode`, which reads each
+  request's next KV length out of a CPU tensor one element at a time (a tensor select and an
+  item per running request): handed the same values as a list (0.5.23 does this itself).
+
+Chosen at start-up with `SPECCTL_LEAN_HOST=1` and at run time with the admin key
+`specctl_lean_host` (0 or 1) in `POST /set_internal_state`.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+from sglang_hooks import contract
+
+ENV = "SPECCTL_LEAN_HOST"
+KEY = contract.LEAN_HOST_KEY
+decode = contract.decode_lean_host
+# Releases whose alloc_for_spec_decode reads `nxt_kv_lens_cpu` only in its per-request loop
+# when the page size is 1 (read in their source); other releases are left alone.
+KV_LIST_RELEASES = frozenset({"0.5.17"})
+_MAX_CACHED_SIZES = 512  # batch sizes kept per cache; SGLang's largest graph batch is 512
+
+
+def from_env() -> tuple[bool, str | None]:
+    """(on, error): the start-up setting, and why the variable was ignored if it was."""
+    raw = os.environ.get(ENV, "").strip()
+    if raw in ("", "0"):
+        return False, None
+    if raw == "1":
+        return True, None
+    return False, f"{ENV}={raw!r} is not 0 or 1; the trims stay off"
+
+
+class PerBatchSize:
+    """Values that depend on the batch size alone, built once each (bounded)."""
+
+    def __init__(self) -> None:
+        self._by_size: dict[tuple[Any, ...], Any] = {}
+
+    def get(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
+        value = self._by_size.get(key)
+        if value is None:
+            if len(self._by_size) >= _MAX_CACHED_SIZES:
+                self._by_size.clear()
+            value = self._by_size[key] = build()
+        return value
+
+    def clear(self) -> None:
+        self._by_size.clear()
+
+
+VERIFY_INDEXES = PerBatchSize()
+STUBS = PerBatchSize()
+
+
+def trivial_verify_input(original: Callable[..., Any], worker: Any, batch: Any) -> Any:
+    """SGLang's trivial verify input for `batch`, its index tensors reused per batch size.
+
+    Falls back to SGLang's own body wherever the mask is not the backend's shared buffer
+    (the input then carries per-batch values the cache would not know)."""
+    if batch.forward_mode.is_idle():
+        return original(worker, batch)
+    verify_mask = getattr(worker._target_worker.model_runner.attn_backend, "verify_mask", None)
+    bs = int(batch.seq_lens.shape[0])
+    if verify_mask is None or not verify_mask.fits(bs):
+        return original(worker, batch)
+    made: list[Any] = []
+
+    def build() -> tuple[Any, Any, Any]:
+        first = original(worker, batch)  # SGLang's own tensors, taken before anyone else
+        made.append(first)
+        return first.retrieve_index, first.retrieve_next_token, first.retrieve_next_sibling
+
+    index, next_token, next_sibling = VERIFY_INDEXES.get((bs, str(worker.device)), build)
+    if made:
+        return made[0]
+    import torch
+
+    verify_mask.buffer.fill_(True)  # the draft writes this buffer at positive depths
+    return type_of_verify_input()(
+        draft_token=batch.spec_info.bonus_tokens,
+        custom_mask=verify_mask.buffer,
+        positions=batch.seq_lens.to(torch.int64),
+        retrieve_index=index,
+        retrieve_next_token=next_token,
+        retrieve_next_sibling=next_sibling,
+        retrieve_cum_len=None,
+        spec_steps=0,
+        topk=worker.topk,
+        draft_token_num=1,
+        capture_hidden_mode=capture_full(),
+        seq_lens_sum=None,
+        seq_lens_cpu=None,
+    )
+
+
+@functools.cache
+def type_of_verify_input() -> Any:
+    from sglang.srt.speculative.eagle_info import EagleVerifyInput
+
+    return EagleVerifyInput
+
+
+@functools.cache
+def capture_full() -> Any:
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    return CaptureHiddenMode.FULL
+
+
+def stub_skipped_extend(worker: Any, batch: Any, batch_output: Any) -> None:
+    """SGLang's stub for a skipped draft extend, its zeroed tensors reused per batch size."""
+    bs = int(batch.seq_lens.shape[0])
+    draft_input = batch_output.next_draft_input
+
+    made: list[bool] = []
+
+    def build() -> tuple[Any, Any, Any]:
+        worker._stub_skipped_draft_extend(batch, batch_output)  # SGLang's own zeros, kept
+        made.append(True)
+        return (draft_input.topk_p, draft_input.topk_index,
+                getattr(draft_input, "hidden_states", None))
+
+    topk_p, topk_index, hidden = STUBS.get((bs, str(worker.device)), build)
+    if made:
+        return
+    draft_input.topk_p = topk_p
+    draft_input.topk_index = topk_index
+    if hidden is not None:
+        draft_input.hidden_states = hidden
+
+
+def kv_lens_as_list(release: str | None, tree_cache: Any, kwargs: dict[str, Any]) -> bool:
+    """Hand `alloc_for_spec_decode` its next KV lengths as a list where that release reads
+    them only in its per-request loop. True if it did."""
+    lens = kwargs.get("nxt_kv_lens_cpu")
+    if release not in KV_LIST_RELEASES or lens is None or not hasattr(lens, "tolist"):
+        return False
+    if getattr(tree_cache.token_to_kv_pool_allocator, "page_size", None) != 1:
+        return False
+    kwargs["nxt_kv_lens_cpu"] = lens.tolist()
+    return True

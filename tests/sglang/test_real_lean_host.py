@@ -1,0 +1,211 @@
+"""The host-work trims (`specctl_lean_host`), through SGLang's real methods.
+
+Real: `EAGLEWorkerV2._build_trivial_verify_input` and `_stub_skipped_draft_extend` (SGLang
+0.5.23's bodies, the first patched by the plugin's loader), `EagleVerifyInput`, and SGLang
+0.5.17's `alloc_for_spec_decode`, compiled from the unpacked 0.5.17 source. Stand-ins,
+because the workers need a GPU model runner: the worker `self` (device, top-k, the target's
+attention backend with its verify mask buffer, the draft runner config the stub reads), the
+batch (sequence lengths, the previous bonus tokens, the forward mode) and, for 0.5.17's
+allocator, the token-slot and req-to-token helpers it calls (recorded, not run).
+"""
+
+from __future__ import annotations
+
+import ast
+import types
+from pathlib import Path
+from types import SimpleNamespace as NS
+from typing import Any
+
+import pytest
+
+from sglang_hooks import lean_host
+from sglang_hooks.contract import PolicyTable, Tier
+from sglang_hooks.runtime import SchedulerRuntime
+
+HIDDEN = 32
+MASK_SLOTS = 64
+
+
+class _Mask:
+    def __init__(self) -> None:
+        import torch
+
+        self.buffer = torch.zeros(MASK_SLOTS, dtype=torch.bool)
+
+    def fits(self, bs: int) -> bool:
+        return bs <= MASK_SLOTS // 2
+
+
+def _worker(mask: _Mask | None) -> Any:
+    import torch
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    draft_runner = NS(model_config=NS(spec_hidden_size=HIDDEN, dtype=torch.bfloat16),
+                      spec_algorithm=NS(is_standalone=lambda: False))
+    worker = NS(device="cpu", topk=1, speculative_num_steps=0,
+                _target_worker=NS(model_runner=NS(attn_backend=NS(verify_mask=mask,
+                                                                  max_context_len=128))),
+                draft_worker=NS(draft_runner=draft_runner))
+    worker._stub_skipped_draft_extend = types.MethodType(
+        EAGLEWorkerV2._stub_skipped_draft_extend, worker)
+    return worker
+
+
+def _batch(seq_lens: list[int]) -> Any:
+    import torch
+
+    n = len(seq_lens)
+    return NS(forward_mode=NS(is_idle=lambda: False),
+              seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+              seq_lens_sum=sum(seq_lens), seq_lens_cpu=None,
+              spec_info=NS(bonus_tokens=torch.arange(100, 100 + n, dtype=torch.int32)))
+
+
+def _verify_input(worker: Any, batch: Any) -> Any:
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    return EAGLEWorkerV2._build_trivial_verify_input(worker, batch)
+
+
+def _same(a: Any, b: Any) -> None:
+    import torch
+
+    for name in ("draft_token", "positions", "retrieve_index", "retrieve_next_token",
+                 "retrieve_next_sibling", "custom_mask"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and torch.equal(x, y), name
+    for name in ("retrieve_cum_len", "spec_steps", "topk", "draft_token_num",
+                 "capture_hidden_mode", "seq_lens_sum", "seq_lens_cpu", "num_tokens_per_req"):
+        assert getattr(a, name) == getattr(b, name), name
+
+
+@pytest.fixture
+def trims(runtime: SchedulerRuntime) -> SchedulerRuntime:
+    lean_host.VERIFY_INDEXES.clear()
+    lean_host.STUBS.clear()
+    runtime.lean_host = True
+    return runtime
+
+
+def test_the_trivial_verify_input_equals_sglangs_and_reuses_its_indexes(
+    runtime: SchedulerRuntime,
+) -> None:
+    mask = _Mask()
+    worker = _worker(mask)
+    runtime.lean_host = False
+    wanted = [_verify_input(worker, _batch(lens)) for lens in ([5, 9, 7], [6, 10, 8], [4, 4])]
+    assert wanted[0].retrieve_index is not wanted[1].retrieve_index  # SGLang builds anew
+    lean_host.VERIFY_INDEXES.clear()
+    runtime.lean_host = True
+    got = []
+    for lens in ([5, 9, 7], [6, 10, 8], [4, 4]):
+        mask.buffer.zero_()  # a positive depth's draft wrote its own tree mask here
+        got.append(_verify_input(worker, _batch(lens)))
+        assert bool(mask.buffer.all()), "the mask is filled every iteration"
+    for a, b in zip(got, wanted, strict=True):
+        _same(a, b)
+    assert got[1].retrieve_index is got[0].retrieve_index  # same batch size: reused
+    assert got[1].retrieve_next_sibling is got[0].retrieve_next_sibling
+    assert got[2].retrieve_index is not got[0].retrieve_index
+    assert got[1] is not got[0] and got[1].positions.tolist() == [6, 10, 8]
+
+
+def test_without_the_shared_mask_buffer_sglangs_own_body_runs(trims: SchedulerRuntime) -> None:
+    worker = _worker(None)
+    first, second = (_verify_input(worker, _batch([3, 3])) for _ in range(2))
+    assert first.retrieve_index is not second.retrieve_index
+    assert first.custom_mask.shape == (8,)  # SGLang's per-batch mask: sum(seq_lens) + bs
+    big = _worker(_Mask())
+    lens = [2] * (MASK_SLOTS // 2 + 1)  # the buffer does not fit this batch
+    assert _verify_input(big, _batch(lens)).custom_mask is not big._target_worker \
+        .model_runner.attn_backend.verify_mask.buffer
+
+
+@pytest.fixture
+def off_table(trims: SchedulerRuntime, plugin_loaded: bool) -> SchedulerRuntime:
+    trims.activate({0, 1, 3}, None)
+    trims.commit(PolicyTable.build([Tier(1, 3), Tier(16, 0, hysteresis=1)], 2))
+    return trims
+
+
+def _skipped_extend(runtime: SchedulerRuntime, batch_size: int) -> Any:
+    import torch
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+    runtime.spec_worker = _worker(_Mask())
+    assert runtime.choose(batch_size) == 0
+    batch = NS(seq_lens=torch.zeros(batch_size, dtype=torch.int64))
+    result = NS(next_draft_input=NS(topk_p=None, topk_index=None, hidden_states=None))
+    EagleDraftWorker._draft_extend_for_decode(NS(), batch, result)
+    return result.next_draft_input
+
+
+def test_the_skipped_extends_stub_is_sglangs_zeros_reused_per_batch_size(
+    off_table: SchedulerRuntime,
+) -> None:
+    first, second, other = (_skipped_extend(off_table, bs) for bs in (20, 20, 24))
+    assert first.topk_p.shape == (20, 1) and float(first.topk_p.abs().sum()) == 0.0
+    assert first.hidden_states.shape == (20, HIDDEN) and not bool(first.hidden_states.any())
+    assert second.topk_p is first.topk_p and second.hidden_states is first.hidden_states
+    assert second.topk_index is first.topk_index
+    assert other.topk_p.shape == (24, 1) and other.topk_p is not first.topk_p
+    assert off_table.skipped_extends == 3
+
+
+# ----------------------------------------------------------------------------- 0.5.17's allocator
+
+
+def _alloc_for_spec_decode_0517(root: Path, calls: list[str]) -> Any:
+    """SGLang 0.5.17's alloc_for_spec_decode, compiled alone from its source, with the
+    helpers it calls recorded instead of run (they need the real pools)."""
+    source = (root / "srt" / "mem_cache" / "allocation.py").read_text()
+    tree = ast.parse(source)
+    fn = next(n for n in tree.body
+              if isinstance(n, ast.FunctionDef) and n.name == "alloc_for_spec_decode")
+    module = ast.Module(body=[fn], type_ignores=[])
+    namespace: dict[str, Any] = {
+        "Optional": Any, "BasePrefixCache": Any, "ReqToTokenPool": Any, "Req": Any,
+        "ScheduleBatch": Any, "torch": __import__("torch"),
+        "alloc_token_slots": lambda cache, n: calls.append(f"alloc {n}") or "slots",
+        "assign_req_to_token_pool_func": lambda *a: calls.append(f"assign {a[-1]}"),
+        "get_last_loc": lambda *a: calls.append("last_loc"),
+        "ALLOC_EXTEND_FUNCS": {},
+    }
+    exec(compile(module, str(root / "srt/mem_cache/allocation.py"), "exec"), namespace)
+    return namespace["alloc_for_spec_decode"]
+
+
+def test_0517_allocator_takes_the_kv_lengths_as_a_list_with_the_same_result(
+    sglang17_root: Path,
+) -> None:
+    import torch
+
+    def run(as_list: bool) -> tuple[list[int], list[str]]:
+        calls: list[str] = []
+        alloc = _alloc_for_spec_decode_0517(sglang17_root, calls)
+        reqs = [NS(kv=NS(kv_allocated_len=n)) for n in (10, 30, 12)]
+        nxt = torch.tensor([14, 20, 16], dtype=torch.int32)
+        tree_cache = NS(token_to_kv_pool_allocator=NS(page_size=1))
+        kwargs: dict[str, Any] = dict(
+            reqs=reqs, req_pool_indices=torch.arange(3), cur_kv_lens=torch.tensor([10, 30, 12]),
+            cur_kv_lens_cpu=torch.tensor([10, 30, 12]), nxt_kv_lens=nxt.clone(),
+            nxt_kv_lens_cpu=nxt, num_needed_tokens=8, batch=None)
+        if as_list:
+            assert lean_host.kv_lens_as_list("0.5.17", tree_cache, kwargs)
+            assert kwargs["nxt_kv_lens_cpu"] == [14, 20, 16]
+        alloc(tree_cache, NS(req_to_token=None), **kwargs)
+        return [r.kv.kv_allocated_len for r in reqs], calls
+
+    assert run(as_list=True) == run(as_list=False) == ([14, 30, 16], ["alloc 8", "assign 3"])
+
+
+def test_the_kv_lengths_stay_a_tensor_where_a_release_or_page_size_needs_it() -> None:
+    import torch
+
+    lens = torch.tensor([4, 5])
+    for release, page in (("0.5.23", 1), ("0.5.17", 16), (None, 1)):
+        kwargs: dict[str, Any] = {"nxt_kv_lens_cpu": lens}
+        cache = NS(token_to_kv_pool_allocator=NS(page_size=page))
+        assert not lean_host.kv_lens_as_list(release, cache, kwargs)
+        assert kwargs["nxt_kv_lens_cpu"] is lens

@@ -606,6 +606,14 @@ def decode_lean_host(value: Any) -> bool:
                       f"got {value!r}")
 
 
+def decode_settings(settings: Mapping[str, Any]) -> tuple[str | None, bool | None]:
+    """(off mode, host-work trims) that a request's plugin settings ask for, None where a key
+    is absent. Raises PolicyError naming the key."""
+    mode = decode_off_mode(settings[OFF_MODE_KEY]) if OFF_MODE_KEY in settings else None
+    lean = decode_lean_host(settings[LEAN_HOST_KEY]) if LEAN_HOST_KEY in settings else None
+    return mode, lean
+
+
 def split_settings(server_args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(plugin settings such as the off mode, every other key)."""
     settings = {k: v for k, v in server_args.items() if k in SETTING_KEYS}

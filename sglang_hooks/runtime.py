@@ -19,11 +19,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_hooks import lean_host, off_mode, verify_schedule
+from sglang_hooks import off_mode, verify_schedule
 from sglang_hooks.contract import (
     PolicyError,
     PolicyTable,
     TierSelector,
+    decode_settings,
     decode_table,
     has_policy_keys,
     server_state,
@@ -324,12 +325,7 @@ def validate_change(server_args: Mapping[str, Any], captured_depths: Iterable[in
                     ) -> Change:
     """The change a request's specctl keys ask for. Raises PolicyError naming the wire key."""
     settings, table_keys = off_mode.split_settings(server_args)
-    mode = None
-    if off_mode.OFF_MODE_KEY in settings:
-        mode = off_mode.decode_mode(settings[off_mode.OFF_MODE_KEY])
-    lean = None
-    if lean_host.KEY in settings:
-        lean = lean_host.decode(settings[lean_host.KEY])
+    mode, lean = decode_settings(settings)
     if not has_policy_keys(table_keys):
         return Change(off_mode=mode, lean_host=lean)
     table = decode_table(table_keys, captured_depths=captured_depths)

@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sglang_hooks import off_mode
 from sglang_hooks.contract import (
+    LEAN_HOST_KEY,
     METRIC_ITERATIONS,
     PolicyTable,
     Tier,
@@ -122,26 +123,35 @@ def depth_check(depth: int, before: dict[str, float], after: dict[str, float],
     return ok, what
 
 
-def off_mode_checks(admin: httpx.Client, api: httpx.Client) -> list[tuple[bool, str]]:
-    """Push each off mode and read it back from every rank; a bad code must be a 400.
-    Leaves the server in the mode it started in. Empty when the server reports no off mode
-    (the simulator)."""
+def setting_checks(admin: httpx.Client, api: httpx.Client, key: str, field: str,
+                   pushes: list[tuple[Any, Any]], bad: Any) -> list[tuple[bool, str]]:
+    """Push each (wire value, reported value) of one plugin setting and read it back from
+    every rank, then the value it started at; `bad` must be a 400 naming the key. Empty when
+    the server does not report `field`."""
     states = read_server_state(api.get("/server_info").json())
-    if "off_mode" not in states[0]:
+    if field not in states[0]:
         return []
-    start = states[0]["off_mode"]
+    start = states[0][field]
+    start_code = next(code for code, shown in pushes if shown == start)
     out = []
-    for code, mode in [*enumerate(off_mode.MODES), (off_mode.MODES.index(start), start)]:
-        r = admin.post("/set_internal_state",
-                       json={"server_args": {off_mode.OFF_MODE_KEY: code}})
-        live = [s.get("off_mode") for s in read_server_state(api.get("/server_info").json())]
-        out.append((r.status_code == 200 and all(r.json()) and set(live) == {mode},
-                    f"off mode {mode} ({code}) applied on every rank: {r.text} -> {live}"))
-    r = admin.post("/set_internal_state",
-                   json={"server_args": {off_mode.OFF_MODE_KEY: len(off_mode.MODES)}})
-    out.append((r.status_code == 400 and off_mode.OFF_MODE_KEY in r.text,
-                f"off mode {len(off_mode.MODES)} refused with 400 ({r.status_code})"))
+    for code, shown in [*pushes, (start_code, start)]:
+        r = admin.post("/set_internal_state", json={"server_args": {key: code}})
+        live = [s.get(field) for s in read_server_state(api.get("/server_info").json())]
+        out.append((r.status_code == 200 and all(r.json()) and live == [shown] * len(live),
+                    f"{field} {shown} ({code}) applied on every rank: {r.text} -> {live}"))
+    r = admin.post("/set_internal_state", json={"server_args": {key: bad}})
+    out.append((r.status_code == 400 and key in r.text,
+                f"{key} {bad!r} refused with 400 ({r.status_code})"))
     return out
+
+
+def off_mode_checks(admin: httpx.Client, api: httpx.Client) -> list[tuple[bool, str]]:
+    """Each off mode and the host-work trims on and off, pushed and read back (setting_checks);
+    the server is left as it started."""
+    modes = setting_checks(admin, api, off_mode.OFF_MODE_KEY, "off_mode",
+                           list(enumerate(off_mode.MODES)), len(off_mode.MODES))
+    return modes + setting_checks(admin, api, LEAN_HOST_KEY, "lean_host",
+                                  [(1, True), (0, False)], 2)
 
 
 def _skipped_extends(api: httpx.Client) -> int:

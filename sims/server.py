@@ -214,18 +214,10 @@ class SimulatedServer:
             return 400, validation_error_body(_fastapi_errors(err))
         with self._lock:
             settings, args = contract.split_settings(req.server_args)
-            mode: str | None = None
-            if contract.OFF_MODE_KEY in settings:
-                try:
-                    mode = contract.decode_off_mode(settings[contract.OFF_MODE_KEY])
-                except PolicyError as err:
-                    return 400, contract.rejection_body(err)
-            lean: bool | None = None
-            if contract.LEAN_HOST_KEY in settings:
-                try:
-                    lean = contract.decode_lean_host(settings[contract.LEAN_HOST_KEY])
-                except PolicyError as err:
-                    return 400, contract.rejection_body(err)
+            try:
+                mode, lean = contract.decode_settings(settings)
+            except PolicyError as err:
+                return 400, contract.rejection_body(err)
             ours, rest = contract.split_policy_keys(args)
             table: PolicyTable | None = None
             if ours:

@@ -139,7 +139,7 @@ def test_the_off_mode_key_is_answered_as_the_plugin_answers_it(kimi):
     assert server.set_internal_state({"server_args": {"specctl_lean_host": 1}}, None) == \
         (200, [True])
     assert read_server_state(server.server_info())[0]["lean_host"] is True
-    status, err = server.set_internal_state({"server_args": {"specctl_lean_host": "on"}}, None)
+    status, err = server.set_internal_state({"server_args": {"specctl_lean_host": 2}}, None)
     rejection = parse_rejection(err)
     assert status == 400 and rejection is not None and rejection.field == "specctl_lean_host"
 

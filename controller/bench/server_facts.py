@@ -46,8 +46,8 @@ def server_facts(info: dict[str, Any]) -> dict[str, Any]:
 
     `effective_max_running_requests_per_dp` is the running-request cap SGLang actually applies
     (rank 0), which differs from `max_running_requests` when SGLang chose or lowered it.
-    `captured_depths`, `off_mode` and `verify_schedule_backends` come from the specctl plugin's
-    state; `simulated` (profile, speedup) only from `specctl sim serve`.
+    `captured_depths`, `off_mode`, `verify_schedule_backends` and `lean_host` come from the
+    specctl plugin's state; `simulated` (profile, speedup) only from `specctl sim serve`.
     """
     out: dict[str, Any] = {}
     for key in FACT_KEYS:
@@ -69,6 +69,9 @@ def server_facts(info: dict[str, Any]) -> dict[str, Any]:
     # Whether depth 0's verify ran with the decode's FA3 scheduling (its GPU cost differs).
     served = specctl.get("verify_schedule_backends") if isinstance(specctl, dict) else None
     out["verify_schedule_backends"] = served if isinstance(served, int) else None
+    # Whether the plugin's host-work trims ran (they shorten depth 0's iteration at high load).
+    lean = specctl.get("lean_host") if isinstance(specctl, dict) else None
+    out["lean_host"] = lean if isinstance(lean, bool) else None
     simulated = info.get("simulated")
     if isinstance(simulated, dict):
         out["simulated"] = {

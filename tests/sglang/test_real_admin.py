@@ -229,9 +229,11 @@ def test_smoke_off_mode_checks_pass_against_the_real_push_route(
         return httpx.Response(200, json={"internal_states": [out.internal_state]})
 
     runtime.set_off_mode("skip-extend")
+    runtime.lean_host = True
     checks = smoke.off_mode_checks(client, SimpleNamespace(get=server_info))
-    assert len(checks) == 5 and all(ok for ok, _ in checks), checks
-    assert runtime.off_mode == "skip-extend"  # put back
+    # three modes, the start one again, a bad code; trims on, off, the start again, a bad value
+    assert len(checks) == 9 and all(ok for ok, _ in checks), checks
+    assert runtime.off_mode == "skip-extend" and runtime.lean_host  # put back
 
 
 def test_non_numeric_value_is_refused_by_sglang_own_validation(client: Any) -> None:

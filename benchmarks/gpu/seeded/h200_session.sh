@@ -90,6 +90,13 @@ bench() {  # bench OUTDIR EXTRA...: the harness bench's workload (family a, 128-
         --out "$dir" "$@"
 }
 
+spread_outputs() {  # with SPREAD=LOW:HIGH, the benches' dataset gets output lengths over that range
+    [ -n "${SPREAD:-}" ] || return 0
+    DATASET="$R/models/seeded/family_a_spread.jsonl"; OUTPUT_TOKENS=()
+    "$PY" -m benchmarks.gpu.seeded.datasets "$R/models/seeded/family_a.jsonl" "$DATASET" \
+        --output-tokens "$SPREAD"
+}
+
 freeze_gc() {  # freeze_gc spec|plain: SGLang's /freeze_gc (scheduler, tokenizer, detokenizer)
     curl -sS -X POST "$(url_of "$1")/freeze_gc" -H "Authorization: Bearer $(key)" || true
     echo
@@ -219,11 +226,7 @@ series)
     # SPREAD=LOW:HIGH: output lengths drawn over LOW..HIGH instead of all 128, so requests end
     # one by one rather than in waves (the 128-stream levels were bimodal with equal lengths).
     FREEZE_AFTER=${FREEZE_AFTER:-0}
-    if [ -n "${SPREAD:-}" ]; then
-        DATASET="$R/models/seeded/family_a_spread.jsonl"; OUTPUT_TOKENS=()
-        "$PY" -m benchmarks.gpu.seeded.datasets "$R/models/seeded/family_a.jsonl" "$DATASET" \
-            --output-tokens "$SPREAD"
-    fi
+    spread_outputs
     stamp "warm pass (not reported): d0 and plain at every level"
     bench "$R/series_warm" --depths 0 --no-spec-url "$(plain_url)" --duration-per-level 2 \
         --warmup-per-level 0.5 --client-processes 4 >"$R/series_warm.txt" 2>&1
@@ -247,6 +250,8 @@ lean)
     # alternating benches on one server start (SERIES pairs, four load processes, collectors
     # frozen after a warm pass), judged pooled per arm (benchmarks/gpu/parity.py). SWITCH=1
     # then runs the 1,000 on/off switches with the trims on, greedy output checked after.
+    # SPREAD=LOW:HIGH spreads the output lengths (see `series`).
+    spread_outputs
     stamp "warm pass (not reported): d0 and plain at every level"
     bench "$R/lean_warm" --depths 0 --no-spec-url "$(plain_url)" --duration-per-level 2 \
         --warmup-per-level 0.5 --client-processes 4 >"$R/lean_warm.txt" 2>&1

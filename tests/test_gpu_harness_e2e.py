@@ -52,7 +52,7 @@ def test_all_phases_against_simulated_servers_then_a_later_command(tmp_path, cap
 
     summary = json.loads((run_dir / "summary.json").read_text())
     phases = summary["phases"]
-    assert phases["smoke"]["result"]["result"] == "15 passed, 0 failed"  # off modes included
+    assert phases["smoke"]["result"]["result"] == "19 passed, 0 failed"  # with off modes, trims
     greedy = phases["greedy"]["result"]["comparisons"]
     assert [c["mode"] for c in greedy] == ["plain-again", "spec-switching", "spec-d3"]
     assert all(c["flips"] == 0 and c["prompts"] == 2 for c in greedy)

@@ -20,7 +20,9 @@
 # about 150 s each at LEVEL_S=5 on the family's own prompts (run 3's parity: 40 such levels
 # and a warm pass in 319 s); its 512-word bench once ran past 470 s, hence BENCH_TIMEOUT
 # (run 6, spread outputs: 296 s for both benches); HOST=1 profile plus SERIES=2 LEVEL_S=8
-# series 359 s; SERIES=2 LEVEL_S=10 series 299 s.
+# series 359 s; SERIES=2 LEVEL_S=10 series 299 s; run 7: setup 364 s, BENCHES=family LEVEL_S=12
+# context 288 s, SERIES=2 LEVEL_S=8 lean 483 s. Issue each call as soon as the last returns: the
+# machine is released after 30 s idle, and starting again costs staging and setup.
 #
 # ACCEPTANCE=0 leaves the acceptance measurements out of `setup` (servers only); SERVER_ARGS
 # adds SGLang arguments to both servers (one string, e.g. "--gc-warning-threshold-secs 0.05").

@@ -30,7 +30,6 @@ from sglang_hooks import contract
 
 ENV = "SPECCTL_LEAN_HOST"
 KEY = contract.LEAN_HOST_KEY
-decode = contract.decode_lean_host
 # Releases whose alloc_for_spec_decode reads `nxt_kv_lens_cpu` only in its per-request loop
 # when the page size is 1 (read in their source); other releases are left alone.
 KV_LIST_RELEASES = frozenset({"0.5.17"})
@@ -53,13 +52,15 @@ class PerBatchSize:
     def __init__(self) -> None:
         self._by_size: dict[tuple[Any, ...], Any] = {}
 
-    def get(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
+    def get(self, key: tuple[Any, ...], build: Callable[[], Any]) -> tuple[Any, bool]:
+        """(value, whether `build` made it on this call)."""
         value = self._by_size.get(key)
-        if value is None:
-            if len(self._by_size) >= _MAX_CACHED_SIZES:
-                self._by_size.clear()
-            value = self._by_size[key] = build()
-        return value
+        if value is not None:
+            return value, False
+        if len(self._by_size) >= _MAX_CACHED_SIZES:
+            self._by_size.clear()
+        value = self._by_size[key] = build()
+        return value, True
 
     def clear(self) -> None:
         self._by_size.clear()
@@ -80,16 +81,16 @@ def trivial_verify_input(original: Callable[..., Any], worker: Any, batch: Any) 
     bs = int(batch.seq_lens.shape[0])
     if verify_mask is None or not verify_mask.fits(bs):
         return original(worker, batch)
-    made: list[Any] = []
+    first: Any = None
 
     def build() -> tuple[Any, Any, Any]:
+        nonlocal first
         first = original(worker, batch)  # SGLang's own tensors, taken before anyone else
-        made.append(first)
         return first.retrieve_index, first.retrieve_next_token, first.retrieve_next_sibling
 
-    index, next_token, next_sibling = VERIFY_INDEXES.get((bs, str(worker.device)), build)
-    if made:
-        return made[0]
+    (index, next_token, next_sibling), built = VERIFY_INDEXES.get((bs, str(worker.device)), build)
+    if built:
+        return first
     import torch
 
     verify_mask.buffer.fill_(True)  # the draft writes this buffer at positive depths
@@ -129,16 +130,13 @@ def stub_skipped_extend(worker: Any, batch: Any, batch_output: Any) -> None:
     bs = int(batch.seq_lens.shape[0])
     draft_input = batch_output.next_draft_input
 
-    made: list[bool] = []
-
     def build() -> tuple[Any, Any, Any]:
         worker._stub_skipped_draft_extend(batch, batch_output)  # SGLang's own zeros, kept
-        made.append(True)
         return (draft_input.topk_p, draft_input.topk_index,
                 getattr(draft_input, "hidden_states", None))
 
-    topk_p, topk_index, hidden = STUBS.get((bs, str(worker.device)), build)
-    if made:
+    (topk_p, topk_index, hidden), built = STUBS.get((bs, str(worker.device)), build)
+    if built:
         return
     draft_input.topk_p = topk_p
     draft_input.topk_index = topk_index

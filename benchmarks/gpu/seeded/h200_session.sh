@@ -67,17 +67,13 @@ spec_url() { url_of spec; }
 plain_url() { url_of plain; }
 stamp() { echo "== $(date +%H:%M:%S) $*"; }
 
-lean_host() {  # lean_host 0|1: the plugin's host-work trims (sglang_hooks/lean_host.py)
+plugin_setting() {  # plugin_setting KEY VALUE: one plugin setting pushed to the spec server
     curl -sS -X POST "$(spec_url)/set_internal_state" -H "Authorization: Bearer $(key)" \
-        -H 'Content-Type: application/json' -d "{\"server_args\": {\"specctl_lean_host\": $1}}"
+        -H 'Content-Type: application/json' -d "{\"server_args\": {\"$1\": $2}}"
     echo
 }
-
-off_mode() {  # off_mode CODE: 0 = sglang, 1 = skip-extend (the plugin's default)
-    curl -sS -X POST "$(spec_url)/set_internal_state" -H "Authorization: Bearer $(key)" \
-        -H 'Content-Type: application/json' -d "{\"server_args\": {\"specctl_off_mode\": $1}}"
-    echo
-}
+off_mode() { plugin_setting specctl_off_mode "$1"; }  # 0 = sglang, 1 = skip-extend (default)
+lean_host() { plugin_setting specctl_lean_host "$1"; }  # 0|1: host-work trims (lean_host.py)
 
 OUTPUT_TOKENS=(--output-tokens 128)  # every request's length, unless a step spreads them
 bench() {  # bench OUTDIR EXTRA...: the harness bench's workload (family a, 128-token outputs)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from sglang_hooks import verify_schedule
+from sglang_hooks import lean_host, verify_schedule
 
 DEFAULT_DEPTHS = (0, 1, 2, 3, 4, 5)
 DEFAULT_PORT = 30000
@@ -86,12 +86,13 @@ def _flag_value(args: Sequence[str], flag: str) -> str | None:
 
 def build_command(
     sglang_args: Sequence[str], config_path: Path, python: str = "python3",
-    current_plugins: str | None = None, current_verify_schedule: str | None = None,
+    current_env: Mapping[str, str] | None = None,
 ) -> tuple[list[str], dict[str, str], list[str]]:
     """(argv, extra environment, notes for the user) for launching SGLang with the plugin.
 
-    `current_plugins` and `current_verify_schedule` are the SGLANG_PLUGINS and
-    SPECCTL_VERIFY_SCHEDULE values already in the environment, if any."""
+    `current_env` is the environment the server would inherit: its SGLANG_PLUGINS is extended,
+    and a switch of `SERVE_SWITCHES` it already sets is kept as the user set it."""
+    current_env = {} if current_env is None else current_env
     args = list(sglang_args)
     notes: list[str] = []
     if not _has_flag(args, "--speculative-algorithm"):
@@ -111,13 +112,11 @@ def build_command(
         notes.append(request_cap_note())
     notes += _cuda_graph_notes(args)
     argv = [python, "-m", "sglang.launch_server", *args]
-    env = plugins_env(current_plugins)
-    if current_verify_schedule is None:
-        # Measured on an H200 (docs/sglang.md, "Off"): depth 0's TPOT from +3% of a plain
-        # server's to +1-2.5%, greedy outputs unchanged. A value the user set is kept.
-        env[VERIFY_SCHEDULE_ENV] = "1"
-        notes.append(f"set {VERIFY_SCHEDULE_ENV}=1: depth 0 verifies with the decode's FA3 "
-                     f"scheduling (set it to 0 to keep SGLang's own)")
+    env = plugins_env(current_env.get(PLUGINS_ENV))
+    for variable, what in SERVE_SWITCHES:
+        if variable not in current_env:
+            env[variable] = "1"
+            notes.append(f"set {variable}=1: {what} (set it to 0 to keep SGLang's own)")
     return argv, env, notes
 
 
@@ -149,6 +148,16 @@ def _cuda_graph_notes(args: Sequence[str]) -> list[str]:
 
 PLUGINS_ENV = "SGLANG_PLUGINS"
 VERIFY_SCHEDULE_ENV = verify_schedule.ENV
+LEAN_HOST_ENV = lean_host.ENV
+# Plugin switches `specctl serve` turns on unless the user's environment sets them, each
+# measured on an H200 with greedy outputs identical to a plain server's after 1,000 depth
+# switches (docs/sglang.md, "Off"): the verify schedule took depth 0's TPOT from +3% of a
+# plain server's to +1-2.5%; the trims shorten depth 0's iteration by 0.2-0.5 ms at 64-128
+# running requests.
+SERVE_SWITCHES = (
+    (VERIFY_SCHEDULE_ENV, "depth 0 verifies with the decode's FA3 scheduling"),
+    (LEAN_HOST_ENV, "the speculative iteration's host-work trims"),
+)
 PLUGIN_NAME = "specctl"
 
 

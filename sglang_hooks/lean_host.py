@@ -15,8 +15,10 @@ iteration, with the same values handed to SGLang:
   request's next KV length out of a CPU tensor one element at a time (a tensor select and an
   item per running request): handed the same values as a list (0.5.23 does this itself).
 
-Chosen at start-up with `SPECCTL_LEAN_HOST=1` and at run time with the admin key
-`specctl_lean_host` (0 or 1) in `POST /set_internal_state`.
+Chosen at start-up with `SPECCTL_LEAN_HOST=1` (which `specctl serve` sets unless the
+environment has the variable) and at run time with the admin key `specctl_lean_host` (0 or 1)
+in `POST /set_internal_state`. Off where the variable is absent, so a server started without
+`specctl serve` runs SGLang's own host work until told otherwise.
 """
 
 from __future__ import annotations

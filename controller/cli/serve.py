@@ -101,13 +101,10 @@ def serve(
                          f"depths and hang. Each rank logs 'start-up table: "
                          f"{table_fingerprint(table)}': check it matches on every node")
     url = launch.admin_url(ctx.args)
-    plugins = os.environ.get(launch.PLUGINS_ENV)
-    verify_schedule = os.environ.get(launch.VERIFY_SCHEDULE_ENV)
     if dry_run:
         shown = config_out or TEMP_CONFIG_PLACEHOLDER
         argv, env, build_notes = launch.build_command(ctx.args, shown, python=sys.executable,
-                                                     current_plugins=plugins,
-                                                     current_verify_schedule=verify_schedule)
+                                                     current_env=os.environ)
         _notes(notes + build_notes)
         if own_config is None:
             where = str(shown) if config_out else "a new temporary file when run; --config-out PATH"
@@ -123,8 +120,7 @@ def serve(
             _fail(f"--config-out {config_out or tempfile.gettempdir()}: cannot write the "
                   f"adaptive config ({err.strerror or err})")
     argv, env, build_notes = launch.build_command(ctx.args, config, python=sys.executable,
-                                                  current_plugins=plugins,
-                                                  current_verify_schedule=verify_schedule)
+                                                  current_env=os.environ)
     _notes(notes + build_notes)
     if own_config is None:
         typer.echo(f"adaptive config {config}: depths {depth_list}", err=True)

@@ -127,8 +127,9 @@ def _stalled(row: dict[str, Any]) -> bool:
 
 
 def compare_runs(paths: Sequence[Path], series: str = "d0") -> list[Pair]:
-    """Per concurrency measured in every run for both the series and the plain server (a
-    level too short to finish a request in some run is left out)."""
+    """Per concurrency, pooled over the runs that measured it for both the series and the
+    plain server (a level too short to finish a request in a run leaves that run out of it),
+    so benches of different level sets (1-16 streams, then long 64-128) pool together."""
     runs = []
     for path in paths:
         rows = _rows(path)
@@ -139,11 +140,12 @@ def compare_runs(paths: Sequence[Path], series: str = "d0") -> list[Pair]:
             raise ParityError(f"{path}: no series {series!r}; bench with --depths 0")
         runs.append(by)
     levels = sorted(
-        set.intersection(*({c for s, c in by if s == series and (PLAIN, c) in by} for by in runs))
+        set.union(*({c for s, c in by if s == series and (PLAIN, c) in by} for by in runs))
     )
     pairs = []
     for c in levels:
-        got = [(by[(series, c)], by[(PLAIN, c)]) for by in runs]
+        got = [(by[(series, c)], by[(PLAIN, c)]) for by in runs
+               if (series, c) in by and (PLAIN, c) in by]
         ratios = [s["output_tok_per_s"] / p["output_tok_per_s"] for s, p in got]
         pooled = _pooled_tok_s([s for s, _ in got]) / _pooled_tok_s([p for _, p in got])
         tpot_s = statistics.median(s["tpot_p50_ms"] for s, _ in got)
@@ -157,7 +159,7 @@ def compare_runs(paths: Sequence[Path], series: str = "d0") -> list[Pair]:
             time=_time_pair([s for s, _ in got], [p for _, p in got]),
         ))  # fmt: skip
     if not pairs:
-        raise ParityError("no concurrency level is measured in every run for both servers")
+        raise ParityError("no concurrency level is measured for both servers in any run")
     return pairs
 
 
@@ -193,7 +195,8 @@ def _running(split: TimeSplit) -> str:
 
 
 def left_out(paths: Sequence[Path], pairs: Sequence[Pair]) -> list[int]:
-    """Levels some run swept that are not compared (too short somewhere, or not in every run)."""
+    """Levels some run swept that are not compared (too short, or one server only, in every
+    run that swept them)."""
     swept = {int(r.get("concurrency") or 0) for p in paths for r in _rows(p, measured_only=False)}
     return sorted(swept - {p.concurrency for p in pairs} - {0})
 
@@ -202,8 +205,8 @@ def report(
     pairs: Sequence[Pair], runs: int, series: str, min_ratio: float, tpot_within: float
 ) -> str:
     lines = [
-        f"{series} against the plain server over {runs} bench runs "
-        f"(stall: TTFT p99 >= {STALL_FACTOR:g} x p50)",
+        f"{series} against the plain server over {runs} bench runs, each level pooled over "
+        f"the runs that measured it (stall: TTFT p99 >= {STALL_FACTOR:g} x p50)",
         f"{'conc':>5} {'pooled':>7} {'per run':<24} {'TPOT ' + series:>10} {'TPOT plain':>10} "
         f"{'change':>7} {'stalls':>7}",
     ]
@@ -247,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
         print(split)
     missing = left_out(args.runs, pairs)
     if missing:
-        print(f"left out (too short to finish a request, or not in every run): c={missing}")
+        print(f"left out (too short to finish a request, or one server only, wherever swept): "
+              f"c={missing}")
     if args.json:
         args.json.write_text(json.dumps({
             "runs": [str(p) for p in args.runs], "series": args.series,

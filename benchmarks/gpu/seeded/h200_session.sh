@@ -14,6 +14,8 @@
 #   bash benchmarks/gpu/seeded/h200_session.sh series OUT    # d0 vs plain, SERIES series, pooled
 #   bash benchmarks/gpu/seeded/h200_session.sh context OUT   # benches at two prompt lengths
 #   bash benchmarks/gpu/seeded/h200_session.sh lean OUT      # d0 with/without host trims vs plain
+#   bash benchmarks/gpu/seeded/h200_session.sh trims OUT     # trims on, 1,000 switches, greedy
+#   bash benchmarks/gpu/seeded/h200_session.sh hostd1 OUT    # depth 1 vs 3: bench, host profile
 #
 # Measured on the H200: setup with ACCEPTANCE=0 330-370 s; series with SERIES=3 LEVEL_S=8
 # 358 s; parity 319 s; verify 225 s; profile about 100 s. context: two benches of 20 levels,
@@ -21,8 +23,11 @@
 # and a warm pass in 319 s); its 512-word bench once ran past 470 s, hence BENCH_TIMEOUT
 # (run 6, spread outputs: 296 s for both benches); HOST=1 profile plus SERIES=2 LEVEL_S=8
 # series 359 s; SERIES=2 LEVEL_S=10 series 299 s; run 7: setup 364 s, BENCHES=family LEVEL_S=12
-# context 288 s, SERIES=2 LEVEL_S=8 lean 483 s. Issue each call as soon as the last returns: the
-# machine is released after 30 s idle, and starting again costs staging and setup.
+# context 288 s, SERIES=2 LEVEL_S=8 lean 483 s; run 8: setup 337 s plus trims 45 s, SPREAD=64:192
+# BENCHES=family LEVEL_S=12 context 285 s, LONG_DEPTHS= REPS=2 long 160 s, LEVEL_S=10 hostd1
+# about 150 s. Issue each call as soon as the last returns: the machine is released after 30 s
+# idle, and starting again costs staging and setup. Every call after staging carries
+# .gpu/stage.sh (carry: [".gpu/stage.sh"]) and starts with `source .gpu/stage.sh .gpu env`.
 #
 # ACCEPTANCE=0 leaves the acceptance measurements out of `setup` (servers only); SERVER_ARGS
 # adds SGLang arguments to both servers (one string, e.g. "--gc-warning-threshold-secs 0.05").
@@ -38,7 +43,7 @@
 # (`source .gpu/stage.sh .gpu env`, after benchmarks/gpu/staging/pack.sh).
 set -uo pipefail
 
-STEP=${1:?usage: h200_session.sh setup|measure|traces|parity|profile|long|verify|series|lean|context OUT [POLICIES] [final]}
+STEP=${1:?usage: h200_session.sh setup|measure|traces|parity|profile|long|verify|series|lean|context|trims|hostd1 OUT [POLICIES] [final]}
 OUT=${2:?give the folder to pack the results into}
 R=${R:-/tmp/gpu-run}
 PY=${PY:-python3}
@@ -200,17 +205,63 @@ verify)
 long)
     # At 64 and 128 streams of equal-length requests the streams move in waves (they start,
     # prefill and end together), so a 5 s window sees a different part of a wave each time;
-    # LONG_S-second windows average over several.
+    # LONG_S-second windows average over several, and SPREAD=LOW:HIGH (see `series`) breaks
+    # the waves. LONG_DEPTHS (default 0,1,3; "" skips it) for the first bench, then REPS
+    # more benches of depth 0 and the plain server, judged pooled (benchmarks/gpu/parity.py).
     CLIENTS=${CLIENTS:-4}; LONG_S=${LONG_S:-15}
+    spread_outputs
     LB=(--concurrency 64,128 --duration-per-level "$LONG_S" --warmup-per-level 3
         --client-processes "$CLIENTS")
-    stamp "long levels: d0, d1, d3, plain at 64 and 128 streams, $LONG_S s each"
-    bench "$R/bench_long" --depths 0,1,3 --no-spec-url "$(plain_url)" "${LB[@]}" 2>&1 \
-        | tail -14 | tee "$R/bench_long.txt"
-    for rep in 1 2; do
+    if [ -n "${LONG_DEPTHS-0,1,3}" ]; then
+        stamp "long levels: depths ${LONG_DEPTHS-0,1,3} and plain at 64 and 128 streams, $LONG_S s each"
+        bench "$R/bench_long" --depths "${LONG_DEPTHS-0,1,3}" --no-spec-url "$(plain_url)" \
+            "${LB[@]}" 2>&1 | tail -14 | tee "$R/bench_long.txt"
+    fi
+    for rep in $(seq 1 "${REPS:-2}"); do
         stamp "long levels, repeat $rep: d0 and plain"
         bench "$R/bench_long_rep$rep" --depths 0 --no-spec-url "$(plain_url)" "${LB[@]}" 2>&1 \
             | tail -10 | tee "$R/bench_long_rep$rep.txt"
+    done
+    [ "${REPS:-2}" -gt 0 ] && "$PY" -m benchmarks.gpu.parity "$R"/bench_long_rep[0-9]*/ \
+        --json "$R/parity_long.json" | tee "$R/parity_long.txt"
+    ;;
+trims)
+    # The host-work trims' output identity: trims on, then the harness's 1,000 depth switches
+    # under load with greedy output against the plain server after. The trims stay on for
+    # the steps that follow when it passes, and are switched off again when it does not
+    # (trims_check.txt says which).
+    lean_host 1
+    stamp "1,000 on/off switches under load with the trims on, greedy after"
+    if "$PY" -m benchmarks.gpu.harness switch "${HARNESS_OPTS[@]}" --budget "${SWITCH_BUDGET:-200}"; then
+        echo "trims on: switch phase passed (greedy identical, no error, no growth)" \
+            | tee "$R/trims_check.txt"
+    else
+        lean_host 0
+        echo "trims off again: the switch phase failed (see summary.json phases.switch)" \
+            | tee "$R/trims_check.txt"
+    fi
+    ;;
+hostd1)
+    # Depth 1 against depth 3 where fits have found depth 1's iteration longer than its GPU
+    # timer by several ms (16 and 64 streams): a bench of the two depths at those levels, then
+    # the host side of each under SGLang's profiler. Last in a session: profiles slow a server.
+    stamp "depths 1 and 3 at 16 and 64 streams"
+    bench "$R/bench_d13" --depths 1,3 --concurrency 16,64 --client-processes 4 2>&1 \
+        | tail -8 | tee "$R/bench_d13.txt"
+    P="$R/profile"; mkdir -p "$P"
+    for d in 1 3; do
+        "$PY" -m benchmarks.gpu.kernel_profile capture --url "$(spec_url)" --depth "$d" \
+            --label "d$d" --dataset "$R/models/seeded/family_a.jsonl" --output-tokens 128 \
+            --streams 16,64 --steps "${PROFILE_STEPS:-40}" --out "$P" \
+            --trace-dir "${TRACES:-/tmp/gpu-traces}" --admin-key "$(key)" --host 2>&1 \
+            | tee -a "$P/capture.txt"
+    done
+    for c in 16 64; do
+        [ -f "$P/d1-c$c.json" ] && [ -f "$P/d3-c$c.json" ] || continue
+        "$PY" -m benchmarks.gpu.kernel_profile compare "$P/d3-c$c.json" "$P/d1-c$c.json" \
+            --top 25 | tee "$P/compare_d3_d1_c$c.txt"
+        "$PY" -m benchmarks.gpu.kernel_profile compare --part host_ops "$P/d3-c$c.json" \
+            "$P/d1-c$c.json" --top 30 | tee "$P/compare_host_d3_d1_c$c.txt"
     done
     ;;
 series)
@@ -342,7 +393,7 @@ profile)
         compare "$P/d1-c64.json" "$P/d3-c64.json" --top 25 | tee "$P/compare_d1_d3_c64.txt"
     ;;
 *)
-    echo "unknown step $STEP: setup, measure, traces, parity, profile, long, verify, series, lean or context" >&2
+    echo "unknown step $STEP: setup, measure, traces, parity, profile, long, verify, series, lean, context, trims or hostd1" >&2
     exit 2 ;;
 esac
 pack

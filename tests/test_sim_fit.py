@@ -26,7 +26,15 @@ from sims.fit.outliers import slower_than_more_streams
 from sims.fit.params import with_values
 from sims.fit.replay import LevelShape, replay
 from sims.fit.replayed_bench import replayed_bench
-from sims.fit.report import Report, Row, bench_names, render, replay_rows, summarize
+from sims.fit.report import (
+    Report,
+    Row,
+    bench_names,
+    best_depths,
+    render,
+    replay_rows,
+    summarize,
+)
 from sims.profile import load_profile
 from sims.workload import Workload
 
@@ -189,6 +197,38 @@ def test_several_benches_are_named_by_what_tells_their_paths_apart() -> None:
     assert not any("res/run6" in c for c in cells)
     assert f"bench_w512 = {a}" in " ".join(str(x) for x in lines)
     assert summarize(rows[:2][::2], "tok_per_s").worst_at == "d0 c=1"  # type: ignore[union-attr]
+
+
+def test_the_report_sets_the_benchs_best_depth_beside_the_replays() -> None:
+    """Depths 0 and 3 at two levels: the replay agrees at one stream and, made 60% slower at
+    depth 3 with four streams, picks depth 0 there; the line and the JSON say where."""
+    run = replayed((160,), concurrency=(1, 4), depths=(0, 3))[0]
+
+    def replayed_as(lv):  # the replay's tok/s: measured, but depth 3 at 4 streams 60% slower
+        slow = lv.depth == 3 and lv.concurrency == 4
+        return Row(level=lv, tok_per_s=lv.tok_per_s * (0.4 if slow else 1.0),
+                   tpot_ms=lv.tpot_p50_ms, ttft_ms=None)  # fmt: skip
+
+    rows = [replayed_as(lv) for lv in run.levels]
+    measured = {(lv.series, lv.concurrency): lv.tok_per_s for lv in run.levels}
+    assert measured[("d3", 4)] > measured[("d0", 4)] > measured[("d3", 4)] * 0.4  # it flips
+    best = best_depths(rows)
+    assert [(b.concurrency, b.bench, b.replay, b.agrees) for b in best] == [
+        (1, "d3", "d3", True), (4, "d3", "d0", False)]  # fmt: skip
+    truth = load_profile(TRUTH)
+    result = fit_profile([run], truth, "f")
+    result.outliers.clear()
+    report = Report(replace(result, levels=list(run.levels)), truth, rows, "f.yaml")
+    _, *lines = render(report)
+    text = " ".join(str(x) for x in lines)
+    assert "best depth per level: c=1 d3, c=4 d3/d0; the replay picks another depth at 1 of 2" \
+        in text
+    written = report.to_json()["best_depth"]
+    assert [b["agrees"] for b in written] == [True, False] and written[1]["replay"] == "d0"
+    assert all(b.agrees for b in best_depths([replace(r, tok_per_s=r.level.tok_per_s)
+                                              for r in rows]))  # fmt: skip
+    assert "at every level" in str(render(replace(report, rows=[
+        replace(r, tok_per_s=r.level.tok_per_s) for r in rows]))[1:])  # fmt: skip
 
 
 def test_unfit_levels_are_named_with_their_reason() -> None:

@@ -4,7 +4,9 @@ Each fitted level is replayed with the bench's protocol (`sims.fit.replay`) on t
 written (step noise included), over a few seeds, and its simulated tok/s and TPOT (medians, as
 the bench reports them) are set against the measured ones. Outliers (levels the fit set aside)
 are replayed too and shown, marked, outside the error figures, which are also given with
-them; levels that could not be fitted are listed with the reason.
+them; levels that could not be fitted are listed with the reason. Per level, the fastest
+depth measured is set beside the fastest replayed: whether the fitted simulator would take the
+server's decision.
 """
 
 from __future__ import annotations
@@ -138,6 +140,58 @@ def summarize(rows: Sequence[Row], which: str, *, outliers: bool = False) -> Sum
 
 
 @dataclass(frozen=True)
+class BestDepth:
+    """One bench's concurrency: the fastest depth measured, and in the replay."""
+
+    source: str
+    concurrency: int
+    bench: str  # series name, e.g. "d3"
+    replay: str
+
+    @property
+    def agrees(self) -> bool:
+        return self.bench == self.replay
+
+
+def best_depths(rows: Sequence[Row]) -> list[BestDepth]:
+    """Per bench file and concurrency with two or more depths, the depth with the most tok/s
+    as measured and as replayed (outliers included: a decision is taken on every level). The
+    plain server is left out, as in `specctl bench`'s best forced depth: it is another
+    deployment, not a depth a table can choose."""
+    by: dict[tuple[str, int], list[Row]] = {}
+    for r in rows:
+        if r.level.depth is not None:
+            by.setdefault((r.level.source, r.level.concurrency), []).append(r)
+    return [
+        BestDepth(
+            source=src, concurrency=c,
+            bench=max(group, key=lambda r: r.level.tok_per_s).level.series,
+            replay=max(group, key=lambda r: r.tok_per_s).level.series,
+        )
+        for (src, c), group in sorted(by.items())
+        if len(group) > 1
+    ]  # fmt: skip
+
+
+def best_depth_line(best: Sequence[BestDepth], names: dict[str, str]) -> str | None:
+    """One line: the fastest depth per level, bench / replay, and whether they agree."""
+    if not best:
+        return None
+    cells = ", ".join(
+        f"c={b.concurrency}{f' ({names[b.source]})' if names else ''} {b.bench}"
+        + ("" if b.agrees else f"/{b.replay}")
+        for b in best
+    )
+    differ = [b for b in best if not b.agrees]
+    verdict = (
+        "the replay picks the bench's depth at every level"
+        if not differ
+        else f"the replay picks another depth at {len(differ)} of {len(best)} levels (bench/replay)"
+    )
+    return f"best depth per level: {cells}; {verdict}"
+
+
+@dataclass(frozen=True)
 class Report:
     result: FitResult
     base: Profile
@@ -208,6 +262,16 @@ class Report:
                 "tok_per_s": None if tok is None else tok.to_json(),
                 "tpot_ms": None if tpot is None else tpot.to_json(),
             },
+            "best_depth": [
+                {
+                    "source": b.source,
+                    "concurrency": b.concurrency,
+                    "bench": b.bench,
+                    "replay": b.replay,
+                    "agrees": b.agrees,
+                }
+                for b in best_depths(self.rows)
+            ],
             "error_with_outliers": {
                 "tok_per_s": _summary_json(summarize(self.rows, "tok_per_s", outliers=True)),
                 "tpot_ms": _summary_json(summarize(self.rows, "tpot_ms", outliers=True)),
@@ -280,6 +344,9 @@ def render(report: Report) -> list[Any]:
                     f"worst {100 * every.worst:.1f}% ({every.worst_at})"
                 )
             lines.append(line)
+    best = best_depth_line(best_depths(report.rows), names)
+    if best is not None:
+        lines.append(best)
     if names:
         lines.append("benches: " + ", ".join(f"{n} = {src}" for src, n in names.items()))
     for o in report.result.outliers:

@@ -368,21 +368,26 @@ profile)
     # SGLang's profiler over the same number of iterations on both servers; traces (tens of
     # MB) stay outside $R, the per-kernel summaries and comparisons are packed. HOST=1 also
     # records the host side (aten operators and CUDA runtime calls per iteration).
+    # PROFILE_STREAMS (default 1,16,128): the levels where depth 0 and the plain server are
+    # both profiled and compared; D13=0 leaves out depths 1 and 3 at 64 streams.
     P="$R/profile"; TR=${TRACES:-/tmp/gpu-traces}; mkdir -p "$P"
-    KP=(--dataset "$R/models/seeded/family_a.jsonl" --output-tokens 128 --streams 1,16,128
+    STREAMS=${PROFILE_STREAMS:-1,16,128}
+    KP=(--dataset "$R/models/seeded/family_a.jsonl" --output-tokens 128
         --steps "${PROFILE_STEPS:-60}" --out "$P" --trace-dir "$TR" --admin-key "$(key)"
         ${HOST:+--host})
     "$PY" -m benchmarks.gpu.kernel_profile capture --url "$(spec_url)" --depth 0 --label d0 \
-        "${KP[@]}" 2>&1 | tee -a "$P/capture.txt"
+        "${KP[@]}" --streams "$STREAMS" 2>&1 | tee -a "$P/capture.txt"
     "$PY" -m benchmarks.gpu.kernel_profile capture --url "$(plain_url)" --label plain \
-        "${KP[@]}" --streams 1,16,64,128 2>&1 | tee -a "$P/capture.txt"
+        "${KP[@]}" --streams "$STREAMS" 2>&1 | tee -a "$P/capture.txt"
     # At 64 streams the first run's d1 took 4.3 ms an iteration more than its GPU timer saw:
     # the busy share says whether the GPU waited on the host there.
-    for d in 1 3; do
-        "$PY" -m benchmarks.gpu.kernel_profile capture --url "$(spec_url)" --depth "$d" \
-            --label "d$d" "${KP[@]}" --streams 64 2>&1 | tee -a "$P/capture.txt"
-    done
-    for c in 1 16 128; do
+    if [ "${D13:-1}" = 1 ]; then
+        for d in 1 3; do
+            "$PY" -m benchmarks.gpu.kernel_profile capture --url "$(spec_url)" --depth "$d" \
+                --label "d$d" "${KP[@]}" --streams 64 2>&1 | tee -a "$P/capture.txt"
+        done
+    fi
+    for c in ${STREAMS//,/ }; do
         [ -f "$P/d0-c$c.json" ] && [ -f "$P/plain-c$c.json" ] || continue
         "$PY" -m benchmarks.gpu.kernel_profile compare "$P/plain-c$c.json" "$P/d0-c$c.json" \
             --top 25 | tee "$P/compare_c$c.txt"

@@ -49,12 +49,24 @@ def test_pooled_ratio_weights_each_run_by_its_seconds(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "at every level: no (c=4)" in text  # 0.975 < 0.98
     assert "within 3% of plain at every level: no (c=16)" in text  # 5.2 / 5.0
+    assert "at most 3% above plain at every level: no (c=16)" in text
     written = json.loads(out.read_text())
     assert written["levels"][0]["worst_ratio"] == 0.9 and written["left_out"] == [64]
     assert "left out (too short to finish a request, or one server only, wherever swept): " \
         "c=[64]" in text
     assert parity.main([str(a), str(b), "--min-ratio", "0.97"]) == 0
     assert "at every level: yes" in capsys.readouterr().out
+
+
+def test_a_faster_depth_0_fails_the_two_sided_tpot_check_only(tmp_path, capsys):
+    """At 128 streams depth 0's TPOT 10% below the plain server's (the plain server's own spread
+    at that load): outside 3% both ways, but not slower."""
+    a = _bench(tmp_path / "a", [_row("d0", 128, 110.0, 10.0, 9.0),
+                                _row("no-spec", 128, 100.0, 10.0, 10.0)])  # fmt: skip
+    assert parity.main([str(a)]) == 0
+    text = capsys.readouterr().out
+    assert "within 3% of plain at every level: no (c=128)" in text
+    assert "at most 3% above plain at every level: yes" in text
 
 
 def test_errors_name_the_file_and_the_fix(tmp_path, capsys):

@@ -27,7 +27,7 @@ class SweepSpec:
     duration_s: float = 300.0
     warmup_s: float = 30.0
     prompt_tokens: int = 1024
-    output_tokens: int = 256
+    output_tokens: int | tuple[int, int] = 256  # (low, high): each request's drawn evenly
     phase: str | None = None
     seed: int = 0
     include_adaptive: bool = True
@@ -184,7 +184,11 @@ class SweepResult:
             "duration_s": self.spec.duration_s,
             "warmup_s": self.spec.warmup_s,
             "prompt_tokens": self.spec.prompt_tokens,
-            "output_tokens": self.spec.output_tokens,
+            "output_tokens": (
+                list(self.spec.output_tokens)
+                if isinstance(self.spec.output_tokens, tuple)
+                else self.spec.output_tokens
+            ),
             "seed": self.spec.seed,
             "rows": [r.to_json() for r in self.rows],
             "oracle": [
@@ -274,7 +278,7 @@ def render_table(result: SweepResult) -> list[Table]:
     tput = Table(
         title=(
             f"{result.profile}: closed-loop tok/s ({spec.prompt_tokens} prompt / "
-            f"{spec.output_tokens} output tokens, {spec.duration_s:g} s per point)"
+            f"{_length(spec.output_tokens)} output tokens, {spec.duration_s:g} s per point)"
         )
     )
     tput.add_column("C", justify="right")
@@ -329,3 +333,7 @@ def render_table(result: SweepResult) -> list[Table]:
         caption += f"; not scored: C={listed} (-: no decode, ?: too few requests)"
     tput.caption = caption
     return [tput, steps]
+
+
+def _length(tokens: int | tuple[int, int]) -> str:
+    return f"{tokens[0]}-{tokens[1]}" if isinstance(tokens, tuple) else str(tokens)

@@ -265,6 +265,37 @@ def test_sim_sweep_depths_are_range_checked() -> None:
     assert result.exit_code == 2 and "--depths: 'x' is not an integer" in flat(result.output)
 
 
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("0", "give a token count N >= 1"), ("192:64", "LOW must not exceed HIGH"),
+     ("a:b", "give a token count N or a range LOW:HIGH"),
+     ("1:2:3", "give a token count N >= 1 or a range")],
+)  # fmt: skip
+def test_sim_sweep_output_lengths_are_checked(value: str, message: str) -> None:
+    result = run("sim", "sweep", "--profile", "kimi-k25-8x-rtxpro6000-pcie", "--output-tokens",
+                 value)  # fmt: skip
+    assert result.exit_code == 2 and f"--output-tokens: '{value}': {message}" in flat(
+        result.output)
+
+
+def test_sim_sweep_draws_output_lengths_over_a_range() -> None:
+    """64:192 replays a bench with spread outputs: the same mean length as 128, requests that
+    end one by one; the range is in the title and the JSON."""
+    args = ["sim", "sweep", "--profile", "h200-sglang-llama8b-seeded", "--depths", "3",
+            "--concurrency", "64", "--duration", "12", "--warmup", "1.5"]  # fmt: skip
+    spread = run(*args, "--output-tokens", "64:192", "--json")
+    assert spread.exit_code == 0, spread.output
+    doc = json.loads(spread.stdout)
+    assert doc["output_tokens"] == [64, 192]
+    equal = json.loads(run(*args, "--output-tokens", "128", "--json").stdout)
+    assert equal["output_tokens"] == 128
+    d3 = [next(r for r in d["rows"] if r["mode"] == "spec") for d in (doc, equal)]
+    assert d3[0]["tok_per_s"] != d3[1]["tok_per_s"]  # other requests, other waves
+    assert d3[0]["tok_per_s"] == pytest.approx(d3[1]["tok_per_s"], rel=0.25)
+    table = run(*args, "--output-tokens", "64:192")
+    assert "64-192 output" in flat(table.output)
+
+
 def test_sim_serve_on_a_taken_port_says_so() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

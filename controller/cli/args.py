@@ -66,6 +66,32 @@ def parse_int_list(
     return tuple(sorted(set(values)))
 
 
+def parse_length(text: str, option: str) -> int | tuple[int, int]:
+    """'128' -> 128; '64:192' -> (64, 192), lengths drawn evenly over that range.
+
+    Raises typer.BadParameter naming `option` (printed as one `error:` line, exit 2)."""
+    parts = [p.strip() for p in text.split(":")]
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        raise typer.BadParameter(
+            f"{text!r}: give a token count N or a range LOW:HIGH, like 128 or 64:192",
+            param_hint=option,
+        ) from None
+    if len(values) > 2 or min(values) < 1:
+        raise typer.BadParameter(
+            f"{text!r}: give a token count N >= 1 or a range LOW:HIGH, like 128 or 64:192",
+            param_hint=option,
+        )
+    if len(values) == 1:
+        return values[0]
+    low, high = values
+    if low > high:
+        raise typer.BadParameter(f"{text!r}: LOW must not exceed HIGH, like 64:192",
+                                 param_hint=option)  # fmt: skip
+    return (low, high) if low < high else low
+
+
 def parse_positive_list(text: str, option: str) -> tuple[float, ...]:
     """'4,0.5,2' -> (0.5, 2.0, 4.0): sorted, unique, each a finite number > 0."""
     values = []

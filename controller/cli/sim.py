@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from controller.cli import app
-from controller.cli.args import parse_int_list
+from controller.cli.args import parse_int_list, parse_length
 from sglang_hooks.contract import MAX_DEPTH
 
 if TYPE_CHECKING:
@@ -90,8 +90,12 @@ def sweep(
         typer.Option(help="Prompt length of every request (default: the profile's reference)"),
     ] = None,
     output_tokens: Annotated[
-        int | None,
-        typer.Option(help="Output length of every request (default: the profile's reference)"),
+        str | None,
+        typer.Option(
+            help="Output length of every request, or LOW:HIGH to draw each evenly from that "
+            "range (requests then end one by one, as in a bench with spread outputs; "
+            "default: the profile's reference)"
+        ),
     ] = None,
     phase: Annotated[
         str | None, typer.Option(help="Acceptance phase (default: the profile's default)")
@@ -106,6 +110,7 @@ def sweep(
     Examples:
       specctl sim sweep --profile h200-llama8b-eagle3 --concurrency 1,16,256
       specctl sim sweep --profile h200-moe-eagle3 --depths 0,1,3 --duration 120
+      specctl sim sweep --profile h200-moe-eagle3 --output-tokens 64:192
       specctl sim sweep --profile h200-moe-eagle3 --json | jq .warnings
     """
     from sims.sweep import SweepSpec, render_table, run_sweep
@@ -143,7 +148,11 @@ def sweep(
         duration_s=duration,
         warmup_s=warmup,
         prompt_tokens=prompt_tokens or prof.reference_workload.prompt_tokens,
-        output_tokens=output_tokens or prof.reference_workload.output_tokens,
+        output_tokens=(
+            parse_length(output_tokens, "--output-tokens")
+            if output_tokens is not None
+            else prof.reference_workload.output_tokens
+        ),
         phase=phase,
         seed=seed,
     )

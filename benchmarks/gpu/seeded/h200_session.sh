@@ -211,7 +211,7 @@ long)
     CLIENTS=${CLIENTS:-4}; LONG_S=${LONG_S:-15}
     spread_outputs
     LB=(--concurrency 64,128 --duration-per-level "$LONG_S" --warmup-per-level 3
-        --client-processes "$CLIENTS")
+        --client-processes "$CLIENTS" --freeze-gc)
     if [ -n "${LONG_DEPTHS-0,1,3}" ]; then
         stamp "long levels: depths ${LONG_DEPTHS-0,1,3} and plain at 64 and 128 streams, $LONG_S s each"
         bench "$R/bench_long" --depths "${LONG_DEPTHS-0,1,3}" --no-spec-url "$(plain_url)" \
@@ -246,7 +246,7 @@ hostd1)
     # timer by several ms (16 and 64 streams): a bench of the two depths at those levels, then
     # the host side of each under SGLang's profiler. Last in a session: profiles slow a server.
     stamp "depths 1 and 3 at 16 and 64 streams"
-    bench "$R/bench_d13" --depths 1,3 --concurrency 16,64 --client-processes 4 2>&1 \
+    bench "$R/bench_d13" --depths 1,3 --concurrency 16,64 --client-processes 4 --freeze-gc 2>&1 \
         | tail -8 | tee "$R/bench_d13.txt"
     P="$R/profile"; mkdir -p "$P"
     for d in 1 3; do

@@ -217,23 +217,19 @@ def report(
             f"{p.tpot_plain_ms:>10.3f} {p.tpot_change:>+7.1%} "
             f"{p.stalls_series:>3}/{p.stalls_plain:<3}"
         )
-    low = [p.concurrency for p in pairs if p.pooled_ratio < min_ratio]
-    apart = [p.concurrency for p in pairs if abs(p.tpot_change) > tpot_within]
     # Off must not cost per token; the two-sided check also flags a plain server that was
     # slower, which at high load is as often its own spread between benches as anything else.
-    slower = [p.concurrency for p in pairs if p.tpot_change > tpot_within]
-    lines.append(
-        f"pooled tok/s >= {min_ratio:g} of plain at every level: "
-        + ("yes" if not low else f"no (c={', '.join(map(str, low))})")
-    )
-    lines.append(
-        f"median TPOT p50 within {tpot_within:.0%} of plain at every level: "
-        + ("yes" if not apart else f"no (c={', '.join(map(str, apart))})")
-    )
-    lines.append(
-        f"median TPOT p50 at most {tpot_within:.0%} above plain at every level: "
-        + ("yes" if not slower else f"no (c={', '.join(map(str, slower))})")
-    )
+    checks = (
+        (f"pooled tok/s >= {min_ratio:g} of plain", lambda p: p.pooled_ratio < min_ratio),
+        (f"median TPOT p50 within {tpot_within:.0%} of plain",
+         lambda p: abs(p.tpot_change) > tpot_within),
+        (f"median TPOT p50 at most {tpot_within:.0%} above plain",
+         lambda p: p.tpot_change > tpot_within),
+    )  # fmt: skip
+    for label, misses in checks:
+        failed = [p.concurrency for p in pairs if misses(p)]
+        verdict = "yes" if not failed else f"no (c={', '.join(map(str, failed))})"
+        lines.append(f"{label} at every level: {verdict}")
     return "\n".join(lines)
 
 

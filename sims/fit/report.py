@@ -152,6 +152,10 @@ class BestDepth:
     def agrees(self) -> bool:
         return self.bench == self.replay
 
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "concurrency": self.concurrency, "bench": self.bench,
+                "replay": self.replay, "agrees": self.agrees}  # fmt: skip
+
 
 def best_depths(rows: Sequence[Row]) -> list[BestDepth]:
     """Per bench file and concurrency with two or more depths, the depth with the most tok/s
@@ -262,16 +266,7 @@ class Report:
                 "tok_per_s": None if tok is None else tok.to_json(),
                 "tpot_ms": None if tpot is None else tpot.to_json(),
             },
-            "best_depth": [
-                {
-                    "source": b.source,
-                    "concurrency": b.concurrency,
-                    "bench": b.bench,
-                    "replay": b.replay,
-                    "agrees": b.agrees,
-                }
-                for b in best_depths(self.rows)
-            ],
+            "best_depth": [b.to_json() for b in best_depths(self.rows)],
             "error_with_outliers": {
                 "tok_per_s": _summary_json(summarize(self.rows, "tok_per_s", outliers=True)),
                 "tpot_ms": _summary_json(summarize(self.rows, "tpot_ms", outliers=True)),

@@ -291,7 +291,7 @@ def capture(args: argparse.Namespace) -> list[Path]:
     return written
 
 
-def _streams(text: str) -> list[int]:
+def streams_option(text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     cap.add_argument("--admin-key")
     cap.add_argument("--depth", type=int, help="force this depth first (a speculative server)")
     cap.add_argument("--label", required=True, help="file prefix, e.g. d0 or plain")
-    cap.add_argument("--streams", type=_streams, default=[1, 16])
+    cap.add_argument("--streams", type=streams_option, default=[1, 16])
     cap.add_argument("--steps", type=int, default=60)
     cap.add_argument("--seconds", type=float, default=6.0, help="the level's measured window")
     cap.add_argument("--warmup", type=float, default=2.0)

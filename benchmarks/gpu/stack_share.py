@@ -1,0 +1,134 @@
+"""Shares of a process's time by Python function, from py-spy's collapsed stacks
+(`py-spy record --format raw`, what `benchmarks.gpu.host_watch --py-spy` writes).
+
+    python -m benchmarks.gpu.stack_share show stacks.txt --top 30
+    python -m benchmarks.gpu.stack_share compare plain/stacks.txt d0/stacks.txt --top 30
+
+Only the samples of one thread count (`--thread`, default the main thread, where SGLang's
+scheduler runs its loop; py-spy's `--threads` puts `thread (ID): NAME` first on each stack).
+A function's inclusive share is the fraction of samples with it anywhere on the stack (counted
+once per sample however often it recurs), its own share the fraction with it on top. Line
+numbers are dropped, so one function's call sites merge. `compare` prints both files' shares
+and the change, the largest changes first: with one scheduler iteration per GPU forward, a
+share times the iteration time is the host time it took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+_LINE = re.compile(r":\d+\)$")
+MAIN_THREAD = "MainThread"
+
+
+def frame_key(frame: str) -> str:
+    """`process_batch_result (sglang/srt/managers/scheduler.py:1234)` -> without the line, and
+    the file shortened to its last two parts."""
+    frame = _LINE.sub(")", frame.strip())
+    name, sep, where = frame.partition(" (")
+    if not sep:
+        return name
+    parts = where.rstrip(")").split("/")
+    return f"{name} ({'/'.join(parts[-2:])})"
+
+
+@dataclass
+class Shares:
+    samples: int
+    inclusive: Counter[str]
+    own: Counter[str]
+
+    def share(self, key: str, own: bool = False) -> float:
+        counts = self.own if own else self.inclusive
+        return counts[key] / self.samples if self.samples else 0.0
+
+
+def parse(text: str, thread: str = MAIN_THREAD) -> Shares:
+    """`thread`: the thread whose samples count, by name ("": every thread's)."""
+    inclusive: Counter[str] = Counter()
+    own: Counter[str] = Counter()
+    total = 0
+    for line in text.splitlines():
+        stack, _, count = line.rstrip().rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        raw = [f for f in stack.split(";") if f.strip()]
+        if raw and raw[0].startswith("thread ("):
+            if thread and raw[0].partition("): ")[2].strip() != thread:
+                continue
+            raw = raw[1:]
+        frames = [frame_key(f) for f in raw]
+        if not frames:
+            continue
+        total += n
+        for key in set(frames):
+            inclusive[key] += n
+        own[frames[-1]] += n
+    return Shares(total, inclusive, own)
+
+
+def load(path: Path, thread: str = MAIN_THREAD) -> Shares:
+    """A raw stacks file, or one compressed with gzip (`.gz`, as results are checked in)."""
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", errors="replace") as f:
+            text = f.read()
+    else:
+        text = path.read_text(errors="replace")
+    shares = parse(text, thread)
+    if not shares.samples:
+        which = f" of thread {thread!r}" if thread else ""
+        raise SystemExit(
+            f"error: {path} holds no py-spy samples{which} (a `--format raw` file? "
+            "--thread '' counts every thread)"
+        )
+    return shares
+
+
+def show(s: Shares, top: int) -> list[str]:
+    lines = [f"{s.samples} samples", f"{'inclusive':>9} {'own':>6}  function"]
+    for key, n in s.inclusive.most_common(top):
+        lines.append(f"{n / s.samples:9.1%} {s.share(key, own=True):6.1%}  {key}")
+    return lines
+
+
+def compare(a: Shares, b: Shares, top: int, names: tuple[str, str]) -> list[str]:
+    keys = set(a.inclusive) | set(b.inclusive)
+    rows = sorted(keys, key=lambda k: -abs(b.share(k) - a.share(k)))[:top]
+    head = f"{names[0][:12]:>12} {names[1][:12]:>12} {'change':>8}"
+    lines = [f"samples: {a.samples} / {b.samples}; inclusive shares", f"{head}  function"]
+    for key in rows:
+        sa, sb = a.share(key), b.share(key)
+        lines.append(f"{sa:12.1%} {sb:12.1%} {100 * (sb - sa):+7.1f}%  {key}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    one = sub.add_parser("show", help="one file's functions, the most inclusive first")
+    one.add_argument("stacks", type=Path)
+    one.add_argument("--top", type=int, default=30)
+    one.add_argument("--thread", default=MAIN_THREAD, help="thread name ('': every thread)")
+    two = sub.add_parser("compare", help="two files' shares, the largest change first")
+    two.add_argument("before", type=Path)
+    two.add_argument("after", type=Path)
+    two.add_argument("--top", type=int, default=30)
+    two.add_argument("--thread", default=MAIN_THREAD, help="thread name ('': every thread)")
+    args = ap.parse_args(argv)
+    if args.cmd == "show":
+        print("\n".join(show(load(args.stacks, args.thread), args.top)))
+    else:
+        names = (args.before.parent.name or "before", args.after.parent.name or "after")
+        before, after = load(args.before, args.thread), load(args.after, args.thread)
+        print("\n".join(compare(before, after, args.top, names)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,136 @@
+"""The host-time tools of the GPU harness, on this CPU: `host_watch` loading a real simulated
+server over loopback HTTP (depth forced and restored through its admin RPC) while it reads the
+/proc counters of real processes: a busy child in its own session stands for the SGLang
+server's processes (the simulator runs in this test's process, so it has none of its own), and
+`stack_share` over a file py-spy 0.4 wrote (`record --format raw --idle --threads`) for a
+two-thread script: a main loop that computes then sleeps, and a sleeping watchdog thread."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu import host_watch, stack_share
+
+DATA = Path(__file__).parent / "data"
+
+BUSY = "import time\nt = time.time()\nwhile time.time() - t < 30: pass\n"
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path, sim_server_factory):
+    """A harness run whose 'spec' server is a simulated server (HTTP) and a session of busy
+    processes, one titled like SGLang's scheduler (its /proc counters)."""
+    sim = sim_server_factory(admin_key="k", speedup=100)
+    child = tmp_path / "sglang_scheduler_standin.py"
+    child.write_text(BUSY)
+    leader = subprocess.Popen(
+        [sys.executable, "-c",
+         "import os, subprocess, sys; subprocess.run([sys.executable, os.environ['CHILD']])"],
+        start_new_session=True, env={**os.environ, "CHILD": str(child)},
+    )  # fmt: skip
+    state = {"admin_key": "k", "servers": {"spec": {"pid": leader.pid, "url": sim.base_url}}}
+    (tmp_path / "state.json").write_text(json.dumps(state))
+    (tmp_path / "prompts.jsonl").write_text(
+        "".join(
+            json.dumps({"prompt": f"question {i}", "output_tokens": 16}) + "\n" for i in range(8)
+        )
+    )
+    time.sleep(0.5)
+    yield tmp_path, sim
+    subprocess.run(["pkill", "-s", str(leader.pid)], check=False)
+    leader.wait(timeout=10)
+
+
+def test_the_watch_loads_each_level_and_sees_the_server_busy(run_dir) -> None:
+    path, sim = run_dir
+    before = sim.server.specctl_state()["table"]
+    out = path / "host"
+    rc = host_watch.main(["--run-dir", str(path), "--server", "spec", "--depth", "0",
+                          "--streams", "1,4", "--seconds", "1", "--warmup", "0.3",
+                          "--dataset", str(path / "prompts.jsonl"), "--out", str(out)])  # fmt: skip
+    assert rc == 0
+    for streams in (1, 4):
+        summary = json.loads((out / f"d0-c{streams}" / "host.json").read_text())
+        assert summary["streams"] == streams and summary["tok_per_s"] > 0
+        # The spinning child holds up to one CPU (less on a machine busy with other tests);
+        # the session no more than it and the idle leader.
+        assert 0.2 <= summary["server_cpu_share"] <= 1.3
+        busiest = next(row for row in summary["processes"] if row["server"])
+        assert summary["scheduler_pid"] == busiest["pid"]
+        assert "sglang_scheduler_standin" in host_watch.cmdline(busiest["pid"])
+        assert summary["machine_cpu_share"] >= summary["server_cpu_share"]
+    assert sim.server.stats().iterations_per_depth.get(0, 0) > 0  # the forced depth ran
+    assert sim.server.specctl_state()["table"] == before  # and the table is restored
+
+
+def test_bad_requests_are_named(run_dir) -> None:
+    path, _ = run_dir
+    common = ["--run-dir", str(path), "--dataset", str(path / "prompts.jsonl"),
+              "--out", str(path / "w")]  # fmt: skip
+    with pytest.raises(SystemExit, match="no server 'plain'"):
+        host_watch.main([*common, "--server", "plain"])
+    (path / "state.json").write_text(json.dumps({"servers": {"plain": {"pid": 1, "url": "x"}}}))
+    with pytest.raises(SystemExit, match="--depth needs --server spec"):
+        host_watch.main([*common, "--server", "plain", "--depth", "0"])
+
+
+def test_cgroup_counters_parse_when_present() -> None:
+    stat = host_watch.cgroup_stat()
+    # Present on a cgroup-v1 or v2 machine; where neither file exists, nothing is invented.
+    if stat:
+        assert all(isinstance(v, int) for v in stat.values())
+    else:
+        assert not any(p.exists() for p in host_watch.CGROUP_FILES)
+
+
+def test_stack_shares_count_the_main_thread_only() -> None:
+    shares = stack_share.load(DATA / "py_spy_raw_threads.txt")
+    assert shares.samples == 291 + 108
+    assert shares.share("event_loop (loop2.py)") == pytest.approx(1.0)
+    assert shares.share("wait (loop2.py)", own=True) == pytest.approx(291 / 399)
+    assert shares.share("busy (loop2.py)") == pytest.approx(108 / 399)
+    everything = stack_share.load(DATA / "py_spy_raw_threads.txt", thread="")
+    assert everything.samples == 399 + 291 + 108
+    assert everything.share("watchdog (loop2.py)") == pytest.approx(399 / 798)
+
+
+def test_a_gzipped_stacks_file_reads_the_same(tmp_path: Path) -> None:
+    import gzip
+
+    packed = tmp_path / "stacks.txt.gz"
+    packed.write_bytes(gzip.compress((DATA / "py_spy_raw_threads.txt").read_bytes()))
+    assert stack_share.load(packed) == stack_share.load(DATA / "py_spy_raw_threads.txt")
+
+
+def test_frame_keys_drop_lines_and_long_paths() -> None:
+    key = stack_share.frame_key("run_batch (/opt/v/lib/sglang/srt/managers/scheduler.py:2301)")
+    assert key == "run_batch (managers/scheduler.py)"
+    assert stack_share.frame_key("thread-less") == "thread-less"
+
+
+def test_compare_lists_the_largest_change_first(tmp_path: Path) -> None:
+    a = tmp_path / "plain" / "stacks.txt"
+    b = tmp_path / "d0" / "stacks.txt"
+    for path, waits in ((a, 80), (b, 40)):
+        path.parent.mkdir()
+        path.write_text(
+            f"thread (1): MainThread;loop (s.py:1);wait (s.py:2) {waits}\n"
+            f"thread (1): MainThread;loop (s.py:1);work (s.py:3) {100 - waits}\n"
+        )
+    lines = stack_share.compare(stack_share.load(a), stack_share.load(b), 5, ("plain", "d0"))
+    assert "wait (s.py)" in lines[2] and "-40.0%" in lines[2]
+    assert "work (s.py)" in lines[3] and "+40.0%" in lines[3]
+
+
+def test_a_file_without_samples_is_refused(tmp_path: Path) -> None:
+    empty = tmp_path / "stacks.txt"
+    empty.write_text("not py-spy output\n")
+    with pytest.raises(SystemExit, match="no py-spy samples"):
+        stack_share.load(empty)

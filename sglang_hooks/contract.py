@@ -585,7 +585,9 @@ OFF_MODES = (SGLANG, SKIP_EXTEND, SKIP_EXTEND_ALL)  # the wire code of a mode is
 OFF_MODE_KEY = "specctl_off_mode"
 # Trimmed host work on the speculative iteration (sglang_hooks/lean_host.py): 0 or 1.
 LEAN_HOST_KEY = "specctl_lean_host"
-SETTING_KEYS = frozenset({OFF_MODE_KEY, LEAN_HOST_KEY})
+# A depth-0 iteration's lighter hand-over to the next (sglang_hooks/lean_relay.py): 0 or 1.
+LEAN_RELAY_KEY = "specctl_lean_relay"
+SETTING_KEYS = frozenset({OFF_MODE_KEY, LEAN_HOST_KEY, LEAN_RELAY_KEY})
 
 
 def decode_off_mode(value: Any) -> str:
@@ -606,12 +608,33 @@ def decode_lean_host(value: Any) -> bool:
                       f"got {value!r}")
 
 
-def decode_settings(settings: Mapping[str, Any]) -> tuple[str | None, bool | None]:
-    """(off mode, host-work trims) that a request's plugin settings ask for, None where a key
-    is absent. Raises PolicyError naming the key."""
-    mode = decode_off_mode(settings[OFF_MODE_KEY]) if OFF_MODE_KEY in settings else None
-    lean = decode_lean_host(settings[LEAN_HOST_KEY]) if LEAN_HOST_KEY in settings else None
-    return mode, lean
+def decode_lean_relay(value: Any) -> bool:
+    """Whether a `specctl_lean_relay` value turns the depth-0 relay trims on. Raises
+    PolicyError naming the key."""
+    if isinstance(value, bool) or value in (0, 1):
+        return bool(value)
+    raise PolicyError(LEAN_RELAY_KEY, f"must be 0 (SGLang's own hand-over) or 1 (lean); "
+                      f"got {value!r}")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The plugin settings a request asks for; None where its key is absent."""
+
+    off_mode: str | None = None
+    lean_host: bool | None = None
+    lean_relay: bool | None = None
+
+
+def decode_settings(settings: Mapping[str, Any]) -> Settings:
+    """The plugin settings a request's keys ask for. Raises PolicyError naming the key."""
+    return Settings(
+        off_mode=decode_off_mode(settings[OFF_MODE_KEY]) if OFF_MODE_KEY in settings else None,
+        lean_host=decode_lean_host(settings[LEAN_HOST_KEY]) if LEAN_HOST_KEY in settings
+        else None,
+        lean_relay=decode_lean_relay(settings[LEAN_RELAY_KEY]) if LEAN_RELAY_KEY in settings
+        else None,
+    )
 
 
 def split_settings(server_args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

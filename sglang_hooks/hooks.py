@@ -14,7 +14,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from sglang_hooks import lean_host, off_mode, override_log, verify_schedule
+from sglang_hooks import lean_host, lean_relay, off_mode, override_log, verify_schedule
 from sglang_hooks.adapters.base import Adapter
 from sglang_hooks.contract import (
     PolicyError,
@@ -146,6 +146,9 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
         rt.lean_host, lean_error = lean_host.from_env()
         if lean_error is not None:
             logger.error("specctl: %s", lean_error)
+        rt.lean_relay, relay_error = lean_relay.from_env()
+        if relay_error is not None:
+            logger.error("specctl: %s", relay_error)
         startup = None
         path = policy_file_from_env()
         if path is not None:
@@ -169,17 +172,17 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
             peers.publish(fingerprint({
                 "sglang": ADAPTER.name, "depths": sorted(usable),
                 "startup": table_fingerprint(startup), "off_mode": mode,
-                "lean_host": rt.lean_host,
+                "lean_host": rt.lean_host, "lean_relay": rt.lean_relay,
                 SKIP_EXTEND_ENV: os.environ.get(SKIP_EXTEND_ENV, ""),
             }))
         rt.activate(usable, startup, peers)
         # Every TP rank logs this line: with several nodes, each reads its own policy file.
         logger.info("specctl: active; depths usable by a table: %s%s; start-up table: %s%s; "
-                    "off mode %s; host-work trims %s%s",
+                    "off mode %s; host-work trims %s; depth-0 relay trims %s%s",
                     sorted(usable),
                     f" (partly captured, refused: {sorted(partial)})" if partial else "",
                     table_fingerprint(startup), f" from {path}" if startup is not None else "",
-                    mode, "on" if rt.lean_host else "off",
+                    mode, "on" if rt.lean_host else "off", "on" if rt.lean_relay else "off",
                     f"; waits for TP ranks 0-{peers.world_size - 1} to agree before a "
                     f"table takes control" if peers is not None else "")
     except Exception:
@@ -221,7 +224,7 @@ def time_launch(original: Callable[..., Any], worker: Any, batch: Any, *args: An
     rt = RUNTIME
     if not rt.active:
         return original(worker, batch, *args, **kwargs)
-    rt.launched = rt.launch_skips_extend = False
+    rt.launched = rt.launch_skips_extend = rt.launch_stubbed = False
     rt.spec_worker = worker
     try:
         token = rt.timer.begin()
@@ -290,7 +293,29 @@ def skip_extend(original: Callable[..., Any], draft_worker: Any, batch: Any, bat
         _log_failure_once("skip_extend")  # the real extend overwrites whatever the stub set
         return original(draft_worker, batch, batch_result, *args, **kwargs)
     rt.skipped_extends += 1
+    rt.launch_stubbed = True
+    if rt.lean_relay:
+        try:  # without the event the barrier keeps its whole-forward fence
+            if lean_relay.hand_over(worker):
+                rt.early_fences += 1
+        except Exception:
+            _log_failure_once("skip_extend:lean_relay")
     return None
+
+
+def lean_stash(original: Callable[..., Any], future_map: Any, future_indices: Any,
+               payload: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND FutureMap.stash: under the depth-0 relay trims, a launch that skipped the
+    extend stashes its bonus tokens alone (lean_relay.py)."""
+    rt = RUNTIME
+    if rt.lean_relay and rt.launch_stubbed and not args and not kwargs:
+        try:
+            if lean_relay.stash_bonus_only(RELEASE, future_map, future_indices, payload):
+                rt.lean_stashes += 1
+                return None
+        except Exception:
+            _log_failure_once("lean_stash")
+    return original(future_map, future_indices, payload, *args, **kwargs)
 
 
 def lean_trivial_verify(original: Callable[..., Any], worker: Any, batch: Any, *args: Any,

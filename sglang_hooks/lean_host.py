@@ -24,11 +24,11 @@ in `POST /set_internal_state`. Off where the variable is absent, so a server sta
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable
 from typing import Any
 
 from sglang_hooks import contract
+from sglang_hooks.env_switch import read_switch
 
 ENV = "SPECCTL_LEAN_HOST"
 KEY = contract.LEAN_HOST_KEY
@@ -40,12 +40,7 @@ _MAX_CACHED_SIZES = 512  # batch sizes kept per cache; SGLang's largest graph ba
 
 def from_env() -> tuple[bool, str | None]:
     """(on, error): the start-up setting, and why the variable was ignored if it was."""
-    raw = os.environ.get(ENV, "").strip()
-    if raw in ("", "0"):
-        return False, None
-    if raw == "1":
-        return True, None
-    return False, f"{ENV}={raw!r} is not 0 or 1; the trims stay off"
+    return read_switch(ENV, "the trims")
 
 
 class PerBatchSize:

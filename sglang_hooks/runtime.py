@@ -54,6 +54,7 @@ class Change:
     table_given: bool = False
     off_mode: str | None = None
     lean_host: bool | None = None  # the host-work trims (lean_host.py), if the request says
+    lean_relay: bool | None = None  # the depth-0 relay trims (lean_relay.py), likewise
 
 
 def skippable_tiers(table: PolicyTable | None, mode: str) -> tuple[bool, ...]:
@@ -99,6 +100,11 @@ class SchedulerRuntime:
         self.spec_worker: Any = None  # the EAGLEWorkerV2 of the current launch
         self.off_mode = off_mode.DEFAULT_MODE
         self.lean_host = False  # lean_host.py: trimmed host work on the speculative iteration
+        self.lean_relay = False  # lean_relay.py: a depth-0 iteration's lighter hand-over
+        # Set inside a launch: the extend was skipped (lean_relay stashes the bonus alone).
+        self.launch_stubbed = False
+        self.early_fences = 0  # depth-0 launches that handed the WAR barrier their own event
+        self.lean_stashes = 0  # relays that stashed the bonus tokens alone
         self._skippable: tuple[bool, ...] = ()
         self.depth_switches = 0  # runtime-state switches SGLang made (table or its own)
         self.skipped_extends = 0
@@ -188,6 +194,11 @@ class SchedulerRuntime:
             if change.lean_host != self.lean_host:
                 logger.info("specctl: host-work trims %s", "on" if change.lean_host else "off")
             self.lean_host = change.lean_host
+        if change.lean_relay is not None:
+            if change.lean_relay != self.lean_relay:
+                logger.info("specctl: depth-0 relay trims %s",
+                            "on" if change.lean_relay else "off")
+            self.lean_relay = change.lean_relay
         if change.table_given:
             if change.table is None:
                 self.selector = None
@@ -240,6 +251,9 @@ class SchedulerRuntime:
         state["unattributed_results"] = self.unattributed_results
         state["off_mode"] = self.off_mode
         state["lean_host"] = self.lean_host
+        state["lean_relay"] = self.lean_relay
+        state["early_fences"] = self.early_fences
+        state["lean_stashes"] = self.lean_stashes
         state["depth_switches"] = self.depth_switches
         state["skipped_draft_extends"] = self.skipped_extends
         state["verify_schedule"] = verify_schedule.ENABLED
@@ -325,8 +339,9 @@ def validate_change(server_args: Mapping[str, Any], captured_depths: Iterable[in
                     ) -> Change:
     """The change a request's specctl keys ask for. Raises PolicyError naming the wire key."""
     settings, table_keys = off_mode.split_settings(server_args)
-    mode, lean = decode_settings(settings)
-    if not has_policy_keys(table_keys):
-        return Change(off_mode=mode, lean_host=lean)
-    table = decode_table(table_keys, captured_depths=captured_depths)
-    return Change(table=table, table_given=True, off_mode=mode, lean_host=lean)
+    asked = decode_settings(settings)
+    table, given = None, has_policy_keys(table_keys)
+    if given:
+        table = decode_table(table_keys, captured_depths=captured_depths)
+    return Change(table=table, table_given=given, off_mode=asked.off_mode,
+                  lean_host=asked.lean_host, lean_relay=asked.lean_relay)

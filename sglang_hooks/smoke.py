@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sglang_hooks import off_mode
 from sglang_hooks.contract import (
     LEAN_HOST_KEY,
+    LEAN_RELAY_KEY,
     METRIC_ITERATIONS,
     PolicyTable,
     Tier,
@@ -146,12 +147,14 @@ def setting_checks(admin: httpx.Client, api: httpx.Client, key: str, field: str,
 
 
 def off_mode_checks(admin: httpx.Client, api: httpx.Client) -> list[tuple[bool, str]]:
-    """Each off mode and the host-work trims on and off, pushed and read back (setting_checks);
+    """Each off mode, the host-work trims and the depth-0 relay trims on and off, pushed and
+    read back (setting_checks);
     the server is left as it started."""
     modes = setting_checks(admin, api, off_mode.OFF_MODE_KEY, "off_mode",
                            list(enumerate(off_mode.MODES)), len(off_mode.MODES))
-    return modes + setting_checks(admin, api, LEAN_HOST_KEY, "lean_host",
-                                  [(1, True), (0, False)], 2)
+    lean = setting_checks(admin, api, LEAN_HOST_KEY, "lean_host", [(1, True), (0, False)], 2)
+    return modes + lean + setting_checks(admin, api, LEAN_RELAY_KEY, "lean_relay",
+                                         [(1, True), (0, False)], 2)
 
 
 def _skipped_extends(api: httpx.Client) -> int:

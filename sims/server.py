@@ -80,6 +80,7 @@ class SimulatedServer:
         self._off_mode = (contract.SGLANG if self.engine.profile.draft.extend_at_depth0
                           else contract.SKIP_EXTEND)  # fmt: skip
         self._lean_host = False
+        self._lean_relay = False
         self._applied_iteration: int | None = None
         self._live_version = 0
         # Of finished streaming requests: tokens, requests, TTFT seconds, latency seconds.
@@ -215,7 +216,7 @@ class SimulatedServer:
         with self._lock:
             settings, args = contract.split_settings(req.server_args)
             try:
-                mode, lean = contract.decode_settings(settings)
+                asked = contract.decode_settings(settings)
             except PolicyError as err:
                 return 400, contract.rejection_body(err)
             ours, rest = contract.split_policy_keys(args)
@@ -235,10 +236,13 @@ class SimulatedServer:
                     if ours:
                         self._last_rejection = reason
                     return 200, [False]
-            if mode is not None:
-                self._off_mode = mode
-            if lean is not None:
-                self._lean_host = lean  # reported only: the profile's host costs stand for both
+            if asked.off_mode is not None:
+                self._off_mode = asked.off_mode
+            # Reported only: the profile's host costs stand for both settings of each.
+            if asked.lean_host is not None:
+                self._lean_host = asked.lean_host
+            if asked.lean_relay is not None:
+                self._lean_relay = asked.lean_relay
             if ours:
                 self._install(table)
             return 200, [True]
@@ -304,6 +308,7 @@ class SimulatedServer:
             if self.engine.speculative:
                 state["off_mode"] = self._off_mode
                 state["lean_host"] = self._lean_host
+                state["lean_relay"] = self._lean_relay
             return state
 
     # ------------------------------------------------------------------ readback

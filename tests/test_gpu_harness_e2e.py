@@ -52,7 +52,8 @@ def test_all_phases_against_simulated_servers_then_a_later_command(tmp_path, cap
 
     summary = json.loads((run_dir / "summary.json").read_text())
     phases = summary["phases"]
-    assert phases["smoke"]["result"]["result"] == "19 passed, 0 failed"  # with off modes, trims
+    # with the off modes and both trims' settings
+    assert phases["smoke"]["result"]["result"] == "23 passed, 0 failed"
     greedy = phases["greedy"]["result"]["comparisons"]
     assert [c["mode"] for c in greedy] == ["plain-again", "spec-switching", "spec-d3"]
     assert all(c["flips"] == 0 and c["prompts"] == 2 for c in greedy)

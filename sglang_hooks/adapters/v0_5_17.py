@@ -16,6 +16,7 @@ from sglang_hooks.adapters.common import COMMON_HOOKS, COMMON_READS
 
 _SCHED = "sglang.srt.managers.scheduler"
 _ALLOC = "sglang.srt.mem_cache.allocation"
+_OVERLAP = "sglang.srt.managers.overlap_utils"
 
 
 def _tokens(result: Any, batch_size: int) -> int:
@@ -33,12 +34,22 @@ ADAPTER = Adapter(
                  SymbolSpec(_SCHED, "Scheduler", "set_internal_state", ("recv_req",))),
         HookSpec(f"{_SCHED}.Scheduler.get_internal_state", AFTER, "get_internal_state",
                  SymbolSpec(_SCHED, "Scheduler", "get_internal_state", ("recv_req",))),
+        # depth-0 relay trims (lean_relay.py): 0.5.23 leaves a payload's empty draft fields
+        # out of the stash itself
+        HookSpec(f"{_OVERLAP}.FutureMap.stash", AROUND, "lean_stash",
+                 SymbolSpec(_OVERLAP, "FutureMap", "stash", ("future_indices", "payload"))),
         # host-work trims (lean_host.py): 0.5.23 reads the KV lengths as a list itself
         HookSpec(f"{_ALLOC}.alloc_for_spec_decode", AROUND, "lean_kv_lens",
                  SymbolSpec(_ALLOC, "", "alloc_for_spec_decode",
                             ("tree_cache", "nxt_kv_lens_cpu"))),
     ),
-    reads=COMMON_READS,
+    reads=(
+        *COMMON_READS,
+        # depth-0 relay trims: the runner the WAR barrier reads, and what the stash sizes
+        SymbolSpec("sglang.srt.speculative.eagle_worker_v2", "EAGLEWorkerV2",
+                   "war_fastpath_runner"),
+        SymbolSpec(_OVERLAP, "FutureMap", "_lazy_init_forward_buf", ("payload",)),
+    ),
     scheduler_of=lambda scheduler: scheduler,
     tokens_of=_tokens,
 )

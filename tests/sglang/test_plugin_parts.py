@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from sglang_hooks import lean_host, off_mode, override_log
+from sglang_hooks import lean_host, lean_relay, off_mode, override_log
 from sglang_hooks.contract import PolicyError, PolicyTable, Tier, encode_table
 from sglang_hooks.deferred import DeferredHooks, PendingHook
 from sglang_hooks.gpu_timer import HostIntervalTimer
@@ -53,29 +53,38 @@ def test_a_request_may_carry_an_off_mode_a_table_or_both() -> None:
         validate_change({**encode_table(table), off_mode.OFF_MODE_KEY: 9}, {0, 3})
 
 
-def test_the_host_trims_key_is_decoded_alone_or_beside_the_rest(
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize(("switch", "field", "other"), [
+    (lean_host, "lean_host", lean_relay),
+    (lean_relay, "lean_relay", lean_host),
+])  # fmt: skip
+def test_each_trims_key_is_decoded_alone_or_beside_the_rest(
+    switch: Any, field: str, other: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert validate_change({lean_host.KEY: 1}, {0, 3}).lean_host is True
-    both = validate_change({lean_host.KEY: 0, off_mode.OFF_MODE_KEY: 0}, {0, 3})
-    assert both.lean_host is False and both.off_mode == "sglang" and not both.table_given
-    assert validate_change({off_mode.OFF_MODE_KEY: 1}, {0, 3}).lean_host is None
+    """Either on/off plugin setting: decoded alone or beside the other settings, refused by
+    name, committed and reported, left as it was by requests without it, read from its
+    environment variable at start-up."""
+    assert getattr(validate_change({switch.KEY: 1}, {0, 3}), field) is True
+    both = validate_change({switch.KEY: 0, off_mode.OFF_MODE_KEY: 0, other.KEY: 1}, {0, 3})
+    assert getattr(both, field) is False and both.off_mode == "sglang" and not both.table_given
+    assert getattr(validate_change({other.KEY: 1}, {0, 3}), field) is None
     for bad in (2, "1", -1, 0.5, None):
         with pytest.raises(PolicyError) as err:
-            validate_change({lean_host.KEY: bad}, {0, 3})
-        assert err.value.field == lean_host.KEY and "0 (SGLang's own" in err.value.message
+            validate_change({switch.KEY: bad}, {0, 3})
+        assert err.value.field == switch.KEY and "0 (SGLang's own" in err.value.message
     runtime = SchedulerRuntime(timer=HostIntervalTimer())
-    runtime.commit(validate_change({lean_host.KEY: 1}, {0, 3}))
-    assert runtime.lean_host and runtime.report()["lean_host"] is True
-    runtime.commit(validate_change({off_mode.OFF_MODE_KEY: 2}, {0, 3}))
-    assert runtime.lean_host, "a request without the key leaves the trims as they were"
-    monkeypatch.delenv(lean_host.ENV, raising=False)
-    assert lean_host.from_env() == (False, None)
-    monkeypatch.setenv(lean_host.ENV, "1")
-    assert lean_host.from_env() == (True, None)
-    monkeypatch.setenv(lean_host.ENV, "yes")
-    on, error = lean_host.from_env()
-    assert not on and error is not None and "'yes'" in error
+    runtime.commit(validate_change({switch.KEY: 1}, {0, 3}))
+    report = runtime.report()
+    assert getattr(runtime, field) and report[field] is True
+    assert report["early_fences"] == 0 and report["lean_stashes"] == 0
+    runtime.commit(validate_change({off_mode.OFF_MODE_KEY: 2, other.KEY: 0}, {0, 3}))
+    assert getattr(runtime, field), "a request without the key leaves the trims as they were"
+    monkeypatch.delenv(switch.ENV, raising=False)
+    assert switch.from_env() == (False, None)
+    monkeypatch.setenv(switch.ENV, "1")
+    assert switch.from_env() == (True, None)
+    monkeypatch.setenv(switch.ENV, "yes")
+    on, error = switch.from_env()
+    assert not on and error is not None and "'yes'" in error and switch.ENV in error
 
 
 def test_only_depth_zero_tiers_skip_and_probing_ones_only_in_skip_extend_all() -> None:

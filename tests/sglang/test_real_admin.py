@@ -102,6 +102,15 @@ def test_the_host_trims_switch_through_the_controller(controller: Any,
     assert "specctl_lean_host" in (runtime.last_rejection or "")
 
 
+def test_the_relay_trims_switch_through_the_controller(controller: Any,
+                                                      runtime: SchedulerRuntime) -> None:
+    assert controller.set_internal_state(_req({"specctl_lean_relay": 1})).updated
+    assert runtime.lean_relay and runtime.table is None
+    out = controller.set_internal_state(_req({"specctl_lean_relay": "yes"}))
+    assert out.updated is False and runtime.lean_relay
+    assert "specctl_lean_relay" in (runtime.last_rejection or "")
+
+
 def test_state_report_lands_in_the_real_output_message(runtime: SchedulerRuntime) -> None:
     from sglang.srt.managers.io_struct import GetInternalStateReqOutput
 
@@ -230,10 +239,13 @@ def test_smoke_off_mode_checks_pass_against_the_real_push_route(
 
     runtime.set_off_mode("skip-extend")
     runtime.lean_host = True
+    runtime.lean_relay = False
     checks = smoke.off_mode_checks(client, SimpleNamespace(get=server_info))
-    # three modes, the start one again, a bad code; trims on, off, the start again, a bad value
-    assert len(checks) == 9 and all(ok for ok, _ in checks), checks
+    # three modes, the start one again, a bad code; then each of the two trims switches on,
+    # off, the start again, a bad value
+    assert len(checks) == 13 and all(ok for ok, _ in checks), checks
     assert runtime.off_mode == "skip-extend" and runtime.lean_host  # put back
+    assert not runtime.lean_relay
 
 
 def test_non_numeric_value_is_refused_by_sglang_own_validation(client: Any) -> None:

@@ -1,0 +1,93 @@
+"""A depth-0 iteration's lighter hand-over to the next one (`specctl_lean_relay`).
+
+When a table's depth-0 tier skips the draft extend (the `skip-extend` off modes), SGLang's
+spec-v2 overlap scheduler still hands the iteration over as if a draft had run. Two pieces of
+that hand-over sit on the GPU's path from one forward to the next, where a plain decode has
+neither (docs/sglang.md, "Off"):
+
+- **The WAR barrier.** After each launch the scheduler fences its next writes to buffers the
+  forward reads (the next batch's KV slots, written into `req_to_token` on the schedule
+  stream) behind the event the last shared-buffer reader published. For EAGLE that reader is
+  the draft extend, and only a captured draft-extend graph publishes the event, just before
+  its replay: after the verify's outputs (accept lengths, new sequence lengths, bonus tokens)
+  are written. Skipped (or run eagerly, as on FA3), the barrier falls back to waiting for the
+  whole forward, the relay of draft state below included. With the trims the plugin records
+  that same event where the skipped extend would have started and hands it to the barrier.
+  (An event any earlier, before the verify graph's replay, is not enough: the next batch's
+  preparation then races this verify's outputs, and on the H200 requests stopped finishing.)
+- **The relay of draft state.** Every iteration the overlap scheduler stashes the draft's
+  top-k and hidden state into per-request buffers for the next one (a cast and an indexed
+  write each, the hidden state batch x hidden wide). At depth 0 those are the skipped
+  extend's zeroed stub, which the next depth-0 iteration ignores. With the trims SGLang
+  0.5.17 stashes the bonus tokens alone (0.5.23 already leaves out empty fields). A request
+  that goes back to drafting then starts from the draft state its slot held last instead of
+  zeros; the target verifies every drafted token either way, so outputs do not change.
+
+Chosen at start-up with `SPECCTL_LEAN_RELAY=1` and at run time with the admin key
+`specctl_lean_relay` (0 or 1) in `POST /set_internal_state`. Off where the variable is absent.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sglang_hooks import contract
+from sglang_hooks.env_switch import read_switch
+
+ENV = "SPECCTL_LEAN_RELAY"
+KEY = contract.LEAN_RELAY_KEY
+# The read-done attribute the scheduler's WAR barrier reads: 0.5.23's name, then 0.5.17's.
+EVENT_ATTRS = ("shared_read_done_event", "war_fastpath_read_done_event")
+# Releases whose FutureMap.stash writes every draft field whatever the payload holds (read in
+# their source); later ones skip empty fields themselves.
+STASH_RELEASES = frozenset({"0.5.17"})
+
+
+def from_env() -> tuple[bool, str | None]:
+    """(on, error): the start-up setting, and why the variable was ignored if it was."""
+    return read_switch(ENV, "the depth-0 relay trims")
+
+
+def _event_attr(runner: Any) -> str | None:
+    return next((a for a in EVENT_ATTRS if hasattr(runner, a)), None)
+
+
+def barrier_runner(worker: Any) -> Any:
+    """The model runner whose read-done event SGLang's WAR barrier reads for this worker."""
+    runner = getattr(worker, "last_shared_read_runner", None)
+    return runner if runner is not None else worker.war_fastpath_runner
+
+
+def new_event(device: Any) -> Any:
+    """An event on `device`'s current stream (a CUDA device on a server)."""
+    import torch
+
+    event = torch.get_device_module(device).Event()
+    event.record()
+    return event
+
+
+def hand_over(worker: Any) -> bool:
+    """Give the WAR barrier an event marking where the skipped extend would have started:
+    the verify's outputs are written by then. False where the worker has no such runner."""
+    runner = barrier_runner(worker)
+    attr = _event_attr(runner)
+    if attr is None:
+        return False
+    setattr(runner, attr, new_event(worker.device))
+    return True
+
+
+def stash_bonus_only(release: str | None, future_map: Any, indices: Any, payload: Any) -> bool:
+    """Stash a depth-0 relay's bonus tokens alone where the release would write every draft
+    field. True if it did (the caller then skips SGLang's stash)."""
+    if release not in STASH_RELEASES or indices.shape[0] == 0:
+        return False
+    if not getattr(future_map, "_forward_buf_initialized", False):
+        return False  # the first stash sizes the buffers from the payload: SGLang's own
+    if future_map.spec_algo.is_ngram() or getattr(payload, "draft_probs", None) is not None \
+            or getattr(payload, "dsa_topk_indices", None) is not None:
+        return False
+    buf = future_map.output_tokens_buf
+    buf[indices] = payload.bonus_tokens.to(buf.dtype)
+    return True

@@ -24,6 +24,7 @@ from sims.fit.fitting import fit_profile, split_levels
 from sims.fit.framing import acceptance_rates, active_keys
 from sims.fit.outliers import slower_than_more_streams
 from sims.fit.params import with_values
+from sims.fit.repeats import find_repeats, repeats_line
 from sims.fit.replay import LevelShape, replay
 from sims.fit.replayed_bench import replayed_bench
 from sims.fit.report import (
@@ -229,6 +230,41 @@ def test_the_report_sets_the_benchs_best_depth_beside_the_replays() -> None:
                                               for r in rows]))  # fmt: skip
     assert "at every level" in str(render(replace(report, rows=[
         replace(r, tok_per_s=r.level.tok_per_s) for r in rows]))[1:])  # fmt: skip
+
+
+def test_levels_benched_twice_report_the_servers_own_spread() -> None:
+    """The same levels in two bench files, one 10% faster at one stream: the report says how
+    far the server repeated itself, beside the fit's error. Other request shapes (a longer
+    prompt, spread outputs) and a level one bench alone measured are not repeats."""
+    run = replayed((160,), concurrency=(1, 4), depths=(0,))[0]
+    d0 = [lv for lv in run.levels if lv.depth == 0]  # the plain server's levels left out
+    assert [lv.concurrency for lv in d0] == [1, 4]
+    a, b = "r/one/bench.json", "r/two/bench.json"
+    first = [replace(lv, source=a) for lv in d0]
+    faster = {1: 1.1, 4: 1.0}
+    second = [replace(lv, source=b, tok_per_s=lv.tok_per_s * faster[lv.concurrency])
+              for lv in d0]  # fmt: skip
+    longer = replace(first[0], source="r/three/bench.json",
+                     prompt_tokens=4 * (first[0].prompt_tokens or 1))  # fmt: skip
+    spread = replace(first[0], source="r/four/bench.json", output_tokens_min=16,
+                     output_tokens_max=300)  # fmt: skip
+    found = find_repeats([*first, *second, longer, spread])
+    assert [(r.label, r.benches) for r in found] == [("d0 c=1", 2), ("d0 c=4", 2)]
+    assert found[0].tok_spread == pytest.approx(0.1) and found[1].tok_spread == pytest.approx(0)
+    assert found[0].tpot_spread == pytest.approx(0.0)
+    assert find_repeats(first) == [] and repeats_line([]) is None
+    line = repeats_line(found)
+    assert line is not None and "most +10.0% (d0 c=1, 2 benches)" in line
+    truth = load_profile(TRUTH)
+    result = fit_profile([run], truth, "f")
+    result.outliers.clear()
+    rows = [Row(level=lv, tok_per_s=lv.tok_per_s, tpot_ms=lv.tpot_p50_ms, ttft_ms=None)
+            for lv in [*first, *second]]  # fmt: skip
+    report = Report(replace(result, levels=[*first, *second]), truth, rows, "f.yaml")
+    assert any("the server's own spread over 2 levels" in str(x) for x in render(report))
+    written = report.to_json()["repeats"]
+    assert written[0] == {"level": "d0 c=1", "benches": 2, "tok_per_s_spread": 0.1,
+                          "tpot_spread": 0.0}  # fmt: skip
 
 
 def test_unfit_levels_are_named_with_their_reason() -> None:

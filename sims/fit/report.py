@@ -24,6 +24,7 @@ from sims.fit.fitting import FitResult, Unfit
 from sims.fit.framing import shape_of
 from sims.fit.outliers import mean_of_known
 from sims.fit.pool import Replayer
+from sims.fit.repeats import find_repeats, repeats_line
 from sims.profile import Profile
 
 REPORT_SEEDS = (0, 1, 2)
@@ -267,6 +268,7 @@ class Report:
                 "tpot_ms": None if tpot is None else tpot.to_json(),
             },
             "best_depth": [b.to_json() for b in best_depths(self.rows)],
+            "repeats": [r.to_json() for r in find_repeats([r.level for r in self.rows])],
             "error_with_outliers": {
                 "tok_per_s": _summary_json(summarize(self.rows, "tok_per_s", outliers=True)),
                 "tpot_ms": _summary_json(summarize(self.rows, "tpot_ms", outliers=True)),
@@ -342,6 +344,9 @@ def render(report: Report) -> list[Any]:
     best = best_depth_line(best_depths(report.rows), names)
     if best is not None:
         lines.append(best)
+    repeated = repeats_line(find_repeats([r.level for r in report.rows]))
+    if repeated is not None:
+        lines.append(repeated)
     if names:
         lines.append("benches: " + ", ".join(f"{n} = {src}" for src, n in names.items()))
     for o in report.result.outliers:

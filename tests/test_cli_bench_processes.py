@@ -214,10 +214,11 @@ def test_the_sweep_splits_every_level_and_agrees_with_one_process(sim_server_fac
         for field in ("output_tok_per_s", "tpot_p50_ms"):
             x, y = float(a[key][field]), float(b[key][field])
             assert y == pytest.approx(x, rel=0.2), (key, field, x, y)
-        # The busiest process carries about half of two processes' CPU time.
+        # The busiest process carries about half of two processes' CPU time: at least half,
+        # up to the CSV's rounding of both figures to 3 decimals.
         share = float(b[key]["client_cpu_share"])
         if split == "2":
-            assert share / 2 <= float(b[key]["client_process_cpu_share"]) < share
+            assert share / 2 - 0.001 <= float(b[key]["client_process_cpu_share"]) < share
     report = json.loads((tmp_path / "two" / "bench.json").read_text())
     assert report["client_processes"] == 2 and report["client_bound_share"] == 0.7
 

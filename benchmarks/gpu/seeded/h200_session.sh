@@ -16,6 +16,8 @@
 #   bash benchmarks/gpu/seeded/h200_session.sh lean OUT      # d0 with/without host trims vs plain
 #   bash benchmarks/gpu/seeded/h200_session.sh trims OUT     # trims on, 1,000 switches, greedy
 #   bash benchmarks/gpu/seeded/h200_session.sh hostd1 OUT    # depth 1 vs 3: bench, host profile
+#   PYSPY=path bash benchmarks/gpu/seeded/h200_session.sh hostwatch OUT  # host CPU, d0 vs plain
+#   bash benchmarks/gpu/seeded/h200_session.sh relay OUT     # relay trims off/on; RELAY_PART=check
 #
 # Measured on the H200: setup with ACCEPTANCE=0 330-370 s; series with SERIES=3 LEVEL_S=8
 # 358 s; parity 319 s; verify 225 s; profile about 100 s. context: two benches of 20 levels,
@@ -25,7 +27,8 @@
 # series 359 s; SERIES=2 LEVEL_S=10 series 299 s; run 7: setup 364 s, BENCHES=family LEVEL_S=12
 # context 288 s, SERIES=2 LEVEL_S=8 lean 483 s; run 8: setup 337 s plus trims 45 s, SPREAD=64:192
 # BENCHES=family LEVEL_S=12 context 285 s, LONG_DEPTHS= REPS=2 long 160 s, LEVEL_S=10 hostd1
-# about 150 s. Issue each call as soon as the last returns: the machine is released after 30 s
+# about 150 s; run 9: setup 387 s, HOST_STREAMS=1,4,128 WATCH_S=8 hostwatch with py-spy 81 s, and
+# one relay A/B bench (d0 and plain at 1,4,16, LEVEL_S=8) 65 s. Issue each call as soon as the last returns: the machine is released after 30 s
 # idle, and starting again costs staging and setup. Every call after staging carries
 # .gpu/stage.sh (carry: [".gpu/stage.sh"]) and starts with `source .gpu/stage.sh .gpu env`.
 #
@@ -43,7 +46,7 @@
 # (`source .gpu/stage.sh .gpu env`, after benchmarks/gpu/staging/pack.sh).
 set -uo pipefail
 
-STEP=${1:?usage: h200_session.sh setup|measure|traces|parity|profile|long|verify|series|lean|context|trims|hostd1 OUT [POLICIES] [final]}
+STEP=${1:?usage: h200_session.sh setup|measure|traces|parity|profile|long|verify|series|lean|context|trims|hostd1|hostwatch|relay OUT [POLICIES] [final]}
 OUT=${2:?give the folder to pack the results into}
 R=${R:-/tmp/gpu-run}
 PY=${PY:-python3}
@@ -397,8 +400,68 @@ profile)
     [ -f "$P/d1-c64.json" ] && [ -f "$P/d3-c64.json" ] && "$PY" -m benchmarks.gpu.kernel_profile \
         compare "$P/d1-c64.json" "$P/d3-c64.json" --top 25 | tee "$P/compare_d1_d3_c64.txt"
     ;;
+relay)
+    # The depth-0 relay trims (lean_relay.py). RELAY_PART=ab (default): depth 0 with the trims
+    # off then on, each bench with the plain server beside, RELAY_ROUNDS rounds (default 3) at
+    # RELAY_STREAMS (default 1,4,16); `python -m benchmarks.gpu.parity` over each setting's
+    # benches. RELAY_PART=check: trims on, the harness's 1,000 depth switches under load and the
+    # greedy check; the trims are switched off again if it fails (relay_check.txt says which).
+    spread_outputs
+    RL="$R/relay"; mkdir -p "$RL"
+    if [ "${RELAY_PART:-ab}" = ab ]; then
+        for i in $(seq 1 "${RELAY_ROUNDS:-3}"); do
+            for v in 0 1; do
+                plugin_setting specctl_lean_relay "$v" >/dev/null
+                stamp "round $i, relay trims $v"
+                bench "$RL/relay${v}_$i" --depths 0 --no-spec-url "$(plain_url)" \
+                    --concurrency "${RELAY_STREAMS:-1,4,16}" --client-processes 4 2>&1 \
+                    | tail -10 >"$RL/relay${v}_$i.txt"
+            done
+        done
+        curl -sS "$(spec_url)/server_info" >"$RL/server_info_after_ab.json"
+        for v in 0 1; do
+            "$PY" -m benchmarks.gpu.parity "$RL"/relay${v}_*/bench.json \
+                --json "$RL/parity_relay$v.json" 2>&1 | tee "$RL/parity_relay$v.txt"
+        done
+    else
+        plugin_setting specctl_lean_relay 1
+        stamp "1,000 on/off switches under load with the relay trims on, greedy after"
+        if "$PY" -m benchmarks.gpu.harness switch "${HARNESS_OPTS[@]}" --budget "${SWITCH_BUDGET:-200}"; then
+            echo "relay trims on: switch phase passed (greedy identical, no error, no growth)" \
+                | tee "$RL/relay_check.txt"
+        else
+            plugin_setting specctl_lean_relay 0
+            echo "relay trims off again: the switch phase failed (see summary.json phases.switch)" \
+                | tee "$RL/relay_check.txt"
+        fi
+        curl -sS "$(spec_url)/server_info" >"$RL/server_info_after_check.json"
+    fi
+    ;;
+hostwatch)
+    # Host time under load, depth 0 against the plain server (benchmarks/gpu/host_watch.py): CPU
+    # per process of the machine, the cgroup's throttling, and with PYSPY=path the scheduler's
+    # stacks, whose shares `stack_share compare` puts side by side. HOST_STREAMS (default 1,4,128),
+    # WATCH_S seconds a level (default 8); with SPREAD the spread dataset.
+    spread_outputs
+    H="$R/host"; mkdir -p "$H"
+    STREAMS=${HOST_STREAMS:-1,4,128}
+    HW=(--run-dir "$R" --dataset "${DATASET:-$R/models/seeded/family_a.jsonl}" --out "$H"
+        --seconds "${WATCH_S:-8}" --streams "$STREAMS" ${PYSPY:+--py-spy "$PYSPY"})
+    [ -z "${SPREAD:-}" ] && HW+=(--output-tokens 128)
+    "$PY" -m benchmarks.gpu.host_watch --server spec --depth 0 "${HW[@]}" 2>&1 | tee -a "$H/watch.txt"
+    "$PY" -m benchmarks.gpu.host_watch --server plain "${HW[@]}" 2>&1 | tee -a "$H/watch.txt"
+    for c in ${STREAMS//,/ }; do
+        [ -f "$H/plain-c$c/stacks.txt" ] && [ -f "$H/d0-c$c/stacks.txt" ] || continue
+        "$PY" -m benchmarks.gpu.stack_share compare "$H/plain-c$c/stacks.txt" \
+            "$H/d0-c$c/stacks.txt" --top 40 | tee "$H/compare_c$c.txt"
+        for who in plain d0; do
+            "$PY" -m benchmarks.gpu.stack_share show "$H/$who-c$c/stacks.txt" --top 60 \
+                >"$H/$who-c$c/shares.txt"
+        done
+    done
+    ;;
 *)
-    echo "unknown step $STEP: setup, measure, traces, parity, profile, long, verify, series, lean, context, trims or hostd1" >&2
+    echo "unknown step $STEP: setup, measure, traces, parity, profile, long, verify, series, lean, context, trims, hostd1, hostwatch or relay" >&2
     exit 2 ;;
 esac
 pack

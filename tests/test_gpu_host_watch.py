@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -44,7 +45,7 @@ def run_dir(tmp_path: Path, sim_server_factory):
     )
     time.sleep(0.5)
     yield tmp_path, sim
-    subprocess.run(["pkill", "-s", str(leader.pid)], check=False)
+    os.killpg(leader.pid, signal.SIGKILL)  # the leader and its child: one process group
     leader.wait(timeout=10)
 
 

@@ -58,6 +58,29 @@ def test_pooled_ratio_weights_each_run_by_its_seconds(tmp_path, capsys):
     assert "at every level: yes" in capsys.readouterr().out
 
 
+def test_three_runs_or_more_give_the_pooled_ratios_interval(tmp_path, capsys):
+    """Equal seconds per run: the pooled ratio is the mean ratio, and resampling the runs keeps
+    the interval between the lowest and the highest run's, around the pooled one; two runs
+    give none. The target inside the interval is named as undecided."""
+    ratios = (0.96, 0.98, 1.0, 0.99)
+    runs = [_bench(tmp_path / f"r{i}", [_row("d0", 1, 100.0 * r, 10.0, 5.0),
+                                        _row("no-spec", 1, 100.0, 10.0, 5.0)])
+            for i, r in enumerate(ratios)]  # fmt: skip
+    (one,) = parity.compare_runs(runs)
+    assert one.pooled_ratio == pytest.approx(sum(ratios) / 4)
+    assert one.interval is not None
+    low, high = one.interval
+    assert 0.96 <= low < one.pooled_ratio < high <= 1.0
+    assert parity.compare_runs(runs) == [one]  # a fixed seed: the same interval every time
+    assert parity.compare_runs(runs[:2])[0].interval is None
+    assert parity.main([str(r) for r in runs]) == 0
+    text = capsys.readouterr().out
+    assert f"{low:.3f}-{high:.3f}" in text
+    assert "0.98 lies inside the pooled ratio's 90% interval at c=1" in text
+    assert parity.main([str(r) for r in runs] + ["--min-ratio", "0.9"]) == 0
+    assert "lies inside" not in capsys.readouterr().out
+
+
 def test_a_faster_depth_0_fails_the_two_sided_tpot_check_only(tmp_path, capsys):
     """At 128 streams depth 0's TPOT 10% below the plain server's (the plain server's own spread
     at that load): outside 3% both ways, but not slower."""

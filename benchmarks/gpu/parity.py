@@ -7,7 +7,10 @@ folder holding it). One 5-10 s level of a closed loop is a noisy sample (streams
 requests move in waves, and one late admission costs a stream a whole request), so the verdict
 is taken on all series together: per concurrency, both servers' output tokens over their
 measured seconds summed across series (the pooled ratio), beside each series' own ratio, the
-median TPOT p50 of each server, and the levels whose TTFT p99 shows a stall. Where both servers
+median TPOT p50 of each server, and the levels whose TTFT p99 shows a stall. With three runs
+or more, a 90% bootstrap interval of the pooled ratio (the runs resampled) says how far
+another set of as many runs could land, and a last line names the levels where the target
+ratio lies inside it: there these runs cannot tell which side it is on. Where both servers
 ran with SGLang's device timer (SGLANG_ENABLE_METRICS_DEVICE_TIMER=1), a second table says where
 the time went, pooled the same way: prefill GPU ms per completed request, decode GPU ms per
 output token, the share of the window the GPU ran nothing, and the mean running requests.
@@ -24,9 +27,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+from scipy.stats import bootstrap
+
 from controller.bench.report import STALL_FACTOR
 
 PLAIN = "no-spec"
+INTERVAL = 0.9  # confidence of the pooled ratio's bootstrap interval over the runs
+MIN_RUNS = 3  # fewer runs give no interval worth printing
+RESAMPLES = 2000
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,8 @@ class Pair:
     stalls_plain: int
     # Where the time went (None where some run lacks the device timer): (series, plain).
     time: tuple[TimeSplit, TimeSplit] | None = None
+    # The pooled ratio's bootstrap interval over the runs (None with fewer than MIN_RUNS).
+    interval: tuple[float, float] | None = None
 
     @property
     def worst_ratio(self) -> float:
@@ -121,6 +132,25 @@ def _pooled_tok_s(rows: list[dict[str, Any]]) -> float:
     return _over_seconds(rows, "output_tok_per_s") / _seconds(rows)
 
 
+def pooled_interval(got: Sequence[tuple[dict[str, Any], dict[str, Any]]]
+                    ) -> tuple[float, float] | None:
+    """The pooled ratio's INTERVAL bootstrap interval, the runs resampled with replacement
+    (percentile method, a fixed seed): how far another set of as many runs could land."""
+    if len(got) < MIN_RUNS:
+        return None
+
+    def pooled(idx: np.ndarray) -> float:
+        pick = [got[int(i)] for i in idx]
+        return _pooled_tok_s([s for s, _ in pick]) / _pooled_tok_s([p for _, p in pick])
+
+    found = bootstrap(
+        (np.arange(len(got)),), pooled, vectorized=False, n_resamples=RESAMPLES,
+        confidence_level=INTERVAL, method="percentile", random_state=np.random.default_rng(0),
+    )  # fmt: skip
+    low, high = found.confidence_interval
+    return round(float(low), 4), round(float(high), 4)
+
+
 def _stalled(row: dict[str, Any]) -> bool:
     p50, p99 = row.get("ttft_p50_ms"), row.get("ttft_p99_ms")
     return bool(p50 and p99 and p99 >= STALL_FACTOR * p50)
@@ -157,6 +187,7 @@ def compare_runs(paths: Sequence[Path], series: str = "d0") -> list[Pair]:
             stalls_series=sum(_stalled(s) for s, _ in got),
             stalls_plain=sum(_stalled(p) for _, p in got),
             time=_time_pair([s for s, _ in got], [p for _, p in got]),
+            interval=pooled_interval(got),
         ))  # fmt: skip
     if not pairs:
         raise ParityError("no concurrency level is measured for both servers in any run")
@@ -207,14 +238,15 @@ def report(
     lines = [
         f"{series} against the plain server over {runs} bench runs, each level pooled over "
         f"the runs that measured it (stall: TTFT p99 >= {STALL_FACTOR:g} x p50)",
-        f"{'conc':>5} {'pooled':>7} {'per run':<24} {'TPOT ' + series:>10} {'TPOT plain':>10} "
-        f"{'change':>7} {'stalls':>7}",
+        f"{'conc':>5} {'pooled':>7} {f'{INTERVAL:.0%} interval':>13} {'per run':<24} "
+        f"{'TPOT ' + series:>10} {'TPOT plain':>10} {'change':>7} {'stalls':>7}",
     ]
     for p in pairs:
         per_run = " ".join(f"{r:.3f}" for r in p.ratios)
+        interval = "-" if p.interval is None else f"{p.interval[0]:.3f}-{p.interval[1]:.3f}"
         lines.append(
-            f"{p.concurrency:>5} {p.pooled_ratio:>7.3f} {per_run:<24} {p.tpot_series_ms:>10.3f} "
-            f"{p.tpot_plain_ms:>10.3f} {p.tpot_change:>+7.1%} "
+            f"{p.concurrency:>5} {p.pooled_ratio:>7.3f} {interval:>13} {per_run:<24} "
+            f"{p.tpot_series_ms:>10.3f} {p.tpot_plain_ms:>10.3f} {p.tpot_change:>+7.1%} "
             f"{p.stalls_series:>3}/{p.stalls_plain:<3}"
         )
     # Off must not cost per token; the two-sided check also flags a plain server that was
@@ -230,6 +262,13 @@ def report(
         failed = [p.concurrency for p in pairs if misses(p)]
         verdict = "yes" if not failed else f"no (c={', '.join(map(str, failed))})"
         lines.append(f"{label} at every level: {verdict}")
+    unsure = [p.concurrency for p in pairs
+              if p.interval is not None and p.interval[0] < min_ratio <= p.interval[1]]  # fmt: skip
+    if unsure:
+        lines.append(
+            f"{min_ratio:g} lies inside the pooled ratio's {INTERVAL:.0%} interval at "
+            f"c={', '.join(map(str, unsure))}: these runs cannot tell which side it is on"
+        )
     return "\n".join(lines)
 
 

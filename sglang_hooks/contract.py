@@ -599,22 +599,23 @@ def decode_off_mode(value: Any) -> str:
     return OFF_MODES[int(value)]
 
 
+def _decode_switch(key: str, value: Any, off: str, on: str) -> bool:
+    """An on/off plugin setting's value: 0 or 1 (or a bool). Raises PolicyError naming `key`."""
+    if isinstance(value, bool) or value in (0, 1):
+        return bool(value)
+    raise PolicyError(key, f"must be 0 ({off}) or 1 ({on}); got {value!r}")
+
+
 def decode_lean_host(value: Any) -> bool:
     """Whether a `specctl_lean_host` value turns the trims on. Raises PolicyError naming the
     key."""
-    if isinstance(value, bool) or value in (0, 1):
-        return bool(value)
-    raise PolicyError(LEAN_HOST_KEY, f"must be 0 (SGLang's own host work) or 1 (trimmed); "
-                      f"got {value!r}")
+    return _decode_switch(LEAN_HOST_KEY, value, "SGLang's own host work", "trimmed")
 
 
 def decode_lean_relay(value: Any) -> bool:
     """Whether a `specctl_lean_relay` value turns the depth-0 relay trims on. Raises
     PolicyError naming the key."""
-    if isinstance(value, bool) or value in (0, 1):
-        return bool(value)
-    raise PolicyError(LEAN_RELAY_KEY, f"must be 0 (SGLang's own hand-over) or 1 (lean); "
-                      f"got {value!r}")
+    return _decode_switch(LEAN_RELAY_KEY, value, "SGLang's own hand-over", "lean")
 
 
 @dataclass(frozen=True)

@@ -184,6 +184,13 @@ class SchedulerRuntime:
         self.last_rejection = f"{err.field}: {err.message}"
         logger.warning("specctl: table push refused: %s", self.last_rejection)
 
+    @staticmethod
+    def _switched(what: str, now: bool, asked: bool) -> bool:
+        """An on/off setting's new value, logged when it changes."""
+        if asked != now:
+            logger.info("specctl: %s %s", what, "on" if asked else "off")
+        return asked
+
     def commit(self, change: Change | PolicyTable | None) -> None:
         """Apply a validated change; a bare table (or None: release) is a table change."""
         if not isinstance(change, Change):
@@ -191,14 +198,10 @@ class SchedulerRuntime:
         if change.off_mode is not None:
             self.set_off_mode(change.off_mode)
         if change.lean_host is not None:
-            if change.lean_host != self.lean_host:
-                logger.info("specctl: host-work trims %s", "on" if change.lean_host else "off")
-            self.lean_host = change.lean_host
+            self.lean_host = self._switched("host-work trims", self.lean_host, change.lean_host)
         if change.lean_relay is not None:
-            if change.lean_relay != self.lean_relay:
-                logger.info("specctl: depth-0 relay trims %s",
-                            "on" if change.lean_relay else "off")
-            self.lean_relay = change.lean_relay
+            self.lean_relay = self._switched("depth-0 relay trims", self.lean_relay,
+                                             change.lean_relay)
         if change.table_given:
             if change.table is None:
                 self.selector = None

@@ -45,10 +45,12 @@ ADAPTER = Adapter(
     ),
     reads=(
         *COMMON_READS,
-        # depth-0 relay trims: the runner the WAR barrier reads, and what the stash sizes
+        # depth-0 relay trims: the runner the WAR barrier reads, and the FutureMap state the
+        # bonus-only stash reads and writes
         SymbolSpec("sglang.srt.speculative.eagle_worker_v2", "EAGLEWorkerV2",
                    "war_fastpath_runner"),
-        SymbolSpec(_OVERLAP, "FutureMap", "_lazy_init_forward_buf", ("payload",)),
+        SymbolSpec(_OVERLAP, "FutureMap", "_forward_buf_initialized", instance=True),
+        SymbolSpec(_OVERLAP, "FutureMap", "output_tokens_buf", instance=True),
     ),
     scheduler_of=lambda scheduler: scheduler,
     tokens_of=_tokens,

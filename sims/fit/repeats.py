@@ -22,10 +22,15 @@ SPREAD_SHARE = 0.25  # outputs spread over more than this share of their mean ar
 
 @dataclass(frozen=True)
 class Repeat:
-    label: str  # series and concurrency
+    series: str
+    concurrency: int
     benches: int
     tok_spread: float  # highest / lowest tok/s - 1
     tpot_spread: float | None  # the same for TPOT p50
+
+    @property
+    def label(self) -> str:
+        return f"{self.series} c={self.concurrency}"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,13 +85,14 @@ def find_repeats(levels: Sequence[Level]) -> list[Repeat]:
         tpots = [lv.tpot_p50_ms for lv in group if lv.tpot_p50_ms]
         out.append(
             Repeat(
-                label=group[0].label,
+                series=group[0].series,
+                concurrency=group[0].concurrency,
                 benches=len({lv.source for lv in group}),
                 tok_spread=_spread([lv.tok_per_s for lv in group]),
                 tpot_spread=_spread(tpots) if len(tpots) > 1 else None,
             )
         )
-    return sorted(out, key=lambda r: (r.label.split(" c=")[0], int(r.label.split("=")[-1])))
+    return sorted(out, key=lambda r: (r.series, r.concurrency))
 
 
 def repeats_line(repeats: Sequence[Repeat]) -> str | None:

@@ -4,9 +4,12 @@ window, the drain before the next level, open-loop arrivals and inter-token late
 from __future__ import annotations
 
 import asyncio
+import http.server
 import random
 import statistics
+import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -207,3 +210,59 @@ def test_request_gauges_are_read_through_the_window(sim_server) -> None:
     assert len(scrapes.running) >= 6  # before, after and the polls between
     assert 20 <= statistics.fmean(scrapes.running) <= 24
     assert statistics.fmean(scrapes.queued) == 0
+
+
+class _SlowMetrics(http.server.BaseHTTPRequestHandler):
+    """A real loopback server whose /metrics answers after `server.delay_s` seconds."""
+
+    def do_GET(self) -> None:
+        time.sleep(self.server.delay_s)  # type: ignore[attr-defined]
+        body = b"# HELP sglang:num_running_reqs x\n# TYPE sglang:num_running_reqs gauge\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def slow_metrics_url() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowMetrics)
+    server.daemon_threads = True
+    server.delay_s = 3.0  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_a_scrape_that_does_not_answer_does_not_hold_the_window_open(slow_metrics_url) -> None:
+    from controller.bench.server_client import ServerClient
+    from controller.bench.sweep import _WindowScrapes
+
+    async def window() -> tuple[_WindowScrapes, float]:
+        scrapes = _WindowScrapes(ServerClient(slow_metrics_url), poll_s=10, deadline_s=0.3)
+        start = time.monotonic()
+        await scrapes.window_started()
+        await scrapes.window_ended()
+        return scrapes, time.monotonic() - start
+
+    scrapes, took = asyncio.run(window())
+    assert took < 2.0  # two scrapes given up at 0.3 s each, not two 3 s answers
+    assert scrapes.late == 2 and scrapes.before is None and scrapes.after is None
+
+
+def test_a_drain_whose_scrape_does_not_answer_ends_at_its_timeout(slow_metrics_url) -> None:
+    from controller.bench.server_client import ServerClient
+    from controller.bench.sweep import drain
+
+    async def timed() -> tuple[bool, float]:
+        start = time.monotonic()
+        result = await drain(ServerClient(slow_metrics_url), timeout_s=0.5)
+        return result.idle, time.monotonic() - start
+
+    idle, took = asyncio.run(timed())  # the run's end still waits for the dropped scrape
+    assert took < 2.0 and not idle

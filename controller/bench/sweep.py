@@ -389,11 +389,27 @@ def _busy(scrape: Scrape | None) -> float | None:
     return scrape.gauges[RUNNING_GAUGE] + scrape.gauges.get(QUEUED_GAUGE, 0.0)
 
 
+# A /metrics scrape that has not answered by then is given up: a level's window waits on its
+# scrapes. One H200 bench (run 10) stayed minutes in a level whose streams ran on while its
+# server logged no scrape; no scrape may hold a level open that long again.
+SCRAPE_DEADLINE_S = 15.0
+
+
+async def scrape_by(server: ServerClient, deadline_s: float = SCRAPE_DEADLINE_S) -> Scrape | None:
+    """One scrape off the event loop, given up after `deadline_s` (TimeoutError): the thread
+    finishes on its own and its answer is dropped."""
+    return await asyncio.wait_for(asyncio.to_thread(_scrape_or_none, server), deadline_s)
+
+
 async def drain(server: ServerClient, timeout_s: float, poll_s: float = 0.05) -> Drain:
     """Wait until the server runs and queues nothing, at most `timeout_s` seconds."""
     start = time.monotonic()
     while True:
-        busy = _busy(await asyncio.to_thread(_scrape_or_none, server))
+        try:
+            scrape = await scrape_by(server, max(timeout_s - (time.monotonic() - start), poll_s))
+        except TimeoutError:  # no answer before the drain's own deadline: not known idle
+            return Drain(time.monotonic() - start, False)
+        busy = _busy(scrape)
         elapsed = time.monotonic() - start
         if busy is None:
             # No gauges: fall back on the decode counters standing still.
@@ -446,9 +462,14 @@ class _WindowScrapes(WindowHooks):
     queued request gauges every `poll_s` between (all off the event loop, so the streams keep
     being read meanwhile; one scrape at a time)."""
 
-    def __init__(self, server: ServerClient, poll_s: float = GAUGE_POLL_S) -> None:
+    def __init__(
+        self, server: ServerClient, poll_s: float = GAUGE_POLL_S,
+        deadline_s: float = SCRAPE_DEADLINE_S,
+    ) -> None:  # fmt: skip
         self.server = server
         self.poll_s = poll_s
+        self.deadline_s = deadline_s
+        self.late = 0  # scrapes given up at the deadline
         self.before: Scrape | None = None
         self.after: Scrape | None = None
         self.running: list[float] = []
@@ -461,16 +482,23 @@ class _WindowScrapes(WindowHooks):
             self.running.append(scrape.gauges[RUNNING_GAUGE])
             self.queued.append(scrape.gauges.get(QUEUED_GAUGE, 0.0))
 
+    async def _scrape(self) -> Scrape | None:
+        try:
+            return await scrape_by(self.server, self.deadline_s)
+        except TimeoutError:
+            self.late += 1
+            return None
+
     async def _poll(self) -> None:
         while True:
             try:
                 await asyncio.wait_for(self._stop.wait(), timeout=self.poll_s)
                 return
             except TimeoutError:
-                self._keep(await asyncio.to_thread(_scrape_or_none, self.server))
+                self._keep(await self._scrape())
 
     async def window_started(self) -> None:
-        self.before = await asyncio.to_thread(_scrape_or_none, self.server)
+        self.before = await self._scrape()
         self._keep(self.before)
         self._poller = asyncio.create_task(self._poll())
 
@@ -478,7 +506,7 @@ class _WindowScrapes(WindowHooks):
         if self._poller is not None:
             self._stop.set()
             await self._poller  # a scrape under way finishes first: never two at once
-        self.after = await asyncio.to_thread(_scrape_or_none, self.server)
+        self.after = await self._scrape()
         self._keep(self.after)
 
 
@@ -538,6 +566,13 @@ class _Levels:
                 temperature=plan.temperature, prompt_offset=self.offset, live=live,
                 hooks=scrapes, seed=plan.seed,
             )  # fmt: skip
+        if scrapes.late:
+            self.observer.warning(
+                f"{self.server.url}/metrics did not answer within {scrapes.deadline_s:g} s "
+                f"{scrapes.late} time(s) in level {series} {shape.describe()}; the level kept "
+                "its length, and the server's own figures (step time, batch, accept length) "
+                "are missing where those scrapes were due"
+            )
         drained = await drain(self.server, plan.drain_timeout)
         if not drained.idle:
             self.observer.warning(

@@ -403,12 +403,18 @@ profile)
 relay)
     # The depth-0 relay trims (lean_relay.py). RELAY_PART=ab (default): depth 0 with the trims
     # off then on, each bench with the plain server beside, RELAY_ROUNDS rounds (default 3) at
-    # RELAY_STREAMS (default 1,4,16); `python -m benchmarks.gpu.parity` over each setting's
-    # benches. RELAY_PART=check: trims on, the harness's 1,000 depth switches under load and the
+    # RELAY_STREAMS (default 1,4,16), after a warm pass at every level and /freeze_gc on both
+    # servers; `python -m benchmarks.gpu.parity` over each setting's benches. RELAY_PART=check: trims on, the harness's 1,000 depth switches under load and the
     # greedy check; the trims are switched off again if it fails (relay_check.txt says which).
     spread_outputs
     RL="$R/relay"; mkdir -p "$RL"
     if [ "${RELAY_PART:-ab}" = ab ]; then
+        # A warm pass first, so Triton compiles the large batch shapes outside the measured
+        # windows (run 9: 5% of one 128-stream window), then both servers' collectors frozen.
+        stamp "warm pass (not reported): d0 and plain at every level"
+        bench "$RL/warm" --depths 0 --no-spec-url "$(plain_url)" --duration-per-level 2 \
+            --warmup-per-level 0.5 --client-processes 4 >"$RL/warm.txt" 2>&1
+        freeze_gc spec; freeze_gc plain
         for i in $(seq 1 "${RELAY_ROUNDS:-3}"); do
             for v in 0 1; do
                 plugin_setting specctl_lean_relay "$v" >/dev/null

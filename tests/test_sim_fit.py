@@ -24,7 +24,7 @@ from sims.fit.fitting import fit_profile, split_levels
 from sims.fit.framing import acceptance_rates, active_keys
 from sims.fit.outliers import slower_than_more_streams
 from sims.fit.params import with_values
-from sims.fit.repeats import find_repeats, repeats_line
+from sims.fit.repeats import find_repeats, pool_repeats, repeats_line
 from sims.fit.replay import LevelShape, replay
 from sims.fit.replayed_bench import replayed_bench
 from sims.fit.report import (
@@ -260,11 +260,48 @@ def test_levels_benched_twice_report_the_servers_own_spread() -> None:
     result.outliers.clear()
     rows = [Row(level=lv, tok_per_s=lv.tok_per_s, tpot_ms=lv.tpot_p50_ms, ttft_ms=None)
             for lv in [*first, *second]]  # fmt: skip
-    report = Report(replace(result, levels=[*first, *second]), truth, rows, "f.yaml")
+    report = Report(replace(result, levels=[*first, *second], repeats=found), truth, rows,
+                    "f.yaml")  # fmt: skip
     assert any("the server's own spread over 2 levels" in str(x) for x in render(report))
     written = report.to_json()["repeats"]
     assert written[0] == {"level": "d0 c=1", "benches": 2, "tok_per_s_spread": 0.1,
                           "tpot_spread": 0.0}  # fmt: skip
+
+
+def test_repeats_pool_into_their_mean_and_the_fit_judges_that() -> None:
+    """Two benches of the same levels, the second 20% faster at one stream over a window half
+    as long: pooled, that level's tok/s is over both windows together (+6.7%) and its TPOT the
+    mean; a level one bench alone measured, or with another request shape, stays as it was. The
+    fit with `pool` replays each pooled level once and reports it as the mean of two."""
+    run = replayed((160,), concurrency=(1, 4), depths=(0,))[0]
+    a, b = "r/one/bench.json", "r/two/bench.json"
+    first = [replace(lv, source=a) for lv in run.levels]
+    second = [
+        replace(lv, source=b, tok_per_s=lv.tok_per_s * 1.2, elapsed_s=lv.elapsed_s / 2,
+                tpot_p50_ms=(lv.tpot_p50_ms or 0) * 0.8)
+        if lv.concurrency == 1 and lv.depth == 0 else replace(lv, source=b)
+        for lv in run.levels
+    ]  # fmt: skip
+    longer = replace(first[0], source="r/three/bench.json",
+                     prompt_tokens=4 * (first[0].prompt_tokens or 1))  # fmt: skip
+    pooled = pool_repeats([*first, *second, longer])
+    assert len(pooled) == len(first) + 1 and pooled[-1] is longer
+    one = next(lv for lv in pooled if lv.label == "d0 c=1")
+    base = first[[lv.label for lv in first].index("d0 c=1")]
+    assert one.benches == 2 and one.source == a
+    assert one.tok_per_s == pytest.approx(base.tok_per_s * (1 + 1.2 / 2) / 1.5)
+    assert one.tpot_p50_ms == pytest.approx((base.tpot_p50_ms or 0) * 0.9)
+    assert one.requests == 2 * base.requests
+    runs = [replace(run, path=a, levels=tuple(first)), replace(run, path=b, levels=tuple(second))]
+    result = fit_profile(runs, load_profile(TRUTH), "f", pool=True, set_aside=False)
+    assert result.pooled and [r.label for r in result.repeats] == [lv.label for lv in first]
+    assert len(result.levels) == len(first) and {lv.benches for lv in result.levels} == {2}
+    limits = {a: None, b: None}
+    rows = replay_rows(result.profile, result.levels, limits)
+    report = Report(result, load_profile(TRUTH), rows, "f.yaml")
+    text = "\n".join(str(x) for x in render(report)[1:])
+    assert "judged as the mean of its repeats" in text
+    assert {r["benches"] for r in report.to_json()["rows"]} == {2}
 
 
 def test_unfit_levels_are_named_with_their_reason() -> None:

@@ -74,6 +74,14 @@ def fit(
             show_default=False,
         ),
     ] = None,
+    pool_repeats: Annotated[
+        bool,
+        typer.Option(
+            "--pool-repeats",
+            help="Fit and judge a level that several of the benches measured alike (same "
+            "series, streams and request shape) as their mean, not once per bench",
+        ),
+    ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
     """Fit a simulator profile to your own server from a `specctl bench` run.
@@ -89,6 +97,7 @@ def fit(
     Examples:
       specctl bench --url http://gpu:30000 --no-spec-url http://gpu:30001 --out b
       specctl sim fit b/bench.json --out h200-mine.yaml
+      specctl sim fit b1/bench.json b2/bench.json --pool-repeats --out h200-mine.yaml
       specctl sim sweep --profile h200-mine.yaml --concurrency 1,8,64
     """
     from sims.fit.bench_file import BenchFileError, load_bench
@@ -123,6 +132,7 @@ def fit(
                 result = fit_profile(
                     runs, base_profile, profile_name, replayer=replayer,
                     progress=lambda msg: status.update(msg), off_mode=off_mode,
+                    pool=pool_repeats,
                 )  # fmt: skip
         except FitError as err:
             raise _fail(str(err)) from None

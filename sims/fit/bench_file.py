@@ -69,6 +69,8 @@ class Level:
     # Shortest and longest output among the window's requests (None in older benches).
     output_tokens_min: int | None = None
     output_tokens_max: int | None = None
+    # Bench files whose alike levels this one stands for, as their mean (sims.fit.repeats).
+    benches: int = 1
 
     @property
     def label(self) -> str:

@@ -58,6 +58,7 @@ from sims.fit.framing import (
 from sims.fit.outliers import OUTLIER_ERROR, Outlier, level_errors, outlier_reason
 from sims.fit.params import LOOP_KEYS, PARAMS, Vector, read, with_values
 from sims.fit.pool import Replayer
+from sims.fit.repeats import Repeat, find_repeats, pool_repeats
 from sims.fit.replay_cost import ROBUST_SCALE, replay_cost, robust_cost
 from sims.profile import Profile
 
@@ -97,6 +98,8 @@ class FitResult:
     notes: list[str] = field(default_factory=list)
     outliers: list[Outlier] = field(default_factory=list)  # left out of the fit, with why
     cost: float = math.nan  # the second pass's last cost (replay misfit and prior)
+    repeats: list[Repeat] = field(default_factory=list)  # levels several benches measured alike
+    pooled: bool = False  # those levels fitted as the mean of their repeats
 
 
 def split_levels(runs: Sequence[BenchRun]) -> tuple[list[Level], list[Unfit]]:
@@ -260,8 +263,12 @@ def fit_profile(
     replayer: Replayer | None = None,
     off_mode: str | None = None,
     set_aside: bool = True,
+    pool: bool = False,
 ) -> FitResult:
     """Fit `base`'s costs to the benches; see the module docstring.
+
+    With `pool`, a level that several bench files measured alike is fitted (and judged) as
+    their mean (`sims.fit.repeats.pool_repeats`) instead of once per bench.
 
     With `set_aside`, the level that the fit misses worst, by more than `OUTLIER_ERROR` in
     tok/s or TPOT, is refitted without: if the fit of the others still misses it by that much
@@ -272,6 +279,9 @@ def fit_profile(
     say = progress or (lambda _msg: None)
     replayer = replayer or Replayer()
     levels, unfit = split_levels(runs)
+    repeats = find_repeats(levels)
+    if pool:
+        levels = pool_repeats(levels)
     if not levels:
         reasons = "; ".join(f"{u.level.label}: {u.reason}" for u in unfit[:5])
         raise FitError(f"no level can be fitted ({reasons})")
@@ -312,6 +322,7 @@ def fit_profile(
         outliers.append(Outlier(level, outlier_reason(again, result.levels)))
         result = refit
     result.outliers = outliers
+    result.repeats, result.pooled = repeats, pool
     result.evaluations = evaluations
     result.seconds = time.perf_counter() - t0
     return result

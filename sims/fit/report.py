@@ -24,7 +24,7 @@ from sims.fit.fitting import FitResult, Unfit
 from sims.fit.framing import shape_of
 from sims.fit.outliers import mean_of_known
 from sims.fit.pool import Replayer
-from sims.fit.repeats import find_repeats, repeats_line
+from sims.fit.repeats import repeats_line
 from sims.profile import Profile
 
 REPORT_SEEDS = (0, 1, 2)
@@ -232,6 +232,7 @@ class Report:
                     "depth": r.level.depth,
                     "concurrency": r.level.concurrency,
                     "source": r.level.source,
+                    "benches": r.level.benches,
                     "measured": {
                         "tok_per_s": round(r.level.tok_per_s, 3),
                         "tpot_ms": _round(r.level.tpot_p50_ms),
@@ -268,7 +269,8 @@ class Report:
                 "tpot_ms": None if tpot is None else tpot.to_json(),
             },
             "best_depth": [b.to_json() for b in best_depths(self.rows)],
-            "repeats": [r.to_json() for r in find_repeats([r.level for r in self.rows])],
+            "repeats": [r.to_json() for r in res.repeats],
+            "pooled_repeats": res.pooled,
             "error_with_outliers": {
                 "tok_per_s": _summary_json(summarize(self.rows, "tok_per_s", outliers=True)),
                 "tpot_ms": _summary_json(summarize(self.rows, "tpot_ms", outliers=True)),
@@ -312,7 +314,10 @@ def render(report: Report) -> list[Any]:
         table.add_column(name, justify="left" if name == "series" else "right", no_wrap=True)
     for r in report.rows:
         lv = r.level
-        series = f"{lv.series} ({names[lv.source]})" if names else lv.series
+        if lv.benches > 1:
+            series = f"{lv.series} (mean of {lv.benches})"
+        else:
+            series = f"{lv.series} ({names[lv.source]})" if names else lv.series
         if r.outlier:
             series += " (outlier)"
         table.add_row(
@@ -344,7 +349,7 @@ def render(report: Report) -> list[Any]:
     best = best_depth_line(best_depths(report.rows), names)
     if best is not None:
         lines.append(best)
-    repeated = repeats_line(find_repeats([r.level for r in report.rows]))
+    repeated = repeats_line(report.result.repeats, report.result.pooled)
     if repeated is not None:
         lines.append(repeated)
     if names:

@@ -204,3 +204,18 @@ def test_dataset_errors_name_the_record_and_the_field(tmp_path: Path) -> None:
     path.write_text('[{"prompt": "x"},')
     with pytest.raises(DatasetError, match=r"d.json:1: not valid JSON"):
         read_dataset(path, 16)
+
+
+def test_chunked_streams_are_named_beside_the_itl_columns() -> None:
+    """A server that streams every 4th token makes ITL a gap between 4-token chunks: the hint
+    names which server and how many; one chunk per token needs no hint."""
+    from controller.bench.report import stream_interval_hint
+    from controller.bench.server_facts import server_facts
+
+    spec = server_facts({"stream_interval": 4, "internal_states": [{}]})
+    plain = server_facts({"stream_interval": 1})
+    assert spec["stream_interval"] == 4 and spec["scheduler_recv_interval"] is None
+    hint = stream_interval_hint({"spec": spec, "no_spec": plain})
+    assert hint is not None and "the speculative server every 4" in hint
+    assert "plain server" not in hint
+    assert stream_interval_hint({"spec": plain, "no_spec": server_facts({})}) is None

@@ -85,6 +85,7 @@ def test_fit_of_a_bench_of_sim_serve_recovers_the_profile(servers, tmp_path: Pat
     assert spec["off_mode"] == "sglang" and plain["off_mode"] is None  # the truth's depth 0
     assert spec["verify_schedule_backends"] is None  # the plugin reports it, the simulator not
     assert spec["lean_host"] is False and plain["lean_host"] is None  # both report the trims
+    assert spec["lean_relay"] is False and spec["stream_interval"] is None
     for level in data["results"]:
         assert level["server_itl_ms"] > 0 and level["server_ttft_ms"] > 0
         assert level["output_tokens"] == OUTPUT and level["prompt_tokens"] > PROMPT_WORDS

@@ -19,7 +19,7 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -246,6 +246,24 @@ def too_short_hint(results: Sequence[LevelResult], output_tokens: float | None) 
     return (
         f"too short: no request that started in the window finished in it ({levels}); their "
         f"tok/s are left out of the recommendation; {advice}"
+    )
+
+
+SERVER_NAMES = {"spec": "speculative server", "no_spec": "plain server"}
+
+
+def stream_interval_hint(servers: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """How to read the ITL columns when a server streams several tokens per chunk."""
+    chunky = {
+        name: n for name, facts in servers.items()
+        if isinstance(n := facts.get("stream_interval"), int) and n > 1
+    }  # fmt: skip
+    if not chunky:
+        return None
+    which = ", ".join(f"the {SERVER_NAMES.get(k, k)} every {n}" for k, n in chunky.items())
+    return (
+        f"ITL is the gap between streamed chunks, and the servers sent a chunk per several "
+        f"tokens ({which}, SGLang's --stream-interval); TPOT and tok/s count every token"
     )
 
 

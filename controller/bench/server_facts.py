@@ -37,6 +37,8 @@ FACT_KEYS = (
     "schedule_policy",
     "enable_mixed_chunk",
     "disable_overlap_schedule",
+    "stream_interval",  # tokens per streamed chunk: inter-token latency is per chunk above 1
+    "scheduler_recv_interval",  # iterations between the scheduler's intake of new requests
 )
 _SCALAR = (str, int, float, bool, type(None))
 
@@ -46,8 +48,8 @@ def server_facts(info: dict[str, Any]) -> dict[str, Any]:
 
     `effective_max_running_requests_per_dp` is the running-request cap SGLang actually applies
     (rank 0), which differs from `max_running_requests` when SGLang chose or lowered it.
-    `captured_depths`, `off_mode`, `verify_schedule_backends` and `lean_host` come from the
-    specctl plugin's state; `simulated` (profile, speedup) only from `specctl sim serve`.
+    `captured_depths`, `off_mode`, `verify_schedule_backends`, `lean_host` and `lean_relay` come
+    from the specctl plugin's state; `simulated` (profile, speedup) only from `specctl sim serve`.
     """
     out: dict[str, Any] = {}
     for key in FACT_KEYS:
@@ -70,8 +72,9 @@ def server_facts(info: dict[str, Any]) -> dict[str, Any]:
     served = specctl.get("verify_schedule_backends") if isinstance(specctl, dict) else None
     out["verify_schedule_backends"] = served if isinstance(served, int) else None
     # Whether the plugin's host-work trims ran (they shorten depth 0's iteration at high load).
-    lean = specctl.get("lean_host") if isinstance(specctl, dict) else None
-    out["lean_host"] = lean if isinstance(lean, bool) else None
+    for trims in ("lean_host", "lean_relay"):  # the plugin's trims, as they ran
+        on = specctl.get(trims) if isinstance(specctl, dict) else None
+        out[trims] = on if isinstance(on, bool) else None
     simulated = info.get("simulated")
     if isinstance(simulated, dict):
         out["simulated"] = {

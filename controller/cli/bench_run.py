@@ -31,6 +31,7 @@ from controller.bench.report import (
     plot,
     recommendation_text,
     stall_hint,
+    stream_interval_hint,
     too_short_hint,
     write_csv,
     write_json,
@@ -252,6 +253,9 @@ def report(outcome: SweepOutcome, out_dir: Path, console: Console) -> None:
     stalls = stall_hint(results, frozen)
     if stalls is not None:
         console.print(f"[yellow]![/yellow] {stalls}")
+    chunks = stream_interval_hint(outcome.servers)
+    if chunks is not None:
+        console.print(f"[yellow]![/yellow] {chunks}")
     cross = crossovers(results)
     console.print("crossovers: " + ("; ".join(c.describe() for c in cross) or "none measured"))
     verdict = recommendation_text(outcome)

@@ -114,6 +114,7 @@ class SimulatedServerCollector(Collector):
 
         if server.device_timer:
             yield _forward_seconds(server, base)
+        yield _forward_passes(server, base)
 
         tok_labels = ["model_name", "engine_type", "is_streaming"]
         gen = CounterMetricFamily(
@@ -145,6 +146,21 @@ def _forward_seconds(server: ExposedServer, base: list[str]) -> Metric:
     family.add_metric([*base, "extend"], stats.prefill_seconds)
     kind = "target_verify" if server.speculative else "decode"
     family.add_metric([*base, kind], stats.decode_gpu_seconds)
+    return family
+
+
+def _forward_passes(server: ExposedServer, base: list[str]) -> Metric:
+    """SGLang's count of forward passes by kind (exported with --enable-metrics): prefill
+    batches and decode iterations. The simulator does not model which passes ran in a CUDA
+    graph, so every pass is counted under the graph modes."""
+    family = CounterMetricFamily(
+        "sglang:cuda_graph_passes",
+        "Total number of forward passes categorized by CUDA graph.",
+        labels=[*contract.BASE_LABELS, "mode"],
+    )
+    stats = server.engine.stats
+    family.add_metric([*base, "prefill_cuda_graph"], stats.prefill_iterations)
+    family.add_metric([*base, "decode_cuda_graph"], stats.decode_iterations)
     return family
 
 

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
 
-from controller.bench.metrics import FORWARD_SECONDS, forward_busy_between, parse_scrape
+from controller.bench.metrics import (
+    FORWARD_PASSES,
+    FORWARD_SECONDS,
+    forward_busy_between,
+    parse_scrape,
+    passes_between,
+)
 from sglang_hooks.contract import (
     BASE_LABELS,
     COUNTER_FAMILIES,
@@ -66,3 +72,26 @@ def test_no_device_timer_no_split() -> None:
     page = parse_scrape(_page([("0", "0")]))
     assert page.forward_seconds == {}
     assert forward_busy_between(page, page, seconds=5.0) is None
+
+
+def _passes_page(passes: dict[tuple[str, str], float]) -> str:
+    """SGLang's forward-pass counter, real exposition, per (tp_rank, mode)."""
+    registry = CollectorRegistry()
+    counter = Counter(FORWARD_PASSES, "passes", (*BASE_LABELS, "mode"), registry=registry)
+    for (tp, mode), value in passes.items():
+        counter.labels("m", "unified", tp, "0", "0", mode).inc(value)
+    return generate_latest(registry).decode()
+
+
+def test_forward_passes_of_a_window_add_the_graph_modes_on_one_rank() -> None:
+    before = parse_scrape(_passes_page({("0", "decode_cuda_graph"): 100, ("0", "prefill_none"): 7}))
+    after = parse_scrape(
+        _passes_page(
+            {("0", "decode_cuda_graph"): 160, ("0", "decode_none"): 5, ("0", "prefill_none"): 37,
+             ("0", "prefill_cuda_graph"): 3, ("1", "decode_cuda_graph"): 999}
+        )
+    )  # fmt: skip
+    passes = passes_between(before, after)
+    assert passes is not None and (passes.prefill, passes.decode) == (33, 65)
+    page = parse_scrape(_page([("0", "0")]))
+    assert page.forward_passes == {} and passes_between(page, after) is None

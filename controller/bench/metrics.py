@@ -43,6 +43,10 @@ FORWARD_SECONDS = "sglang:forward_execution_seconds"
 # The categories that are prefill work: a speculative server's draft prefill runs the draft
 # model's extend, which SGLang times as `extend` too.
 PREFILL_CATEGORIES = frozenset({"extend", "split_prefill"})
+# Forward passes by kind, counted by SGLang with --enable-metrics whatever the device timer:
+# `mode` is prefill_cuda_graph / prefill_none / decode_cuda_graph / decode_none. A window's
+# prefills per decode iteration say how often new requests' prefills ran between iterations.
+FORWARD_PASSES = "sglang:cuda_graph_passes"
 
 
 class MetricsFormatError(ValueError):
@@ -106,6 +110,8 @@ class Scrape:
     # `FORWARD_SECONDS` per category (TP rank 0, PP rank 0, summed over DP ranks); empty when
     # the server does not export it.
     forward_seconds: Mapping[str, float] = field(default_factory=dict)
+    # `FORWARD_PASSES` per mode, read the same way; empty when the server does not export it.
+    forward_passes: Mapping[str, float] = field(default_factory=dict)
 
     def by_depth(self) -> dict[int, DepthWork]:
         out: dict[int, DepthWork] = {}
@@ -138,14 +144,17 @@ def parse_scrape(text: str) -> Scrape:
     gauges: dict[str, float] = {}
     histograms: dict[str, tuple[float, float]] = {}
     forward: dict[str, float] = {}
+    passes: dict[str, float] = {}
     for metric in families:
-        if metric.type == "counter" and metric.name == FORWARD_SECONDS:
+        if metric.type == "counter" and metric.name in (FORWARD_SECONDS, FORWARD_PASSES):
+            into, label = (forward, "category") if metric.name == FORWARD_SECONDS else (
+                passes, "mode")
             for sample in metric.samples:
                 labels = sample.labels
                 if sample.name.endswith("_total") and first_rank(labels) \
                         and math.isfinite(sample.value):
-                    kind = labels.get("category", "")
-                    forward[kind] = forward.get(kind, 0.0) + max(sample.value, 0.0)
+                    kind = labels.get(label, "")
+                    into[kind] = into.get(kind, 0.0) + max(sample.value, 0.0)
         if metric.type == "histogram" and metric.name in LATENCY_HISTOGRAMS:
             total_s = sum(x.value for x in metric.samples if x.name == metric.name + "_sum")
             count = sum(x.value for x in metric.samples if x.name == metric.name + "_count")
@@ -157,8 +166,9 @@ def parse_scrape(text: str) -> Scrape:
             gauges[sample.name] = max(gauges.get(sample.name, float("-inf")), sample.value)
     counters = {key: DepthWork(**fields) for key, fields in sums.items()}
     return Scrape(
-        counters=counters, gauges=gauges, histograms=histograms, forward_seconds=forward
-    )
+        counters=counters, gauges=gauges, histograms=histograms, forward_seconds=forward,
+        forward_passes=passes,
+    )  # fmt: skip
 
 
 def mean_between(before: Scrape, after: Scrape, histogram: str) -> float | None:
@@ -190,6 +200,26 @@ def forward_busy_between(before: Scrape, after: Scrape, seconds: float) -> Forwa
         else:
             decode += delta
     return ForwardBusy(prefill=prefill / seconds, decode=decode / seconds)
+
+
+@dataclass(frozen=True)
+class ForwardPasses:
+    """Forward passes of a window: prefill batches and decode iterations (verify included)."""
+
+    prefill: int
+    decode: int
+
+
+def passes_between(before: Scrape, after: Scrape) -> ForwardPasses | None:
+    """None when either scrape lacks SGLang's pass counter."""
+    if not before.forward_passes or not after.forward_passes:
+        return None
+    counts = {"prefill": 0, "decode": 0}
+    for mode, value in after.forward_passes.items():
+        kind = mode.split("_", 1)[0]
+        if kind in counts:
+            counts[kind] += round(max(value - before.forward_passes.get(mode, 0.0), 0.0))
+    return ForwardPasses(prefill=counts["prefill"], decode=counts["decode"])
 
 
 def work_between(before: Scrape, after: Scrape) -> dict[int, DepthWork]:

@@ -49,6 +49,7 @@ from controller.bench.metrics import (
     Scrape,
     forward_busy_between,
     mean_between,
+    passes_between,
     total,
     work_between,
 )
@@ -207,6 +208,11 @@ class LevelResult:
     # drafting), from SGLang's device timer (SGLANG_ENABLE_METRICS_DEVICE_TIMER=1 on the server).
     gpu_prefill_busy: float | None = None
     gpu_decode_busy: float | None = None
+    # Forward passes in the window by SGLang's own count: prefill batches and decode
+    # iterations. At high load the prefills of arriving requests run between the iterations,
+    # each costing about one, and their number moves a level's TPOT.
+    prefill_passes: int | None = None
+    decode_passes: int | None = None
     # SGLang's running and queued request gauges, read every GAUGE_POLL_S through the window
     # (means of the readings): the batch of a server without the plugin's counters too.
     running_mean: float | None = None
@@ -288,10 +294,11 @@ def summarize(
 ) -> LevelResult:
     done = load.completed
     lat = latencies(done)
-    mean_batch = accept = step = ttft_s = itl_s = busy = None
+    mean_batch = accept = step = ttft_s = itl_s = busy = passes = None
     window = load.elapsed_s
     if before is not None and after is not None:
         busy = forward_busy_between(before, after, window)
+        passes = passes_between(before, after)
         ttft_s = mean_between(before, after, TTFT_HISTOGRAM)
         itl_s = mean_between(before, after, ITL_HISTOGRAM)
         work = work_between(before, after)
@@ -347,6 +354,8 @@ def summarize(
         client_bound=busiest >= client_bound_share,
         gpu_prefill_busy=None if busy is None else busy.prefill,
         gpu_decode_busy=None if busy is None else busy.decode,
+        prefill_passes=None if passes is None else passes.prefill,
+        decode_passes=None if passes is None else passes.decode,
         running_mean=statistics.fmean(gauges[0]) if gauges[0] else None,
         queued_mean=statistics.fmean(gauges[1]) if gauges[1] else None,
     )

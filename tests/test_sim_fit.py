@@ -375,6 +375,10 @@ def test_a_valid_bench_file_loads(tmp_path: Path) -> None:
                        "errors": 0, "elapsed_s": 1.0, "output_tok_per_s": 9.0,
                        "output_tokens_max": 2.5}]},
          "results[0].output_tokens_max: must be an integer or null >= 1, got 2.5"),
+        ({"results": [{"series": "d1", "depth": 1, "concurrency": 2, "requests": 5,
+                       "errors": 0, "elapsed_s": 1.0, "output_tok_per_s": 9.0,
+                       "prefill_passes": -3, "decode_passes": 40}]},
+         "results[0].prefill_passes: must be an integer or null >= 0, got -3"),
     ],
 )  # fmt: skip
 def test_bench_file_errors_name_the_field(tmp_path: Path, changes: dict, message: str) -> None:

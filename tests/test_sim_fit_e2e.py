@@ -124,5 +124,11 @@ def test_fit_of_a_bench_of_sim_serve_recovers_the_profile(servers, tmp_path: Pat
     assert len(report["rows"]) + len(report["not_fitted"]) == len(data["results"])
     for row in report["rows"]:
         assert row["simulated"]["tok_per_s"] > 0 and row["error"]["tpot_ms"] is not None
+        # Prefills per decode iteration, counted by the served simulator's pass counter and by
+        # the replay of the fitted profile: the same protocol on close costs interleaves alike
+        # (0.015-0.22 here; equal outputs at 8 streams arrive in waves, hence the abs margin).
+        passes = row["prefills_per_decode"]
+        assert passes["measured"] > 0 and passes["simulated"] > 0
+        assert passes["simulated"] == pytest.approx(passes["measured"], rel=0.35, abs=0.02), row
     errors = report["error"]["tok_per_s"]
     assert 0 <= errors["median"] <= errors["worst"] and errors["worst_at"]

@@ -71,6 +71,9 @@ class Level:
     output_tokens_max: int | None = None
     # Bench files whose alike levels this one stands for, as their mean (sims.fit.repeats).
     benches: int = 1
+    # Prefill batches per decode iteration in the window (SGLang's pass counter; None in older
+    # benches): how often arriving requests' prefills ran between the iterations.
+    prefills_per_decode: float | None = None
 
     @property
     def label(self) -> str:
@@ -231,7 +234,16 @@ def _level(path: Path, i: int, raw: Any, spec: ServerFacts, no_spec: ServerFacts
         request_rate=scaled("request_rate", 1.0 / x),
         output_tokens_min=shortest,
         output_tokens_max=longest,
+        prefills_per_decode=_per_decode(path, where, raw),
     )
+
+
+def _per_decode(path: Path, where: str, raw: dict[str, Any]) -> float | None:
+    prefills, decodes = (
+        _int(path, f"{where}.{key}", raw.get(key), optional=True)
+        for key in ("prefill_passes", "decode_passes")
+    )
+    return None if prefills is None or not decodes else prefills / decodes
 
 
 def load_bench(path: Path) -> BenchRun:

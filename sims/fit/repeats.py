@@ -135,6 +135,7 @@ def _pooled(group: Sequence[Level]) -> Level:
         output_tokens_min=min(mins) if mins else None,
         output_tokens_max=max(maxes) if maxes else None,
         benches=len({lv.source for lv in group}),
+        prefills_per_decode=_mean([lv.prefills_per_decode for lv in group]),
     )
 
 

@@ -58,6 +58,9 @@ class Replayed:
     mean_batch: float | None
     completed: int
     elapsed_s: float
+    # Prefill batches and decode iterations in the window (SGLang's cuda_graph_passes_total).
+    prefill_passes: int = 0
+    decode_passes: int = 0
 
 
 # (sent by the client, queued, first token, finish, output tokens), as the engine logs them
@@ -144,4 +147,6 @@ def replay(
         else None,
         completed=len(finished),
         elapsed_s=elapsed,
+        prefill_passes=after.prefill_iterations - before.prefill_iterations,
+        decode_passes=iterations,
     )

@@ -37,6 +37,7 @@ class Row:
     tpot_ms: float | None
     ttft_ms: float | None
     outlier: bool = False
+    prefills_per_decode: float | None = None  # in the replay, as the bench counts them
 
     @property
     def tok_error(self) -> float:
@@ -86,6 +87,9 @@ def replay_rows(
                 tpot_ms=mean_of_known([r.tpot_p50_ms for r in runs]),
                 ttft_ms=mean_of_known([r.ttft_p50_ms for r in runs]),
                 outlier=id(lv) in marked,
+                prefills_per_decode=mean_of_known(
+                    [r.prefill_passes / r.decode_passes if r.decode_passes else None for r in runs]
+                ),
             )
         )
     return rows
@@ -243,6 +247,10 @@ class Report:
                         "tpot_ms": _round(r.tpot_error, 4),
                     },
                     "outlier": r.outlier,
+                    "prefills_per_decode": {
+                        "measured": _round(r.level.prefills_per_decode),
+                        "simulated": _round(r.prefills_per_decode),
+                    },
                 }
                 for r in self.rows
             ],
@@ -291,6 +299,10 @@ def _round(v: float | None, digits: int = 3) -> float | None:
     return None if v is None else round(v, digits)
 
 
+def _num(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
 def _pct(e: float | None) -> str:
     return "-" if e is None else f"{100 * e:+.1f}%"
 
@@ -301,6 +313,7 @@ def render(report: Report) -> list[Any]:
     table = Table(
         title=f"{report.result.profile.name}: the bench replayed on the fitted profile", box=None
     )
+    passes = any(r.level.prefills_per_decode is not None for r in report.rows)
     for name in (
         "series",
         "conc",
@@ -310,6 +323,7 @@ def render(report: Report) -> list[Any]:
         "TPOT bench",
         "TPOT sim",
         "err ",
+        *(["prefills/iter bench/sim"] if passes else []),
     ):
         table.add_column(name, justify="left" if name == "series" else "right", no_wrap=True)
     for r in report.rows:
@@ -329,7 +343,9 @@ def render(report: Report) -> list[Any]:
             "-" if lv.tpot_p50_ms is None else f"{lv.tpot_p50_ms:.2f}",
             "-" if r.tpot_ms is None else f"{r.tpot_ms:.2f}",
             _pct(r.tpot_error),
-        )
+            *([f"{_num(r.level.prefills_per_decode)}/{_num(r.prefills_per_decode)}"]
+              if passes else []),
+        )  # fmt: skip
     lines: list[Any] = [table]
     fitted = sum(not r.outlier for r in report.rows)
     for which, label in (("tok_per_s", "tok/s"), ("tpot_ms", "TPOT")):

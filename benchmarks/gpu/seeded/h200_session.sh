@@ -103,6 +103,12 @@ spread_outputs() {  # with SPREAD=LOW:HIGH, the benches' dataset gets output len
         --output-tokens "$SPREAD"
 }
 
+fresh_dir() {  # fresh_dir PATH: PATH, or PATH_2, PATH_3... when a bench already wrote there
+    local dir=$1 n=2
+    while [ -e "$dir" ]; do dir="$1_$n"; n=$((n + 1)); done
+    echo "$dir"
+}
+
 freeze_gc() {  # freeze_gc spec|plain: SGLang's /freeze_gc (scheduler, tokenizer, detokenizer)
     curl -sS -X POST "$(url_of "$1")/freeze_gc" -H "Authorization: Bearer $(key)" || true
     echo
@@ -348,16 +354,18 @@ context)
     "$PY" -m benchmarks.gpu.seeded.datasets "$R/models/seeded/family_a.jsonl" "$LONG" \
         --words "$WORDS" "${SPREAD_ARGS[@]}"
     # BENCHES="long family" (the default) runs both benches; one of them alone where both do
-    # not fit one command (LEVEL_S=15: about 360 s each).
+    # not fit one command (LEVEL_S=15: about 360 s each). A bench of a kind already run goes to
+    # a numbered folder (bench_family_2, ...), so repeats (BENCHES="family family", or the step
+    # called again) keep each other: `specctl sim fit --pool-repeats` takes them together.
     packed_before=""  # the folder is packed before each later bench, and at the end below
     for which in ${BENCHES:-long family}; do
         [ -n "$packed_before" ] && pack
         packed_before=1
         case "$which" in
         long) stamp "bench at $WORDS-token prompts: d0, d1, d3, plain"
-              data="$LONG"; dir="$R/bench_w$WORDS" ;;
+              data="$LONG"; dir=$(fresh_dir "$R/bench_w$WORDS") ;;
         family) stamp "bench at the family's own prompts: d0, d1, d3, plain"
-              data="$FAMILY"; dir="$R/bench_family" ;;
+              data="$FAMILY"; dir=$(fresh_dir "$R/bench_family") ;;
         *) echo "BENCHES: unknown bench $which (long, family)" >&2; exit 2 ;;
         esac
         # Output goes to the file as it comes and the folder is packed after each bench, so a

@@ -137,30 +137,36 @@ def _forward_seconds(server: ExposedServer, base: list[str]) -> Metric:
     per forward kind. Prefills are `extend`; a decode iteration, drafting included, is one
     `target_verify` on a speculative server (SGLang splits out `eagle_draft` and
     `eagle_draft_extend`; the simulator's step has no such split) and `decode` on a plain one."""
-    family = CounterMetricFamily(
+    stats = server.engine.stats
+    kind = "target_verify" if server.speculative else "decode"
+    return _by_kind(
         "sglang:forward_execution_seconds",
         "Total time that GPU is busy executing model forward passes.",
-        labels=[*contract.BASE_LABELS, "category"],
-    )
-    stats = server.engine.stats
-    family.add_metric([*base, "extend"], stats.prefill_seconds)
-    kind = "target_verify" if server.speculative else "decode"
-    family.add_metric([*base, kind], stats.decode_gpu_seconds)
-    return family
+        base, "category", {"extend": stats.prefill_seconds, kind: stats.decode_gpu_seconds},
+    )  # fmt: skip
 
 
 def _forward_passes(server: ExposedServer, base: list[str]) -> Metric:
     """SGLang's count of forward passes by kind (exported with --enable-metrics): prefill
     batches and decode iterations. The simulator does not model which passes ran in a CUDA
     graph, so every pass is counted under the graph modes."""
-    family = CounterMetricFamily(
+    stats = server.engine.stats
+    return _by_kind(
         "sglang:cuda_graph_passes",
         "Total number of forward passes categorized by CUDA graph.",
-        labels=[*contract.BASE_LABELS, "mode"],
-    )
-    stats = server.engine.stats
-    family.add_metric([*base, "prefill_cuda_graph"], stats.prefill_iterations)
-    family.add_metric([*base, "decode_cuda_graph"], stats.decode_iterations)
+        base, "mode",
+        {"prefill_cuda_graph": stats.prefill_iterations,
+         "decode_cuda_graph": stats.decode_iterations},
+    )  # fmt: skip
+
+
+def _by_kind(
+    name: str, help_text: str, base: list[str], label: str, values: dict[str, float]
+) -> Metric:
+    """One counter family of SGLang's scheduler labels plus `label`, a sample per kind."""
+    family = CounterMetricFamily(name, help_text, labels=[*contract.BASE_LABELS, label])
+    for kind, value in values.items():
+        family.add_metric([*base, kind], value)
     return family
 
 

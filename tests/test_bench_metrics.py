@@ -44,13 +44,18 @@ def test_data_parallel_ranks_add_up() -> None:
     assert (dp2.iterations, dp2.tokens) == (20.0, 100.0)
 
 
-def _timer_page(seconds: dict[tuple[str, str], float]) -> str:
-    """SGLang's device-timer counter, real exposition, per (tp_rank, category)."""
+def _kind_page(name: str, label: str, values: dict[tuple[str, str], float]) -> str:
+    """One of SGLang's counters by kind, real exposition, per (tp_rank, kind)."""
     registry = CollectorRegistry()
-    counter = Counter(FORWARD_SECONDS, "GPU busy", (*BASE_LABELS, "category"), registry=registry)
-    for (tp, category), value in seconds.items():
-        counter.labels("m", "unified", tp, "0", "0", category).inc(value)
+    counter = Counter(name, name, (*BASE_LABELS, label), registry=registry)
+    for (tp, kind), value in values.items():
+        counter.labels("m", "unified", tp, "0", "0", kind).inc(value)
     return generate_latest(registry).decode()
+
+
+def _timer_page(seconds: dict[tuple[str, str], float]) -> str:
+    """SGLang's device-timer counter per (tp_rank, category)."""
+    return _kind_page(FORWARD_SECONDS, "category", seconds)
 
 
 def test_device_timer_splits_prefill_from_the_rest_on_one_rank() -> None:
@@ -75,12 +80,8 @@ def test_no_device_timer_no_split() -> None:
 
 
 def _passes_page(passes: dict[tuple[str, str], float]) -> str:
-    """SGLang's forward-pass counter, real exposition, per (tp_rank, mode)."""
-    registry = CollectorRegistry()
-    counter = Counter(FORWARD_PASSES, "passes", (*BASE_LABELS, "mode"), registry=registry)
-    for (tp, mode), value in passes.items():
-        counter.labels("m", "unified", tp, "0", "0", mode).inc(value)
-    return generate_latest(registry).decode()
+    """SGLang's forward-pass counter per (tp_rank, mode)."""
+    return _kind_page(FORWARD_PASSES, "mode", passes)
 
 
 def test_forward_passes_of_a_window_add_the_graph_modes_on_one_rank() -> None:

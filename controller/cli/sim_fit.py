@@ -97,7 +97,7 @@ def fit(
     Examples:
       specctl bench --url http://gpu:30000 --no-spec-url http://gpu:30001 --out b
       specctl sim fit b/bench.json --out h200-mine.yaml
-      specctl sim fit b1/bench.json b2/bench.json --pool-repeats --out h200-mine.yaml
+      specctl sim fit b/bench.json b2/bench.json --pool-repeats --out mine.yaml
       specctl sim sweep --profile h200-mine.yaml --concurrency 1,8,64
     """
     from sims.fit.bench_file import BenchFileError, load_bench

@@ -135,3 +135,29 @@ def test_where_the_time_went_pools_the_device_timer_figures(tmp_path, capsys):
     assert parity.main([str(a), str(b)]) == 0
     text = capsys.readouterr().out
     assert "where the time went" in text and "10.00 / 3.33" in text
+
+
+def test_prefill_batches_per_decode_iteration_pool_over_the_runs_that_counted_them(
+    tmp_path, capsys
+):
+    """At 128 streams the plain server ran 0.6 prefills per decode iteration in both runs, d0
+    0.3 and then 0.5: pooled by their iterations, 0.4. A run without the counts (one stream)
+    leaves the line out for that level."""
+    def counted(row, prefills: int, decodes: int):  # type: ignore[no-untyped-def]
+        return {**row, "prefill_passes": prefills, "decode_passes": decodes}
+
+    a = _bench(tmp_path / "a", [
+        counted(_row("d0", 128, 9000.0, 10.0, 10.0), 300, 1000),
+        counted(_row("no-spec", 128, 8000.0, 10.0, 12.0), 600, 1000),
+        _row("d0", 1, 200.0, 10.0, 5.0), _row("no-spec", 1, 200.0, 10.0, 5.0),
+    ])  # fmt: skip
+    b = _bench(tmp_path / "b", [
+        counted(_row("d0", 128, 9000.0, 10.0, 10.0), 500, 1000),
+        counted(_row("no-spec", 128, 8000.0, 10.0, 12.0), 600, 1000),
+    ])  # fmt: skip
+    one, many = parity.compare_runs([a, b])
+    assert one.prefills_per_decode is None
+    assert many.prefills_per_decode == (pytest.approx(0.4), pytest.approx(0.6))
+    assert parity.main([str(a), str(b)]) == 0
+    assert "prefill batches per decode iteration (d0 / plain): c=128 0.40 / 0.60" in (
+        capsys.readouterr().out)

@@ -54,6 +54,9 @@ class Pair:
     time: tuple[TimeSplit, TimeSplit] | None = None
     # The pooled ratio's bootstrap interval over the runs (None with fewer than MIN_RUNS).
     interval: tuple[float, float] | None = None
+    # Prefill batches per decode iteration, pooled over the runs that counted them (SGLang's
+    # pass counter): (series, plain), None where either server has no count.
+    prefills_per_decode: tuple[float, float] | None = None
 
     @property
     def worst_ratio(self) -> float:
@@ -188,10 +191,35 @@ def compare_runs(paths: Sequence[Path], series: str = "d0") -> list[Pair]:
             stalls_plain=sum(_stalled(p) for _, p in got),
             time=_time_pair([s for s, _ in got], [p for _, p in got]),
             interval=pooled_interval(got),
+            prefills_per_decode=_passes_pair([s for s, _ in got], [p for _, p in got]),
         ))  # fmt: skip
     if not pairs:
         raise ParityError("no concurrency level is measured for both servers in any run")
     return pairs
+
+
+def _per_decode(rows: list[dict[str, Any]]) -> float | None:
+    counted = [r for r in rows if r.get("prefill_passes") is not None and r.get("decode_passes")]
+    if not counted:
+        return None
+    return sum(r["prefill_passes"] for r in counted) / sum(r["decode_passes"] for r in counted)
+
+
+def _passes_pair(
+    series: list[dict[str, Any]], plain: list[dict[str, Any]]
+) -> tuple[float, float] | None:
+    a, b = _per_decode(series), _per_decode(plain)
+    return None if a is None or b is None else (round(a, 4), round(b, 4))
+
+
+def passes_line(pairs: Sequence[Pair], series: str) -> str | None:
+    """Prefill batches per decode iteration, per concurrency (None when no run counted them):
+    at high load, what lifts TPOT above the decode iteration on each server."""
+    counted = [(p.concurrency, p.prefills_per_decode) for p in pairs if p.prefills_per_decode]
+    if not counted:
+        return None
+    levels = ", ".join(f"c={c} {a:.2f} / {b:.2f}" for c, (a, b) in counted)
+    return f"prefill batches per decode iteration ({series} / plain): {levels}"
 
 
 def _time_pair(
@@ -287,9 +315,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(report(pairs, len(args.runs), args.series, args.min_ratio, args.tpot_within))
-    split = time_table(pairs, args.series)
-    if split is not None:
-        print(split)
+    for extra in (time_table(pairs, args.series), passes_line(pairs, args.series)):
+        if extra is not None:
+            print(extra)
     missing = left_out(args.runs, pairs)
     if missing:
         print(f"left out (too short to finish a request, or one server only, wherever swept): "

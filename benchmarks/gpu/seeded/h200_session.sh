@@ -28,7 +28,9 @@
 # context 288 s, SERIES=2 LEVEL_S=8 lean 483 s; run 8: setup 337 s plus trims 45 s, SPREAD=64:192
 # BENCHES=family LEVEL_S=12 context 285 s, LONG_DEPTHS= REPS=2 long 160 s, LEVEL_S=10 hostd1
 # about 150 s; run 9: setup 387 s, HOST_STREAMS=1,4,128 WATCH_S=8 hostwatch with py-spy 81 s, and
-# one relay A/B bench (d0 and plain at 1,4,16, LEVEL_S=8) 65 s. Issue each call as soon as the last returns: the machine is released after 30 s
+# one relay A/B bench (d0 and plain at 1,4,16, LEVEL_S=8) 65 s; run 10: setup 399 s plus
+# RELAY_PART=check relay 60 s, SPREAD=64:192 LEVEL_S=8 RELAY_ROUNDS=2 RELAY_STREAMS=1,4,16,64,128
+# relay 459 s, SPREAD=64:192 BENCHES=family LEVEL_S=12 context 288 s. Issue each call as soon as the last returns: the machine is released after 30 s
 # idle, and starting again costs staging and setup. Every call after staging carries
 # .gpu/stage.sh (carry: [".gpu/stage.sh"]) and starts with `source .gpu/stage.sh .gpu env`.
 #

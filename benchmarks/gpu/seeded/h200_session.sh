@@ -105,6 +105,14 @@ spread_outputs() {  # with SPREAD=LOW:HIGH, the benches' dataset gets output len
         --output-tokens "$SPREAD"
 }
 
+warm_d0_plain() {  # warm_d0_plain DIR: an unreported pass of d0 and plain at every level, so
+    # Triton compiles the large batch shapes outside the measured windows (run 9: 5% of one
+    # 128-stream window); its output goes to DIR.txt
+    stamp "warm pass (not reported): d0 and plain at every level"
+    bench "$1" --depths 0 --no-spec-url "$(plain_url)" --duration-per-level 2 \
+        --warmup-per-level 0.5 --client-processes 4 >"$1.txt" 2>&1
+}
+
 fresh_dir() {  # fresh_dir PATH: PATH, or PATH_2, PATH_3... when a bench already wrote there
     local dir=$1 n=2
     while [ -e "$dir" ]; do dir="$1_$n"; n=$((n + 1)); done
@@ -287,9 +295,7 @@ series)
     # one by one rather than in waves (the 128-stream levels were bimodal with equal lengths).
     FREEZE_AFTER=${FREEZE_AFTER:-0}
     spread_outputs
-    stamp "warm pass (not reported): d0 and plain at every level"
-    bench "$R/series_warm" --depths 0 --no-spec-url "$(plain_url)" --duration-per-level 2 \
-        --warmup-per-level 0.5 --client-processes 4 >"$R/series_warm.txt" 2>&1
+    warm_d0_plain "$R/series_warm"
     for rep in $(seq 0 "${SERIES:-3}"); do
         if [ "$rep" = "$FREEZE_AFTER" ]; then
             stamp "freezing both servers' garbage collectors"
@@ -312,9 +318,7 @@ lean)
     # then runs the 1,000 on/off switches with the trims on, greedy output checked after.
     # SPREAD=LOW:HIGH spreads the output lengths (see `series`).
     spread_outputs
-    stamp "warm pass (not reported): d0 and plain at every level"
-    bench "$R/lean_warm" --depths 0 --no-spec-url "$(plain_url)" --duration-per-level 2 \
-        --warmup-per-level 0.5 --client-processes 4 >"$R/lean_warm.txt" 2>&1
+    warm_d0_plain "$R/lean_warm"
     freeze_gc spec; freeze_gc plain
     for rep in $(seq 1 "${SERIES:-2}"); do
         for arm in 0 1; do
@@ -419,11 +423,7 @@ relay)
     spread_outputs
     RL="$R/relay"; mkdir -p "$RL"
     if [ "${RELAY_PART:-ab}" = ab ]; then
-        # A warm pass first, so Triton compiles the large batch shapes outside the measured
-        # windows (run 9: 5% of one 128-stream window), then both servers' collectors frozen.
-        stamp "warm pass (not reported): d0 and plain at every level"
-        bench "$RL/warm" --depths 0 --no-spec-url "$(plain_url)" --duration-per-level 2 \
-            --warmup-per-level 0.5 --client-processes 4 >"$RL/warm.txt" 2>&1
+        warm_d0_plain "$RL/warm"  # then both servers' collectors frozen
         freeze_gc spec; freeze_gc plain
         for i in $(seq 1 "${RELAY_ROUNDS:-3}"); do
             for v in 0 1; do

@@ -188,6 +188,12 @@ class Engine:
 
         # Workload state.
         self._queue: deque[_Waiting] = deque()
+        # Requests that reached the server but not yet the scheduler's queue: with
+        # --scheduler-recv-interval above 1, SGLang reads its socket only every so many
+        # decode iterations (weight 1 each; a prefill's weight passes any interval).
+        self._inbox: deque[_Waiting] = deque()
+        self._recv_interval = profile.scheduler.recv_interval
+        self._recv_count = 0
         # Heap of closed-loop client arrivals: (enters the queue, seq, sent by the client).
         self._arrivals: list[tuple[float, int, float]] = []
         self._heap_seq = 0
@@ -391,11 +397,12 @@ class Engine:
         """Drop a queued or running request, as SGLang aborts one whose stream the client
         closed. False if it is not there (already finished, or never submitted)."""
         self._listeners.pop(rid, None)
-        for i, w in enumerate(self._queue):
-            if w[0] == rid:
-                del self._queue[i]
-                self._st.aborted_requests += 1
-                return True
+        for waiting in (self._queue, self._inbox):
+            for i, w in enumerate(waiting):
+                if w[0] == rid:
+                    del waiting[i]
+                    self._st.aborted_requests += 1
+                    return True
         n = self.n
         rows = np.flatnonzero(self._req[:n, _RID] == rid)
         if not len(rows):
@@ -463,7 +470,8 @@ class Engine:
         if self.request_log is not None:
             self._queued_at[rid] = at
         entered = at if sent is None else sent
-        self._queue.append((rid, prompt, output, self._draw_phase(), entered, closed_loop))
+        waiting = (rid, prompt, output, self._draw_phase(), entered, closed_loop)
+        (self._inbox if self._recv_interval > 1 else self._queue).append(waiting)
         self._st.submitted_requests += 1
         return rid
 
@@ -540,6 +548,12 @@ class Engine:
         while self.now < t_end:
             if self.now >= self._next_event:
                 self._process_events()
+            # A read of the socket resets the count whether or not it found anything; an idle
+            # scheduler spins through its count in microseconds.
+            if self._recv_count >= self._recv_interval or (self.n == 0 and self._inbox):
+                self._queue.extend(self._inbox)
+                self._inbox.clear()
+                self._recv_count = 0
             if self._queue and self.n < self.max_running and self._prefill():
                 continue
             if self.n > 0:
@@ -599,6 +613,7 @@ class Engine:
         st.prefill_iterations += 1
         st.prefill_seconds += dt
         st.running_wait_s += self.n * dt  # the running requests stall through it
+        self._recv_count = self._recv_interval
         for w in admitted:
             self._start(w)
         # SGLang refreshes the request gauges at every prefill too, not only every 40 decodes.
@@ -687,6 +702,7 @@ class Engine:
             self._on_policy_applied = None
 
     def _decode(self) -> None:
+        self._recv_count += 1
         if self._pending_policy is not None:
             self._apply_pending_policy()
         n = self.n

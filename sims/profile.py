@@ -186,6 +186,12 @@ class SchedulerCost(_Strict):
     cuda_graph_padding: bool = Field(
         True, description="Charge a decode iteration at the next CUDA-graph batch size"
     )
+    recv_interval: Annotated[int, Field(ge=1)] = Field(
+        1,
+        description="SGLang's --scheduler-recv-interval: the scheduler takes in new requests "
+        "once every this many decode iterations (at once after a prefill, and when idle), so "
+        "arrivals share prefill batches; 1 takes them in at every iteration",
+    )
 
 
 class AcceptanceModel(_Strict):

@@ -356,6 +356,7 @@ class SimulatedServer:
                 "dp_size": 1,
                 "enable_metrics": True,
                 "decode_log_interval": 40,
+                "scheduler_recv_interval": sched.recv_interval,
                 "internal_states": [internal],
                 "version": SGLANG_VERSION,
                 "frontend": "python",

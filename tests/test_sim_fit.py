@@ -21,7 +21,7 @@ from sims.engine import Engine
 from sims.fit.bench_file import BenchFileError, BenchRun, load_bench
 from sims.fit.closed_form import host_floor_guesses
 from sims.fit.fitting import fit_profile, split_levels
-from sims.fit.framing import acceptance_rates, active_keys
+from sims.fit.framing import FitError, acceptance_rates, active_keys, frame
 from sims.fit.outliers import slower_than_more_streams
 from sims.fit.params import with_values
 from sims.fit.repeats import find_repeats, pool_repeats, repeats_line
@@ -386,6 +386,32 @@ def test_bench_file_errors_name_the_field(tmp_path: Path, changes: dict, message
     with pytest.raises(BenchFileError) as err:
         load_bench(path)
     assert str(err.value).startswith(f"{path}: {message}")
+
+
+def test_the_recv_interval_the_servers_ran_with_goes_into_the_profile(tmp_path: Path) -> None:
+    """SGLang's --scheduler-recv-interval, as the bench recorded it from /server_info, is the
+    profile's `scheduler.recv_interval`; benches of servers that differ in it cannot share one."""
+    facts = {"max_running_requests": 48, "captured_depths": [0, 1, 3],
+             "speculative_num_steps": 3}  # fmt: skip
+    base = load_profile("h200-sglang-llama8b-seeded")
+    runs = []
+    for value in (8, 4):
+        folder = tmp_path / f"recv{value}"
+        folder.mkdir()
+        run = load_bench(
+            bench_json(folder, servers={"spec": {**facts, "scheduler_recv_interval": value}})
+        )
+        assert run.spec.recv_interval == value
+        runs.append(run)
+    assert frame(base, runs[:1], runs[0].levels, "x").scheduler.recv_interval == 8
+    unrecorded = load_bench(bench_json(tmp_path, servers={"spec": facts}))
+    framed = frame(base, [unrecorded], unrecorded.levels, "x")
+    assert framed.scheduler.recv_interval == base.scheduler.recv_interval
+    with pytest.raises(FitError, match=r"different --scheduler-recv-interval values \(4, 8\)"):
+        frame(base, runs, [*runs[0].levels, *runs[1].levels], "x")
+    bad = bench_json(tmp_path, servers={"spec": {**facts, "scheduler_recv_interval": 0}})
+    with pytest.raises(BenchFileError, match=r"servers\.spec\.scheduler_recv_interval: must be"):
+        load_bench(bad)
 
 
 def run_cli(*args: str) -> tuple[int, str]:

@@ -86,6 +86,7 @@ def test_fit_of_a_bench_of_sim_serve_recovers_the_profile(servers, tmp_path: Pat
     assert spec["verify_schedule_backends"] is None  # the plugin reports it, the simulator not
     assert spec["lean_host"] is False and plain["lean_host"] is None  # both report the trims
     assert spec["lean_relay"] is False and spec["stream_interval"] is None
+    assert spec["scheduler_recv_interval"] == plain["scheduler_recv_interval"] == 1
     for level in data["results"]:
         assert level["server_itl_ms"] > 0 and level["server_ttft_ms"] > 0
         assert level["output_tokens"] == OUTPUT and level["prompt_tokens"] > PROMPT_WORDS
@@ -102,6 +103,7 @@ def test_fit_of_a_bench_of_sim_serve_recovers_the_profile(servers, tmp_path: Pat
     assert fitted.scheduler.max_running_requests_spec == 32
     assert fitted.scheduler.max_running_requests_nospec == 64
     assert fitted.scheduler.max_total_tokens == 400000
+    assert fitted.scheduler.recv_interval == truth.scheduler.recv_interval
     assert fitted.captured_depths == truth.captured_depths
     for depth in (1, 3):
         assert fitted.acceptance.expected_length("bench", depth) == pytest.approx(

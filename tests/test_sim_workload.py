@@ -167,3 +167,40 @@ def test_a_scenario_sets_the_evaluated_daemons_intervals_and_guardrails(tmp_path
                     "workload: {concurrency: 4}\n")
     with pytest.raises(ScenarioError, match=r"daemon\.schedule\.clock"):
         load_scenario(path)
+
+
+def test_a_recv_interval_gathers_arrivals_into_fewer_prefills():
+    """SGLang's --scheduler-recv-interval N: new requests reach the queue once every N decode
+    iterations (and right after a prefill), so a closed loop at high load shares prefills
+    among more arrivals and runs fewer of them per decode iteration."""
+    base = load_profile("h200-sglang-llama8b-seeded")
+    wl = Workload.model_validate({"concurrency": 128})
+
+    def prefills_per_decode(interval: int) -> tuple[float, int]:
+        sched = base.scheduler.model_copy(update={"recv_interval": interval})
+        engine = Engine(base.model_copy(update={"scheduler": sched}), wl, seed=3)
+        engine.run_until(20)
+        st = engine.stats
+        return st.prefill_iterations / st.decode_iterations, st.completed_requests
+
+    eager, done_eager = prefills_per_decode(1)
+    gathered, done_gathered = prefills_per_decode(8)
+    assert gathered < 0.8 * eager
+    assert done_gathered > 0.9 * done_eager  # the same load is still served
+
+
+def test_a_request_waiting_for_the_recv_interval_can_be_aborted():
+    base = load_profile("h200-sglang-llama8b-seeded")
+    sched = base.scheduler.model_copy(update={"recv_interval": 1000})
+    engine = Engine(
+        base.model_copy(update={"scheduler": sched}),
+        Workload.model_validate({"concurrency": 0}),
+        seed=0,
+    )
+    first = engine.submit(64, 64)
+    engine.run_until(0.05)  # idle: taken in at once, now decoding
+    waiting = engine.submit(64, 64)  # not taken in for 1,000 decode iterations
+    engine.run_until(0.1)
+    assert engine.queue_length == 0 and engine.n == 1
+    assert engine.abort(waiting) and not engine.abort(waiting)
+    assert engine.abort(first)

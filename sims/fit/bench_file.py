@@ -38,6 +38,7 @@ class ServerFacts:
     model: str | None
     version: str | None
     off_mode: str | None = None  # the plugin's depth-0 mode, if the bench recorded it
+    recv_interval: int | None = None  # --scheduler-recv-interval, if the bench recorded it
 
 
 @dataclass(frozen=True)
@@ -175,6 +176,13 @@ def _facts(path: Path, where: str, raw: Any) -> ServerFacts:
         model=raw.get("model_path") if isinstance(raw.get("model_path"), str) else None,
         version=raw.get("version") if isinstance(raw.get("version"), str) else None,
         off_mode=raw.get("off_mode") if isinstance(raw.get("off_mode"), str) else None,
+        recv_interval=_int(
+            path,
+            f"{where}.scheduler_recv_interval",
+            raw.get("scheduler_recv_interval"),
+            optional=True,
+            low=1,
+        ),
     )
 
 

@@ -125,6 +125,24 @@ def off_mode_note(runs: Sequence[BenchRun], base: Profile, off_mode: str | None)
     )
 
 
+def recv_interval(runs: Sequence[BenchRun]) -> int | None:
+    """The --scheduler-recv-interval every benched server ran with (None: none recorded). The
+    profile holds one value for both servers, so benches that differ cannot share a fit."""
+    seen = {
+        facts.recv_interval
+        for run in runs
+        for facts in (run.spec, run.no_spec)
+        if facts is not None and facts.recv_interval is not None
+    }
+    if len(seen) > 1:
+        raise FitError(
+            f"the benched servers ran with different --scheduler-recv-interval values "
+            f"({', '.join(map(str, sorted(seen)))}): the profile holds one; fit benches of "
+            f"servers started with the same value"
+        )
+    return seen.pop() if seen else None
+
+
 def frame(
     base: Profile,
     runs: Sequence[BenchRun],
@@ -163,6 +181,7 @@ def frame(
         ("max_total_tokens", spec.max_total_tokens),
         ("max_prefill_tokens", spec.max_prefill_tokens),
         ("context_length", spec.context_length),
+        ("recv_interval", recv_interval(runs)),
     ):
         if value is not None:
             sched[key] = value

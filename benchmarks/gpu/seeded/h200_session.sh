@@ -30,7 +30,9 @@
 # about 150 s; run 9: setup 387 s, HOST_STREAMS=1,4,128 WATCH_S=8 hostwatch with py-spy 81 s, and
 # one relay A/B bench (d0 and plain at 1,4,16, LEVEL_S=8) 65 s; run 10: setup 399 s plus
 # RELAY_PART=check relay 60 s, SPREAD=64:192 LEVEL_S=8 RELAY_ROUNDS=2 RELAY_STREAMS=1,4,16,64,128
-# relay 459 s, SPREAD=64:192 BENCHES=family LEVEL_S=12 context 288 s. Issue each call as soon as the last returns: the machine is released after 30 s
+# relay 459 s, SPREAD=64:192 BENCHES=family LEVEL_S=12 context 288 s; run 11: setup 370 s,
+# SPREAD=64:192 BENCHES="family family" LEVEL_S=11 context 531 s, SERIES=2 LEVEL_S=8 series
+# with its warm pass past 250 s. Issue each call as soon as the last returns: the machine is released after 30 s
 # idle, and starting again costs staging and setup. Every call after staging carries
 # .gpu/stage.sh (carry: [".gpu/stage.sh"]) and starts with `source .gpu/stage.sh .gpu env`.
 #
@@ -304,7 +306,8 @@ series)
         [ "$rep" = 0 ] && continue
         stamp "series $rep: d0 and plain at 1-128 streams"
         bench "$R/series_$rep" --depths 0 --no-spec-url "$(plain_url)" --client-processes 4 \
-            --warmup-per-level 2 2>&1 | tee "$R/series_$rep.txt" | tail -13
+            --warmup-per-level 2 2>&1 | tee "$R/series_$rep.txt" | tail -14
+        pack  # each series comes back even if the command is cut before the pooled verdict
     done
     "$PY" -m benchmarks.gpu.parity "$R"/series_[0-9]*/ --json "$R/parity.json" \
         | tee "$R/parity.txt"

@@ -149,40 +149,25 @@ def _facts(path: Path, where: str, raw: Any) -> ServerFacts:
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in depths
     ):
         raise _err(path, f"{where}.captured_depths", f"must be a list of depths, got {depths!r}")
+
+    def count(key: str, low: int = 1) -> int | None:  # an optional /server_info integer
+        return _int(path, f"{where}.{key}", raw.get(key), optional=True, low=low)
+
+    def text(key: str) -> str | None:
+        return raw.get(key) if isinstance(raw.get(key), str) else None
+
     return ServerFacts(
         cap=cap,
-        max_total_tokens=_int(
-            path,
-            f"{where}.max_total_num_tokens",
-            raw.get("max_total_num_tokens"),
-            optional=True,
-            low=1,
-        ),
-        max_prefill_tokens=_int(
-            path, f"{where}.max_prefill_tokens", raw.get("max_prefill_tokens"), optional=True, low=1
-        ),
-        context_length=_int(
-            path, f"{where}.context_length", raw.get("context_length"), optional=True, low=1
-        ),
+        max_total_tokens=count("max_total_num_tokens"),
+        max_prefill_tokens=count("max_prefill_tokens"),
+        context_length=count("context_length"),
         speedup=speedup,
         captured_depths=tuple(sorted(set(depths))),
-        full_depth=_int(
-            path,
-            f"{where}.speculative_num_steps",
-            raw.get("speculative_num_steps"),
-            optional=True,
-            low=0,
-        ),
-        model=raw.get("model_path") if isinstance(raw.get("model_path"), str) else None,
-        version=raw.get("version") if isinstance(raw.get("version"), str) else None,
-        off_mode=raw.get("off_mode") if isinstance(raw.get("off_mode"), str) else None,
-        recv_interval=_int(
-            path,
-            f"{where}.scheduler_recv_interval",
-            raw.get("scheduler_recv_interval"),
-            optional=True,
-            low=1,
-        ),
+        full_depth=count("speculative_num_steps", low=0),
+        model=text("model_path"),
+        version=text("version"),
+        off_mode=text("off_mode"),
+        recv_interval=count("scheduler_recv_interval"),
     )
 
 

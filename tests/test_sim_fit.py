@@ -140,6 +140,24 @@ def test_one_prompt_length_keeps_the_context_term_and_says_why() -> None:
     assert "one context length" in result.kept["target.kv_us_per_req_per_1k_ctx"]
 
 
+def test_a_kept_field_holds_the_base_value_and_says_why() -> None:
+    """`--keep FIELD`: the field is not fitted even where the benches could tell it, and the
+    result names why; a name that is no fitted field is refused before any replay."""
+    base = load_profile(TRUTH)
+    pinned = base.scheduler.prefill_fixed_ms * 3
+    base = base.model_copy(
+        update={"scheduler": base.scheduler.model_copy(update={"prefill_fixed_ms": pinned})}
+    )
+    runs = replayed((160,), concurrency=(1, 4))
+    result = fit_profile(runs, base, "f", keep=["scheduler.prefill_fixed_ms"])
+    assert "scheduler.prefill_fixed_ms" not in result.keys
+    assert result.kept["scheduler.prefill_fixed_ms"] == "held at the base's value (--keep)"
+    assert result.profile.scheduler.prefill_fixed_ms == pinned
+    assert "scheduler.prefill_us_per_token" in result.keys  # the others still fitted
+    with pytest.raises(FitError, match=r"--keep draft\.prefil_ms: not a fitted field; one of"):
+        fit_profile(runs, base, "f", keep=["draft.prefil_ms"])
+
+
 def test_a_level_the_model_cannot_reproduce_is_an_outlier_with_its_reason() -> None:
     """A level whose tokens came 70% slower than the server's own step allows (as if
     something outside the GPU timer stalled it) is set aside and named; the rest still

@@ -82,6 +82,15 @@ def fit(
             "series, streams and request shape) as their mean, not once per bench",
         ),
     ] = False,
+    keep: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="FIELD",
+            help="Hold this profile field at --base's value instead of fitting it (repeatable; "
+            "e.g. draft.prefill_ms)",
+            show_default=False,
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
     """Fit a simulator profile to your own server from a `specctl bench` run.
@@ -132,7 +141,7 @@ def fit(
                 result = fit_profile(
                     runs, base_profile, profile_name, replayer=replayer,
                     progress=lambda msg: status.update(msg), off_mode=off_mode,
-                    pool=pool_repeats,
+                    pool=pool_repeats, keep=keep or (),
                 )  # fmt: skip
         except FitError as err:
             raise _fail(str(err)) from None

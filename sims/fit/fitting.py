@@ -210,13 +210,18 @@ def _fit_levels(
     say: Callable[[str], None],
     replayer: Replayer,
     off_mode: str | None,
+    keep: Sequence[str] = (),
     warm: Profile | None = None,
 ) -> FitResult:
     """One fit of `levels` (both passes). `warm`: a fit of most of the same levels, whose
-    closed-loop fields start the second pass (an outlier's refit)."""
+    closed-loop fields start the second pass (an outlier's refit). `keep`: fields held at the
+    base's value whatever the benches could tell."""
     t0 = time.perf_counter()
     framed = frame(base, runs, levels, name, off_mode)
     keys, kept = active_keys(levels, framed.draft.extend_at_depth0)
+    for key in keep:
+        kept.setdefault(key, "held at the base's value (--keep)")
+    keys = [k for k in keys if k not in keep]
     fitter = _Fitter(runs, levels, framed, keys, replayer, say)
     start = fitter.closed_form()
     loop = [k for k in keys if k in LOOP_KEYS]
@@ -224,7 +229,8 @@ def _fit_levels(
     if warm is not None:
         starts = [with_values(start, {k: read(warm, k) for k in loop})]
     elif "scheduler.dispatch_ms" in loop and (split := prefill_split(start, levels)):
-        starts.append(with_values(start, split))
+        # A kept field stays as it is in every start, the split's too.
+        starts.append(with_values(start, {k: v for k, v in split.items() if k in keys}))
     current = start
     if loop:
         # From each start; a later one is taken only if it fits clearly better (the first is
@@ -264,11 +270,13 @@ def fit_profile(
     off_mode: str | None = None,
     set_aside: bool = True,
     pool: bool = False,
+    keep: Sequence[str] = (),
 ) -> FitResult:
     """Fit `base`'s costs to the benches; see the module docstring.
 
     With `pool`, a level that several bench files measured alike is fitted (and judged) as
-    their mean (`sims.fit.repeats.pool_repeats`) instead of once per bench.
+    their mean (`sims.fit.repeats.pool_repeats`) instead of once per bench. Fields in `keep`
+    hold the base's value (a term the user has reason to pin, or to test the fit without).
 
     With `set_aside`, the level that the fit misses worst, by more than `OUTLIER_ERROR` in
     tok/s or TPOT, is refitted without: if the fit of the others still misses it by that much
@@ -292,7 +300,14 @@ def fit_profile(
             "fit one server configuration at a time"
         )
     limits = {run.path: run.request_limit for run in runs}
-    options: dict[str, Any] = {"say": say, "replayer": replayer, "off_mode": off_mode}
+    unknown = [k for k in keep if k not in PARAMS]
+    if unknown:
+        raise FitError(
+            f"--keep {unknown[0]}: not a fitted field; one of {', '.join(PARAMS)}"
+        )
+    options: dict[str, Any] = {
+        "say": say, "replayer": replayer, "off_mode": off_mode, "keep": tuple(keep)
+    }  # fmt: skip
     result = _fit_levels(runs, base, name, levels, unfit, budget=budget, **options)
     evaluations = result.evaluations
     outliers: list[Outlier] = []

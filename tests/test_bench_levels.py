@@ -76,10 +76,11 @@ def test_a_closed_stream_is_aborted_and_the_idle_server_reads_zero_running(sim_s
 def test_the_warm_up_is_left_out_of_the_window(sim_server) -> None:
     load = level(sim_server.base_url, ClosedLoop(4), StopRule(duration_s=0.8, warmup_s=0.4))
     # The boundaries are read off the event loop's clock, late by however long the loop was
-    # busy: on a loaded 2-core machine that reached 0.05 s. What matters here is which
-    # requests fall on which side of the boundary, asserted below.
-    assert load.warmup_s == pytest.approx(0.4, abs=0.15)
-    assert load.elapsed_s == pytest.approx(0.8, abs=0.2)
+    # busy: on a 2-core machine running another CPU-bound job beside the tests that reached
+    # 0.19 s. What matters here is which requests fall on which side of the boundary,
+    # asserted below.
+    assert 0.4 - 0.15 <= load.warmup_s < 0.4 + 0.35
+    assert 0.8 - 0.2 <= load.elapsed_s < 0.8 + 0.35
     early = [r for r in load.requests if r.start_s < load.warmup_s and r.complete]
     assert early, "requests ran during the warm-up"
     assert load.completed and all(r.start_s >= load.warmup_s for r in load.completed)

@@ -24,7 +24,7 @@ import signal
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import httpx
@@ -102,6 +102,10 @@ class SweepPlan:
     client_bound_share: float = CLIENT_BOUND_SHARE
     # Ask each server to freeze its garbage collector (SGLang's /freeze_gc) before the levels.
     freeze_gc: bool = False
+    # Run every series of a load back to back (each depth, then the plain server) on the same
+    # requests in the same order, instead of one series after the other on fresh prompts: a
+    # comparison then meets neither drift between series nor a different draw of prompts.
+    paired: bool = False
 
     def __post_init__(self) -> None:
         if bool(self.concurrencies) == bool(self.request_rates):
@@ -110,6 +114,8 @@ class SweepPlan:
             raise ValueError("client processes must be >= 1")
         if not self.client_bound_share > 0:
             raise ValueError("the client-bound share must be > 0")
+        if self.paired and not self.no_spec_url:
+            raise ValueError("paired levels need a server without speculation to pair with")
 
     def in_process(self, shape: LoadShape) -> bool:
         """Whether this process runs `shape` itself: with one client process, or for a level of
@@ -142,6 +148,8 @@ class SweepPlan:
 
     def levels(self) -> list[tuple[int | None, LoadShape]]:
         """(depth or None for the no-spec server, load) in the order they run."""
+        if self.paired:
+            return [(d, shape) for shape in self.shapes() for d in (*self.depths, None)]
         out: list[tuple[int | None, LoadShape]] = [
             (d, shape) for d in self.depths for shape in self.shapes()
         ]
@@ -221,6 +229,8 @@ class LevelResult:
     # (requests that do not end together) is part of the protocol a replay must follow.
     output_tokens_min: int | None = None
     output_tokens_max: int | None = None
+    # Where in the prompt list the level's first request came from: paired levels share it.
+    prompt_offset: int | None = None
 
     @property
     def level(self) -> int | float:
@@ -562,6 +572,7 @@ class _Levels:
         series = series_name(depth)
         self.observer.level_started(series, shape, live)
         scrapes = _WindowScrapes(self.server)
+        first_prompt = self.offset
         if self.processes is None or plan.in_process(shape):
             load = await run_level(
                 http, plan.prompts, shape, plan.stop, model=self.model,
@@ -590,10 +601,11 @@ class _Levels:
                 "streams; another client is using it (or it does not abort closed streams), "
                 "so the next level measures that traffic too"
             )
-        return summarize(
+        result = summarize(
             depth, load, scrapes.before, scrapes.after, plan.slo, drained, plan.client_bound_share,
             gauges=(scrapes.running, scrapes.queued),
         )  # fmt: skip
+        return replace(result, prompt_offset=first_prompt)
 
 
 def _requests(n: float | None) -> str:
@@ -618,29 +630,85 @@ async def _run_levels(
     processes: LoadProcesses | None,
 ) -> None:
     plan = outcome.plan
-    base_version = outcome.before.version
+    if plan.paired:
+        await _run_paired(outcome, server, observer, processes)
+        return
     levels = _Levels(plan, server, observer, offset=0, processes=processes)
     await levels.settle()
     for i, depth in enumerate(plan.depths):
-        forced = single_depth_table(depth, version=base_version + 1 + i)
-        outcome.pushed = True  # set first: a push that times out may still have landed
-        server.push(forced)
-        observer.message(f"forced {series_name(depth)} on {plan.url} (version {forced.version})")
+        version = outcome.before.version + 1 + i
+        _force(outcome, server, observer, depth, version)
         async with make_client(plan.url, _pool_size(plan)) as http:
             await levels.warm_up(http)
             for shape in plan.shapes():
                 result = await levels.measure(http, depth, shape)
-                now = server.state()
-                if now.version != forced.version:
-                    raise ServerError(
-                        f"the table on {plan.url} changed during the sweep (now version "
-                        f"{now.version}, source {now.source!r}: {now.describe()}); stop other "
-                        "controllers (e.g. the specctl daemon) before benchmarking"
-                    )
+                _check_still_forced(plan, server, version)
                 outcome.results.append(result)
                 observer.level_finished(result)
     if plan.no_spec_url:
         await _run_no_spec(outcome, observer, levels.offset, processes)
+
+
+def _force(
+    outcome: SweepOutcome, server: ServerClient, observer: LevelObserver, depth: int, version: int
+) -> None:
+    outcome.pushed = True  # set first: a push that times out may still have landed
+    server.push(single_depth_table(depth, version=version))
+    observer.message(f"forced {series_name(depth)} on {outcome.plan.url} (version {version})")
+
+
+def _check_still_forced(plan: SweepPlan, server: ServerClient, version: int) -> None:
+    now = server.state()
+    if now.version != version:
+        raise ServerError(
+            f"the table on {plan.url} changed during the sweep (now version {now.version}, "
+            f"source {now.source!r}: {now.describe()}); stop other controllers (e.g. the specctl "
+            "daemon) before benchmarking"
+        )
+
+
+async def _run_paired(
+    outcome: SweepOutcome,
+    server: ServerClient,
+    observer: LevelObserver,
+    processes: LoadProcesses | None,
+) -> None:
+    """Per load: each depth, then the plain server, every one from the same first prompt.
+    The next load starts past the furthest prompt any of them reached, so loads stay fresh."""
+    plan = outcome.plan
+    assert plan.no_spec_url is not None
+    version = outcome.before.version
+    live_depth: int | None = None  # pushed once per change, not per level
+    with ServerClient(plan.no_spec_url) as other:
+        if not other.health():
+            raise ServerError(f"{plan.no_spec_url}/health is not OK (--no-spec-url)")
+        outcome.servers["no_spec"] = server_facts(other.server_info())
+        spec = _Levels(plan, server, observer, offset=0, processes=processes)
+        plain = _Levels(plan, other, observer, offset=0, processes=processes)
+        await spec.settle()
+        await plain.settle()
+        async with (
+            make_client(plan.url, _pool_size(plan)) as spec_http,
+            make_client(plan.no_spec_url, _pool_size(plan)) as plain_http,
+        ):
+            await spec.warm_up(spec_http)
+            await plain.warm_up(plain_http)
+            start = 0
+            for shape in plan.shapes():
+                reached = start
+                for depth in (*plan.depths, None):
+                    levels, http = (plain, plain_http) if depth is None else (spec, spec_http)
+                    if depth is not None and depth != live_depth:
+                        version, live_depth = version + 1, depth
+                        _force(outcome, server, observer, depth, version)
+                    levels.offset = start
+                    result = await levels.measure(http, depth, shape)
+                    if depth is not None:
+                        _check_still_forced(plan, server, version)
+                    reached = max(reached, levels.offset)
+                    outcome.results.append(result)
+                    observer.level_finished(result)
+                start = reached
 
 
 async def _run_no_spec(

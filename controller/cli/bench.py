@@ -131,6 +131,16 @@ def bench(
             "swept at the same levels for comparison."
         ),
     ] = None,
+    paired: Annotated[
+        bool,
+        typer.Option(
+            "--paired",
+            help="With --no-spec-url: run each load's levels back to back, every depth and then "
+            "the plain server, on the same requests in the same order (default: one series "
+            "after another, each level on fresh prompts). For comparing the servers level by "
+            "level: no drift between series, no different draw of prompts.",
+        ),
+    ] = False,
     admin_key: Annotated[
         str | None,
         typer.Option(
@@ -271,6 +281,12 @@ def bench(
             f"must be > 0 (a share of one core), got {client_bound_share:g}",
             param_hint="--client-bound-share",
         )
+    if paired and no_spec_url is None:
+        raise typer.BadParameter(
+            "pairs each level with the same level on a server without speculation: give "
+            "--no-spec-url too",
+            param_hint="--paired",
+        )
     forced = None if depths is None else parse_int_list(depths, "--depths", 0, MAX_DEPTH)
     slo = _slo(goodput)
     prompts, source = _prompts(dataset, prompt_tokens, output_tokens)
@@ -302,6 +318,7 @@ def bench(
         temperature=temperature, request_rates=rates, burstiness=burstiness or 1.0,
         max_concurrency=max_concurrency, slo=slo, client_processes=client_processes,
         client_bound_share=client_bound_share or CLIENT_BOUND_SHARE, freeze_gc=freeze_gc,
+        paired=paired,
     )  # fmt: skip
     _warn_if_more_than_cores(client_processes)
     code = run_bench(plan, out_dir)

@@ -284,12 +284,16 @@ def describe_plan(plan: SweepPlan) -> str:
         load = f"concurrency {list(plan.concurrencies)}"
     slo = "" if plan.slo is None else f", goodput SLO {plan.slo.describe()}"
     split = (
-        "" if plan.client_processes == 1 else f", load split across {plan.client_processes} "
-        "client processes"
+        ""
+        if plan.client_processes == 1
+        else f", load split across {plan.client_processes} client processes"
+    )
+    paired = (
+        ", each load's levels back to back on the same requests (paired)" if plan.paired else ""
     )
     return (
         f"bench {plan.url}: depths {list(plan.depths)} x {load}, {plan.stop.describe()}{slo}"
-        f"{split}, prompts: {plan.prompt_source}"
+        f"{split}{paired}, prompts: {plan.prompt_source}"
     )
 
 

@@ -289,32 +289,41 @@ hostd1)
     ;;
 series)
     # Depth 0 against the plain server in SERIES whole series (1-128 streams, LEVEL_S s levels,
-    # four load processes) after a warm pass, judged pooled over the series
-    # (benchmarks/gpu/parity.py). Both servers' garbage collectors are frozen (SGLang's
-    # /freeze_gc) after the warm pass: before that, gen-2 collections of ~950k objects took
-    # 0.46-0.57 s in each server's tokenizer process (run 5, logged with SERVER_ARGS
-    # "--gc-warning-threshold-secs 0.05"), a TTFT stall for every request waiting then.
+    # four load processes) after a warm pass, judged pooled over every series in $R
+    # (benchmarks/gpu/parity.py). Each series is paired (`specctl bench --paired`): at every
+    # load, depth 0 and then the plain server on the same requests, so that neither drift
+    # between the two halves of a bench nor a different draw of prompts enters the ratio.
+    # Both servers' garbage collectors are frozen (SGLang's /freeze_gc) after the warm pass:
+    # before that, gen-2 collections of ~950k objects took 0.46-0.57 s in each server's
+    # tokenizer process (run 5, logged with SERVER_ARGS "--gc-warning-threshold-secs 0.05"), a
+    # TTFT stall for every request waiting then.
     # FREEZE_AFTER=k freezes after series k instead (0 = after the warm pass), "never" not at all.
+    # WARM=0 skips the warm pass: for a later call on the same servers, whose series are
+    # numbered on from the last one in $R and pooled with them.
     # SPREAD=LOW:HIGH: output lengths drawn over LOW..HIGH instead of all 128, so requests end
     # one by one rather than in waves (the 128-stream levels were bimodal with equal lengths).
     FREEZE_AFTER=${FREEZE_AFTER:-0}
     spread_outputs
-    warm_d0_plain "$R/series_warm"
+    [ "${WARM:-1}" = 1 ] && warm_d0_plain "$R/series_warm"
+    first=1
+    while [ -e "$R/series_$first" ]; do first=$((first + 1)); done
     for rep in $(seq 0 "${SERIES:-3}"); do
         if [ "$rep" = "$FREEZE_AFTER" ]; then
             stamp "freezing both servers' garbage collectors"
             freeze_gc spec; freeze_gc plain
         fi
         [ "$rep" = 0 ] && continue
-        stamp "series $rep: d0 and plain at 1-128 streams"
-        bench "$R/series_$rep" --depths 0 --no-spec-url "$(plain_url)" --client-processes 4 \
-            --warmup-per-level 2 2>&1 | tee "$R/series_$rep.txt" | tail -14
+        n=$((first + rep - 1))
+        stamp "series $n: d0 and plain at 1-128 streams, paired"
+        bench "$R/series_$n" --depths 0 --no-spec-url "$(plain_url)" --paired \
+            --client-processes 4 --warmup-per-level 2 2>&1 | tee "$R/series_$n.txt" | tail -14
         pack  # each series comes back even if the command is cut before the pooled verdict
     done
     "$PY" -m benchmarks.gpu.parity "$R"/series_[0-9]*/ --json "$R/parity.json" \
         | tee "$R/parity.txt"
     grep -h "LONG GARBAGE\|Freezing GC" "$R"/logs/*.log >"$R/gc_log.txt" 2>/dev/null
     echo "$(grep -c "LONG GARBAGE" "$R/gc_log.txt") long collections logged"
+    pack
     ;;
 lean)
     # Depth 0 with the plugin's host-work trims and without, each against the plain server, in

@@ -1,0 +1,77 @@
+"""`specctl bench --paired` over loopback against two served simulators (`sim_server_factory`):
+each load's levels back to back, on the same requests, for every depth and the plain server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from test_cli_bench import KEY, flat, push_before, state_of
+from typer.testing import CliRunner
+
+from controller.bench.sweep import SweepPlan
+from controller.cli import app
+
+# Every prompt asks for its own length, so a level's lengths tell which prompts it served.
+LENGTHS = [20 + 7 * i for i in range(24)]
+
+
+def dataset(tmp_path: Path) -> Path:
+    path = tmp_path / "prompts.jsonl"
+    lines = [json.dumps({"prompt": f"prompt {i} " * 8, "output_tokens": n})
+             for i, n in enumerate(LENGTHS)]  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_paired_levels_run_back_to_back_on_the_same_requests(
+    sim_server_factory, tmp_path: Path
+) -> None:
+    spec = sim_server_factory(admin_key=KEY, speedup=50)
+    nospec = sim_server_factory(speedup=50, speculative=False)
+    push_before(spec.base_url)
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", "0,3",
+         "--concurrency", "1,3", "--no-spec-url", nospec.base_url, "--paired",
+         "--requests-per-level", "5", "--warmup-per-level", "0", "--dataset",
+         str(dataset(tmp_path)), "--out", str(out), "--client-bound-share", "100"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "back to back on the same requests (paired)" in flat(result.output)
+    report = json.loads((out / "bench.json").read_text())
+    assert report["paired"] is True
+    levels = report["results"]
+    assert [(r["series"], r["concurrency"]) for r in levels] == [
+        ("d0", 1), ("d3", 1), ("no-spec", 1), ("d0", 3), ("d3", 3), ("no-spec", 3),
+    ]  # fmt: skip
+    one, three = levels[:3], levels[3:]
+    # One stream: the same five prompts in the same order on every series.
+    assert {r["prompt_offset"] for r in one} == {0}
+    assert {(r["output_tokens_min"], r["output_tokens_max"]) for r in one} == {(20, 48)}
+    # The next load starts past every prompt the first one sent, on every series alike.
+    assert len({r["prompt_offset"] for r in three}) == 1
+    assert three[0]["prompt_offset"] >= 5
+    # The forced depths ran where they were asked for, and the old table is back.
+    assert levels[0]["accept_length"] == 1.0 and levels[1]["accept_length"] > 1.3
+    assert state_of(spec.base_url)["table"] == report["table_before"]
+
+
+def test_paired_without_a_plain_server_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["bench", "--url", "http://127.0.0.1:9", "--paired", "--out", str(tmp_path / "b")]
+    )
+    assert result.exit_code == 2
+    assert "--paired" in flat(result.output) and "give --no-spec-url" in flat(result.output)
+    assert not (tmp_path / "b").exists()
+
+
+def test_a_paired_plan_runs_each_load_across_every_series() -> None:
+    plan = SweepPlan(
+        url="http://a", depths=(0, 3), concurrencies=(1, 8), stop=None,  # type: ignore[arg-type]
+        prompts=[], prompt_source="", no_spec_url="http://b", paired=True,
+    )  # fmt: skip
+    assert plan.levels() == [(0, plan.shapes()[0]), (3, plan.shapes()[0]),
+                             (None, plan.shapes()[0]), (0, plan.shapes()[1]),
+                             (3, plan.shapes()[1]), (None, plan.shapes()[1])]  # fmt: skip

@@ -194,6 +194,11 @@ def test_sim_launch_plan_matches_the_sglang_one_in_shape(tmp_path):
     shared = [a for a in plain.argv[3:] if a not in ("0.6", "2")]
     assert all(a in spec.argv for a in shared)  # the same flags minus speculation
     assert "--load-format" in plain.argv and "--log-level" in plain.argv
+    # The plain server is stock SGLang unless asked otherwise; the speculative one has its plugin.
+    assert plain.env == servers.NO_PLUGINS and spec.env == {}
+    with_plugin = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1,
+                                        plain_port=2, plain_with_plugin=True)
+    assert all(p.env == {} for p in servers.plans(models, with_plugin, tmp_path))
     order = servers.plans(models, servers.ServerOptions(
         backend="sglang", admin_key="k", spec_port=1, plain_port=2, spec_first=False), tmp_path)
     assert [p.role for p in order] == ["plain", "spec"] and "0.4" in order[0].argv

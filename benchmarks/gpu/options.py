@@ -36,6 +36,7 @@ class Options:
     start_order: str = "spec,plain"
     start_timeout: float = 420.0
     server_args: str = ""
+    plain_with_plugin: bool = False
     sim_speedup: float = 1.0
     smoke_seconds: float = 15.0
     greedy_prompts: int = 8
@@ -90,6 +91,8 @@ HELP = {
                    "shell-quoted string)",
     "tiny": "the tiny preset: a tiny model and short phases (about 3 minutes in all)",
     "server_args": "extra SGLang arguments for both servers (one shell-quoted string)",
+    "plain_with_plugin": "load the specctl plugin into the plain server too (inactive there, "
+                         "hooks installed; runs 1-13 did); default: no plugin, stock SGLang",
     "start_order": "which server starts first (gets --mem-fraction-first): spec,plain or "
                    "plain,spec",
     "smoke_seconds": "seconds per forced depth in sglang_hooks.smoke",

@@ -103,6 +103,7 @@ def _server_options(run: Run) -> servers.ServerOptions:
         plain_port=o.plain_port, depths=o.depths, mem_fraction_first=o.mem_fraction_first,
         mem_fraction_second=o.mem_fraction_second, spec_first=o.start_order == "spec,plain",
         extra_args=tuple(shlex.split(o.server_args)), sim_speedup=o.sim_speedup,
+        plain_with_plugin=o.plain_with_plugin,
     )  # fmt: skip
 
 
@@ -114,7 +115,8 @@ def phase_start(run: Run) -> dict[str, Any]:
     result: dict[str, Any] = {}
     for plan in servers.plans(models, _server_options(run), run.dir / "logs"):
         known = run.state.servers.get(plan.role)
-        if (known and known.get("argv") == plan.argv and pid_alive(int(known["pid"]))
+        if (known and known.get("argv") == plan.argv and known.get("env", {}) == plan.env
+                and pid_alive(int(known["pid"]))
                 and servers.healthy(plan.url)):
             run.say(f"  {plan.role}: already up at {plan.url} (pid {known['pid']})")
             result[plan.role] = {"reused": True, **known}
@@ -125,10 +127,11 @@ def phase_start(run: Run) -> dict[str, Any]:
         if servers.healthy(plan.url):
             raise PhaseError(f"something else answers on {plan.url}: stop it or pick another "
                              f"--{plan.role}-port")
-        run.say(f"  {plan.role}: {plan.describe()}")
+        set_env = "".join(f"{k}={v} " for k, v in plan.env.items())
+        run.say(f"  {plan.role}: {set_env}{plan.describe()}")
         pid = servers.launch(plan, launch_env)
-        entry = {"url": plan.url, "pid": pid, "argv": plan.argv, "log": str(plan.log),
-                 "started_at": time.time()}
+        entry = {"url": plan.url, "pid": pid, "argv": plan.argv, "env": plan.env,
+                 "log": str(plan.log), "started_at": time.time()}
         run.state.servers[plan.role] = entry
         run.state.save()
         seconds = servers.wait_healthy(plan.url, pid, plan.log, run.opts.start_timeout)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -36,12 +36,18 @@ EAGLE3_FLAGS = (
 )  # fmt: skip
 
 
+# SGLang loads only the plugins SGLANG_PLUGINS names, when it is set: a name no plugin has
+# leaves the plain server stock SGLang, the baseline "without speculation" should be.
+NO_PLUGINS = {"SGLANG_PLUGINS": "none"}
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
     role: str
     url: str
     argv: list[str]
     log: Path
+    env: dict[str, str] = field(default_factory=dict)  # set on top of the harness's own
 
     def describe(self) -> str:
         return shlex.join(self.argv)
@@ -61,6 +67,9 @@ class ServerOptions:
     sim_profile: str = "h200-llama8b-eagle3"
     sim_speedup: float = 1.0
     python: str = sys.executable
+    # Load the specctl plugin into the plain server too (it stays inactive there, but its
+    # hooks are installed); by default the plain server runs without any plugin.
+    plain_with_plugin: bool = False
 
 
 def plans(models: ModelFolders | None, opts: ServerOptions, log_dir: Path) -> list[LaunchPlan]:
@@ -76,7 +85,9 @@ def plans(models: ModelFolders | None, opts: ServerOptions, log_dir: Path) -> li
             if models is None:
                 raise ValueError("no model folders: run the `models` phase first")
             argv = _sglang_argv(role, port, mem, models, opts)
-        out.append(LaunchPlan(role, f"http://127.0.0.1:{port}", argv, log_dir / f"{role}.log"))
+        env = NO_PLUGINS if role == PLAIN and not opts.plain_with_plugin else {}
+        out.append(LaunchPlan(role, f"http://127.0.0.1:{port}", argv, log_dir / f"{role}.log",
+                              dict(env)))
     return out
 
 
@@ -115,12 +126,13 @@ def launch(plan: LaunchPlan, env: dict[str, str] | None = None) -> int:
     """Start `plan` in a new session, output appended to its log; return its pid."""
     plan.log.parent.mkdir(parents=True, exist_ok=True)
     with plan.log.open("ab") as log:
+        set_env = "".join(f"{k}={shlex.quote(v)} " for k, v in plan.env.items())
         log.write(f"\n===== harness: starting {plan.role} at {time.strftime('%H:%M:%S')}: "
-                  f"{plan.describe()}\n".encode())
+                  f"{set_env}{plan.describe()}\n".encode())
         log.flush()
         proc = subprocess.Popen(
             plan.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, env={**os.environ, **(env or {})},
+            start_new_session=True, env={**os.environ, **(env or {}), **plan.env},
         )  # fmt: skip
     return proc.pid
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gpu.servers import NO_PLUGINS
 from sglang_hooks import guard
 
 HERE = Path(__file__).parent
@@ -40,10 +41,10 @@ print(json.dumps({{
 """
 
 
-def _run(before: list[str]) -> dict[str, Any]:
+def _run(before: list[str], plugins: str = "specctl") -> dict[str, Any]:
     watch = [*HOOKED_MODULES, "sglang.srt.managers.scheduler"]
     code = _SCRIPT.format(here=str(HERE), before=before, watch=watch)
-    env = {**os.environ, "SGLANG_PLUGINS": "specctl"}
+    env = {**os.environ, "SGLANG_PLUGINS": plugins}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -60,3 +61,10 @@ def test_a_module_imported_before_the_plugin_is_patched_at_once() -> None:
     got = _run(before=["sglang.srt.speculative.adaptive_spec_params"])
     assert got["after_load"] == ["sglang.srt.speculative.adaptive_spec_params"]
     assert got["choice_patched"] and got["switch_patched"]
+
+
+def test_the_gpu_harness_plain_server_environment_installs_no_hook() -> None:
+    """The GPU harness starts its plain server with NO_PLUGINS in its environment, so that the
+    baseline is SGLang as released: the real loader then installs none of the plugin's hooks."""
+    got = _run(before=[], plugins=NO_PLUGINS["SGLANG_PLUGINS"])
+    assert not got["choice_patched"] and not got["switch_patched"]

@@ -33,7 +33,9 @@
 # relay 459 s, SPREAD=64:192 BENCHES=family LEVEL_S=12 context 288 s; run 11: setup 370 s,
 # SPREAD=64:192 BENCHES="family family" LEVEL_S=11 context 531 s, SERIES=2 LEVEL_S=8 series
 # with its warm pass past 250 s; run 12: setup 358 s then BENCHES=warm LEVEL_S=5 context 148 s
-# in one call, BENCHES="family family" LEVEL_S=11 context 538 s, one family bench 270 s.
+# in one call, BENCHES="family family" LEVEL_S=11 context 538 s, one family bench 270 s; run 13:
+# setup 366 s then SERIES=1 LEVEL_S=10 series (warm pass and one paired series) 174 s in one
+# call, WARM=0 SERIES=4 LEVEL_S=10 series 531 s.
 # Issue each call as soon as the last returns: the machine is released after 30 s idle, and
 # starting again costs staging and setup. Every call after staging carries
 # .gpu/stage.sh (carry: [".gpu/stage.sh"]) and starts with `source .gpu/stage.sh .gpu env`.

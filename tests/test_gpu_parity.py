@@ -161,3 +161,38 @@ def test_prefill_batches_per_decode_iteration_pool_over_the_runs_that_counted_th
     assert parity.main([str(a), str(b)]) == 0
     assert "prefill batches per decode iteration (d0 / plain): c=128 0.40 / 0.60" in (
         capsys.readouterr().out)
+
+
+def test_run_by_run_counts_slower_runs_and_compares_admissions_and_passes(tmp_path, capsys):
+    """Three paired runs at one stream: d0 slower per token in two, its TTFT taken from the
+    server's own figure where both servers have it (else the client's p50), and each
+    server's ms per forward pass pooled over the runs that counted passes."""
+
+    def level(series, tpot, server_ttft, passes):
+        row = _row(series, 1, 100.0, 10.0, tpot)
+        if server_ttft is not None:
+            row["server_ttft_ms"] = server_ttft
+        if passes is not None:
+            row["prefill_passes"], row["decode_passes"] = passes
+        return row
+
+    runs = [
+        _bench(tmp_path / "a", [level("d0", 5.1, 18.0, (10, 1990)),
+                                level("no-spec", 5.0, 27.0, (10, 1990))]),
+        _bench(tmp_path / "b", [level("d0", 5.2, 19.0, (10, 1990)),
+                                level("no-spec", 5.0, 29.0, (10, 2490))]),
+        # no server TTFT and no pass count on the plain server: the client's p50 (20 - 20)
+        _bench(tmp_path / "c", [level("d0", 4.9, None, (10, 990)),
+                                level("no-spec", 5.0, None, None)]),
+    ]  # fmt: skip
+    (one,) = parity.compare_runs(runs)
+    assert one.slower_runs == 2
+    assert one.ttft_change_ms == pytest.approx(-9.0)  # median of -9, -10, 0
+    # d0: 30 s over 2000 + 2000 + 1000 passes; plain: 20 s over 2000 + 2500 (run c uncounted)
+    assert one.ms_per_pass == pytest.approx((6.0, 20000 / 4500), abs=1e-3)
+    assert parity.main([str(r) for r in runs]) == 0
+    text = capsys.readouterr().out
+    assert "run by run (d0 against plain)" in text
+    row = next(line for line in text.splitlines() if line.split()[:1] == ["1"]
+               and "of 3" in line)  # fmt: skip
+    assert row.split() == ["1", "2", "of", "3", "-9.0", "ms", "6.000", "/", "4.444"]

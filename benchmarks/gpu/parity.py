@@ -14,6 +14,8 @@ ratio lies inside it: there these runs cannot tell which side it is on. Where bo
 ran with SGLang's device timer (SGLANG_ENABLE_METRICS_DEVICE_TIMER=1), a second table says where
 the time went, pooled the same way: prefill GPU ms per completed request, decode GPU ms per
 output token, the share of the window the GPU ran nothing, and the mean running requests.
+A last table goes run by run: in how many runs the series was slower per token, the median of
+its TTFT minus the plain server's, and each server's measured ms per forward pass.
 """
 
 from __future__ import annotations
@@ -57,6 +59,14 @@ class Pair:
     # Prefill batches per decode iteration, pooled over the runs that counted them (SGLang's
     # pass counter): (series, plain), None where either server has no count.
     prefills_per_decode: tuple[float, float] | None = None
+    # Run by run: in how many the series' TPOT p50 was above the plain server's, the median
+    # of its TTFT minus the plain server's (SGLang's own where both have it, else the
+    # client's p50), and each server's measured ms per forward pass (prefill batches and
+    # decode iterations together), pooled. In paired benches (`--paired`) each run's two
+    # levels served the same requests back to back, so these are like-for-like.
+    slower_runs: int = 0
+    ttft_change_ms: float | None = None
+    ms_per_pass: tuple[float, float] | None = None
 
     @property
     def worst_ratio(self) -> float:
@@ -192,6 +202,9 @@ def compare_runs(paths: Sequence[Path], series: str = "d0") -> list[Pair]:
             time=_time_pair([s for s, _ in got], [p for _, p in got]),
             interval=pooled_interval(got),
             prefills_per_decode=_passes_pair([s for s, _ in got], [p for _, p in got]),
+            slower_runs=sum(s["tpot_p50_ms"] > p["tpot_p50_ms"] for s, p in got),
+            ttft_change_ms=_ttft_change(got),
+            ms_per_pass=_ms_per_pass_pair([s for s, _ in got], [p for _, p in got]),
         ))  # fmt: skip
     if not pairs:
         raise ParityError("no concurrency level is measured for both servers in any run")
@@ -210,6 +223,57 @@ def _passes_pair(
 ) -> tuple[float, float] | None:
     a, b = _per_decode(series), _per_decode(plain)
     return None if a is None or b is None else (round(a, 4), round(b, 4))
+
+
+def _ttft_ms(row: dict[str, Any], key: str) -> float | None:
+    value = row.get(key)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _ttft_change(got: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> float | None:
+    """Median over the runs of the series' TTFT minus the plain server's, in ms."""
+    diffs = []
+    for s, p in got:
+        for key in ("server_ttft_ms", "ttft_p50_ms"):
+            a, b = _ttft_ms(s, key), _ttft_ms(p, key)
+            if a is not None and b is not None:
+                diffs.append(a - b)
+                break
+    return round(statistics.median(diffs), 2) if diffs else None
+
+
+def _ms_per_pass(rows: list[dict[str, Any]]) -> float | None:
+    counted = [r for r in rows if r.get("prefill_passes") is not None and r.get("decode_passes")]
+    if not counted:
+        return None
+    passes = sum(r["prefill_passes"] + r["decode_passes"] for r in counted)
+    return 1000.0 * _seconds(counted) / passes
+
+
+def _ms_per_pass_pair(
+    series: list[dict[str, Any]], plain: list[dict[str, Any]]
+) -> tuple[float, float] | None:
+    a, b = _ms_per_pass(series), _ms_per_pass(plain)
+    return None if a is None or b is None else (round(a, 3), round(b, 3))
+
+
+def run_by_run_table(pairs: Sequence[Pair], series: str) -> str:
+    """Per level: how often the series was slower per token, its TTFT against the plain
+    server's, and each server's time per forward pass. A per-token cost shows as slower in
+    every run; a server that admits requests more slowly as a longer TTFT and, where
+    requests decode beside the admissions, a longer time per pass."""
+    lines = [
+        f"run by run ({series} against plain)",
+        f"{'conc':>5} {'TPOT above plain':>17} {'TTFT change':>12} {'ms per forward pass':>22}",
+    ]
+    for p in pairs:
+        measured = len(p.ratios)
+        ttft = "-" if p.ttft_change_ms is None else f"{p.ttft_change_ms:+.1f} ms"
+        per_pass = "-" if p.ms_per_pass is None else (
+            f"{p.ms_per_pass[0]:.3f} / {p.ms_per_pass[1]:.3f}")
+        lines.append(f"{p.concurrency:>5} {f'{p.slower_runs} of {measured}':>17} {ttft:>12} "
+                     f"{per_pass:>22}")
+    return "\n".join(lines)
 
 
 def passes_line(pairs: Sequence[Pair], series: str) -> str | None:
@@ -315,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(report(pairs, len(args.runs), args.series, args.min_ratio, args.tpot_within))
-    for extra in (time_table(pairs, args.series), passes_line(pairs, args.series)):
+    for extra in (time_table(pairs, args.series), passes_line(pairs, args.series),
+                  run_by_run_table(pairs, args.series)):
         if extra is not None:
             print(extra)
     missing = left_out(args.runs, pairs)

@@ -304,9 +304,12 @@ series)
     # numbered on from the last one in $R and pooled with them.
     # SPREAD=LOW:HIGH: output lengths drawn over LOW..HIGH instead of all 128, so requests end
     # one by one rather than in waves (the 128-stream levels were bimodal with equal lengths).
+    # STREAMS=128 (comma list) benches those levels only, e.g. long ones (LEVEL_S=60) where
+    # short series leave the ratio's interval wide; they pool with the full series by level.
     FREEZE_AFTER=${FREEZE_AFTER:-0}
     spread_outputs
     [ "${WARM:-1}" = 1 ] && warm_d0_plain "$R/series_warm"
+    streams=(); [ -n "${STREAMS:-}" ] && streams=(--concurrency "$STREAMS")
     first=1
     while [ -e "$R/series_$first" ]; do first=$((first + 1)); done
     for rep in $(seq 0 "${SERIES:-3}"); do
@@ -316,9 +319,10 @@ series)
         fi
         [ "$rep" = 0 ] && continue
         n=$((first + rep - 1))
-        stamp "series $n: d0 and plain at 1-128 streams, paired"
+        stamp "series $n: d0 and plain at ${STREAMS:-1-128} streams, paired"
         bench "$R/series_$n" --depths 0 --no-spec-url "$(plain_url)" --paired \
-            --client-processes 4 --warmup-per-level 2 2>&1 | tee "$R/series_$n.txt" | tail -14
+            --client-processes 4 --warmup-per-level 2 "${streams[@]}" 2>&1 \
+            | tee "$R/series_$n.txt" | tail -14
         pack  # each series comes back even if the command is cut before the pooled verdict
     done
     "$PY" -m benchmarks.gpu.parity "$R"/series_[0-9]*/ --json "$R/parity.json" \

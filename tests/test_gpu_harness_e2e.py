@@ -101,3 +101,27 @@ def test_all_phases_against_simulated_servers_then_a_later_command(tmp_path, cap
     assert state["phases"]["bench"]["status"] == "skipped"
     assert state["phases"]["summary"]["status"] == "ok" and "budget" not in state["options"]
     assert harness.main(["smoke", "--run-dir", str(run_dir), "--budget", "10"]) == 2
+
+
+def test_a_later_start_reuses_a_server_only_if_its_launch_is_the_same(tmp_path, capsys):
+    """`start` again with the same options finds both servers up and keeps them; with the
+    plugin asked into the plain server its environment differs, so that server alone is
+    restarted (real `specctl sim serve` processes)."""
+    run_dir = tmp_path / "run"
+    spec_port, plain_port = _free_ports(2)
+    base = ["--run-dir", str(run_dir), "--backend", "sim", "--tiny", "--spec-port",
+            str(spec_port), "--plain-port", str(plain_port)]  # fmt: skip
+    try:
+        assert harness.main(["start", *base]) == 0
+        first = json.loads((run_dir / "state.json").read_text())["servers"]
+        assert first["plain"]["env"] == {"SGLANG_PLUGINS": "none"}
+        assert harness.main(["start", *base]) == 0
+        assert capsys.readouterr().out.count("already up") == 2
+        assert harness.main(["start", *base, "--plain-with-plugin"]) == 0
+        out = capsys.readouterr().out
+        now = json.loads((run_dir / "state.json").read_text())["servers"]
+        assert "spec: already up" in out and "plain: stopping the old server" in out
+        assert now["spec"]["pid"] == first["spec"]["pid"]
+        assert now["plain"]["pid"] != first["plain"]["pid"] and now["plain"]["env"] == {}
+    finally:
+        harness.main(["stop", "--run-dir", str(run_dir)])

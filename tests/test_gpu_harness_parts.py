@@ -204,6 +204,22 @@ def test_sim_launch_plan_matches_the_sglang_one_in_shape(tmp_path):
     assert [p.role for p in order] == ["plain", "spec"] and "0.4" in order[0].argv
 
 
+def test_the_device_timer_switch_is_part_of_each_sglang_launch(tmp_path, monkeypatch):
+    """SGLang reads the switch from its environment: each launch carries it, so that a start
+    with another setting restarts the servers instead of reusing them."""
+    from benchmarks.gpu.model_folders import TINY, build_dummy_folders
+
+    models = build_dummy_folders(tmp_path, TINY)
+    opts = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1, plain_port=2)
+    monkeypatch.delenv(servers.DEVICE_TIMER_ENV, raising=False)
+    without = {p.role: p.env for p in servers.plans(models, opts, tmp_path)}
+    assert without == {"spec": {}, "plain": servers.NO_PLUGINS}
+    monkeypatch.setenv(servers.DEVICE_TIMER_ENV, "1")
+    timed = {p.role: p.env for p in servers.plans(models, opts, tmp_path)}
+    assert timed == {"spec": {servers.DEVICE_TIMER_ENV: "1"},
+                     "plain": {**servers.NO_PLUGINS, servers.DEVICE_TIMER_ENV: "1"}}
+
+
 def test_sim_stand_ins_follow_sglangs_device_timer_switch(tmp_path, monkeypatch):
     """SGLang times its forwards when SGLANG_ENABLE_METRICS_DEVICE_TIMER is set; the sim
     stand-ins of both servers then export the same counter."""

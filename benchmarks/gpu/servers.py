@@ -85,9 +85,13 @@ def plans(models: ModelFolders | None, opts: ServerOptions, log_dir: Path) -> li
             if models is None:
                 raise ValueError("no model folders: run the `models` phase first")
             argv = _sglang_argv(role, port, mem, models, opts)
-        env = NO_PLUGINS if role == PLAIN and not opts.plain_with_plugin else {}
+        env = dict(NO_PLUGINS) if role == PLAIN and not opts.plain_with_plugin else {}
+        if opts.backend != "sim" and (timer := os.environ.get(DEVICE_TIMER_ENV)) is not None:
+            # Part of the launch, so that a server started with another setting is restarted
+            # rather than reused (the stand-ins carry it in their argv).
+            env[DEVICE_TIMER_ENV] = timer
         out.append(LaunchPlan(role, f"http://127.0.0.1:{port}", argv, log_dir / f"{role}.log",
-                              dict(env)))
+                              env))
     return out
 
 

@@ -3,6 +3,7 @@
 # command of at most ten minutes, run back to back while the machine (and its servers) stay up:
 #
 #   bash benchmarks/gpu/seeded/h200_session.sh setup OUT     # build, both servers, acceptance
+#   DEVICE_TIMER=1 bash benchmarks/gpu/seeded/h200_session.sh restart OUT  # servers only, timed
 #   bash benchmarks/gpu/seeded/h200_session.sh measure OUT   # bench, off modes, 1,000 switches
 #   bash benchmarks/gpu/seeded/h200_session.sh traces OUT "static:3 static:1 sglang daemon"
 #   bash benchmarks/gpu/seeded/h200_session.sh traces OUT "daemon-warm plain static:0" final
@@ -54,7 +55,7 @@
 # (`source .gpu/stage.sh .gpu env`, after benchmarks/gpu/staging/pack.sh).
 set -uo pipefail
 
-STEP=${1:?usage: h200_session.sh setup|measure|traces|parity|profile|long|verify|series|lean|context|trims|hostd1|hostwatch|relay OUT [POLICIES] [final]}
+STEP=${1:?usage: h200_session.sh setup|restart|measure|traces|parity|profile|long|verify|series|lean|context|trims|hostd1|hostwatch|relay OUT [POLICIES] [final]}
 OUT=${2:?give the folder to pack the results into}
 R=${R:-/tmp/gpu-run}
 PY=${PY:-python3}
@@ -152,6 +153,13 @@ setup)
         --dataset "$R/models/seeded/family_a.jsonl" --depths 3 --requests 32 --concurrency 8 \
         --off-spell 64 --out "$A/sglang.json" 2>&1 | tee "$A/sglang.txt"
     off_mode 1
+    ;;
+restart)
+    # Both servers again where their launch changed (DEVICE_TIMER, SERVER_ARGS, the harness's
+    # options), without rebuilding the models; a server whose launch is the same is kept.
+    stamp "servers: restarted where their launch changed"
+    "$PY" -m benchmarks.gpu.harness start "${HARNESS_OPTS[@]}" --budget 430
+    pack
     ;;
 measure)
     stamp "warm pass (not reported): every series at 16 and 128 streams"
@@ -306,12 +314,15 @@ series)
     # one by one rather than in waves (the 128-stream levels were bimodal with equal lengths).
     # STREAMS=128 (comma list) benches those levels only, e.g. long ones (LEVEL_S=60) where
     # short series leave the ratio's interval wide; they pool with the full series by level.
+    # SERIES_TAG=NAME keeps these series apart (series_NAME_1, ..., parity_NAME.txt), e.g. those
+    # of servers restarted with the device timer, which must not pool with the others.
     FREEZE_AFTER=${FREEZE_AFTER:-0}
     spread_outputs
-    [ "${WARM:-1}" = 1 ] && warm_d0_plain "$R/series_warm"
+    S="$R/series_${SERIES_TAG:+${SERIES_TAG}_}"  # SERIES_TAG=timed: series_timed_1, ... apart
+    [ "${WARM:-1}" = 1 ] && warm_d0_plain "${S}warm"
     streams=(); [ -n "${STREAMS:-}" ] && streams=(--concurrency "$STREAMS")
     first=1
-    while [ -e "$R/series_$first" ]; do first=$((first + 1)); done
+    while [ -e "$S$first" ]; do first=$((first + 1)); done
     for rep in $(seq 0 "${SERIES:-3}"); do
         if [ "$rep" = "$FREEZE_AFTER" ]; then
             stamp "freezing both servers' garbage collectors"
@@ -319,14 +330,14 @@ series)
         fi
         [ "$rep" = 0 ] && continue
         n=$((first + rep - 1))
-        stamp "series $n: d0 and plain at ${STREAMS:-1-128} streams, paired"
-        bench "$R/series_$n" --depths 0 --no-spec-url "$(plain_url)" --paired \
+        stamp "series ${SERIES_TAG:+$SERIES_TAG }$n: d0 and plain at ${STREAMS:-1-128} streams, paired"
+        bench "$S$n" --depths 0 --no-spec-url "$(plain_url)" --paired \
             --client-processes 4 --warmup-per-level 2 "${streams[@]}" 2>&1 \
-            | tee "$R/series_$n.txt" | tail -14
+            | tee "$S$n.txt" | tail -14
         pack  # each series comes back even if the command is cut before the pooled verdict
     done
-    "$PY" -m benchmarks.gpu.parity "$R"/series_[0-9]*/ --json "$R/parity.json" \
-        | tee "$R/parity.txt"
+    P="$R/parity${SERIES_TAG:+_$SERIES_TAG}"
+    "$PY" -m benchmarks.gpu.parity "$S"[0-9]*/ --json "$P.json" | tee "$P.txt"
     grep -h "LONG GARBAGE\|Freezing GC" "$R"/logs/*.log >"$R/gc_log.txt" 2>/dev/null
     echo "$(grep -c "LONG GARBAGE" "$R/gc_log.txt") long collections logged"
     pack

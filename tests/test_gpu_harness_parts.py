@@ -196,6 +196,7 @@ def test_sim_launch_plan_matches_the_sglang_one_in_shape(tmp_path):
     assert "--load-format" in plain.argv and "--log-level" in plain.argv
     # The plain server is stock SGLang unless asked otherwise; the speculative one has its plugin.
     assert plain.env == servers.NO_PLUGINS and spec.env == {}
+    assert plain.describe().startswith("SGLANG_PLUGINS=none ") and spec.describe()[0] == "/"
     with_plugin = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1,
                                         plain_port=2, plain_with_plugin=True)
     assert all(p.env == {} for p in servers.plans(models, with_plugin, tmp_path))

@@ -127,8 +127,7 @@ def phase_start(run: Run) -> dict[str, Any]:
         if servers.healthy(plan.url):
             raise PhaseError(f"something else answers on {plan.url}: stop it or pick another "
                              f"--{plan.role}-port")
-        set_env = "".join(f"{k}={v} " for k, v in plan.env.items())
-        run.say(f"  {plan.role}: {set_env}{plan.describe()}")
+        run.say(f"  {plan.role}: {plan.describe()}")
         pid = servers.launch(plan, launch_env)
         entry = {"url": plan.url, "pid": pid, "argv": plan.argv, "env": plan.env,
                  "log": str(plan.log), "started_at": time.time()}

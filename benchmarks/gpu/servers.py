@@ -50,7 +50,10 @@ class LaunchPlan:
     env: dict[str, str] = field(default_factory=dict)  # set on top of the harness's own
 
     def describe(self) -> str:
-        return shlex.join(self.argv)
+        """The launch as a shell line: its own environment, then the command."""
+        return "".join(f"{k}={shlex.quote(v)} " for k, v in self.env.items()) + shlex.join(
+            self.argv
+        )
 
 
 @dataclass(frozen=True)
@@ -130,9 +133,8 @@ def launch(plan: LaunchPlan, env: dict[str, str] | None = None) -> int:
     """Start `plan` in a new session, output appended to its log; return its pid."""
     plan.log.parent.mkdir(parents=True, exist_ok=True)
     with plan.log.open("ab") as log:
-        set_env = "".join(f"{k}={shlex.quote(v)} " for k, v in plan.env.items())
         log.write(f"\n===== harness: starting {plan.role} at {time.strftime('%H:%M:%S')}: "
-                  f"{set_env}{plan.describe()}\n".encode())
+                  f"{plan.describe()}\n".encode())
         log.flush()
         proc = subprocess.Popen(
             plan.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,

@@ -53,6 +53,18 @@ def test_paired_levels_run_back_to_back_on_the_same_requests(
     # The next load starts past every prompt the first one sent, on every series alike.
     assert len({r["prompt_offset"] for r in three}) == 1
     assert three[0]["prompt_offset"] >= 5
+    # Each depth against the plain server, load by load, as the files have it.
+    text = flat(result.output)
+    plain = {r["concurrency"]: r for r in levels if r["series"] == "no-spec"}
+    for depth in ("d0", "d3"):
+        head = f"{depth} against the plain server, tok/s ratio by load: "
+        line = text[text.index(head) + len(head):].split(" against ")[0].split(" crossovers")[0]
+        mine = [r for r in levels if r["series"] == depth]
+        ratios = [r["output_tok_per_s"] / plain[r["concurrency"]]["output_tok_per_s"]
+                  for r in mine]  # fmt: skip
+        assert [p.split(" (")[0] for p in line.split(", ")] == [
+            f"c={r['concurrency']} {q:.3f}" for r, q in zip(mine, ratios, strict=True)
+        ]
     # The forced depths ran where they were asked for, and the old table is back.
     assert levels[0]["accept_length"] == 1.0 and levels[1]["accept_length"] > 1.3
     assert state_of(spec.base_url)["table"] == report["table_before"]

@@ -249,6 +249,28 @@ def too_short_hint(results: Sequence[LevelResult], output_tokens: float | None) 
     )
 
 
+def paired_lines(results: Sequence[LevelResult]) -> list[str]:
+    """Per depth, each load against the plain server's level of the same load: tok/s ratio and
+    TPOT p50 change. For `--paired` benches, where the two served the same requests back to
+    back; levels too short to finish a request are left out."""
+    plain = {r.level: r for r in results if r.series == NO_SPEC and not r.too_short}
+    lines = []
+    for name in dict.fromkeys(r.series for r in results if r.series != NO_SPEC):
+        parts = []
+        for r in results:
+            other = plain.get(r.level)
+            if r.series != name or r.too_short or other is None or not other.output_tok_per_s:
+                continue
+            part = f"{r.label} {r.output_tok_per_s / other.output_tok_per_s:.3f}"
+            if r.tpot_p50_ms is not None and other.tpot_p50_ms:
+                part += f" ({r.tpot_p50_ms / other.tpot_p50_ms - 1:+.1%} TPOT)"
+            parts.append(part)
+        if parts:
+            lines.append(f"{name} against the plain server, tok/s ratio by load: "
+                         + ", ".join(parts))  # fmt: skip
+    return lines
+
+
 SERVER_NAMES = {"spec": "speculative server", "no_spec": "plain server"}
 
 

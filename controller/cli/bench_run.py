@@ -28,6 +28,7 @@ from controller.bench.report import (
     best_depths,
     client_bound_hint,
     crossovers,
+    paired_lines,
     plot,
     recommendation_text,
     stall_hint,
@@ -256,6 +257,9 @@ def report(outcome: SweepOutcome, out_dir: Path, console: Console) -> None:
     chunks = stream_interval_hint(outcome.servers)
     if chunks is not None:
         console.print(f"[yellow]![/yellow] {chunks}")
+    if outcome.plan.paired:
+        for line in paired_lines(results):
+            console.print(line, highlight=False)
     cross = crossovers(results)
     console.print("crossovers: " + ("; ".join(c.describe() for c in cross) or "none measured"))
     verdict = recommendation_text(outcome)

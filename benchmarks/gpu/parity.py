@@ -24,10 +24,10 @@ import argparse
 import json
 import statistics
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from scipy.stats import bootstrap
@@ -38,6 +38,7 @@ PLAIN = "no-spec"
 INTERVAL = 0.9  # confidence of the pooled ratio's bootstrap interval over the runs
 MIN_RUNS = 3  # fewer runs give no interval worth printing
 RESAMPLES = 2000
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -189,40 +190,51 @@ def compare_runs(paths: Sequence[Path], series: str = "d0") -> list[Pair]:
     for c in levels:
         got = [(by[(series, c)], by[(PLAIN, c)]) for by in runs
                if (series, c) in by and (PLAIN, c) in by]
+        series_rows, plain_rows = [s for s, _ in got], [p for _, p in got]
         ratios = [s["output_tok_per_s"] / p["output_tok_per_s"] for s, p in got]
-        pooled = _pooled_tok_s([s for s, _ in got]) / _pooled_tok_s([p for _, p in got])
-        tpot_s = statistics.median(s["tpot_p50_ms"] for s, _ in got)
-        tpot_p = statistics.median(p["tpot_p50_ms"] for _, p in got)
+        pooled = _pooled_tok_s(series_rows) / _pooled_tok_s(plain_rows)
+        tpot_s = statistics.median(s["tpot_p50_ms"] for s in series_rows)
+        tpot_p = statistics.median(p["tpot_p50_ms"] for p in plain_rows)
         pairs.append(Pair(
             concurrency=c, ratios=[round(r, 4) for r in ratios],
             pooled_ratio=round(pooled, 4), tpot_series_ms=tpot_s, tpot_plain_ms=tpot_p,
             tpot_change=round(tpot_s / tpot_p - 1.0, 4),
             stalls_series=sum(_stalled(s) for s, _ in got),
             stalls_plain=sum(_stalled(p) for _, p in got),
-            time=_time_pair([s for s, _ in got], [p for _, p in got]),
+            time=_both(time_split, series_rows, plain_rows),
             interval=pooled_interval(got),
-            prefills_per_decode=_passes_pair([s for s, _ in got], [p for _, p in got]),
+            prefills_per_decode=_both(_per_decode, series_rows, plain_rows),
             slower_runs=sum(s["tpot_p50_ms"] > p["tpot_p50_ms"] for s, p in got),
             ttft_change_ms=_ttft_change(got),
-            ms_per_pass=_ms_per_pass_pair([s for s, _ in got], [p for _, p in got]),
+            ms_per_pass=_both(_ms_per_pass, series_rows, plain_rows),
         ))  # fmt: skip
     if not pairs:
         raise ParityError("no concurrency level is measured for both servers in any run")
     return pairs
 
 
+def _counted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows with SGLang's pass counts (benches since the tenth run)."""
+    return [r for r in rows if r.get("prefill_passes") is not None and r.get("decode_passes")]
+
+
 def _per_decode(rows: list[dict[str, Any]]) -> float | None:
-    counted = [r for r in rows if r.get("prefill_passes") is not None and r.get("decode_passes")]
+    counted = _counted(rows)
     if not counted:
         return None
-    return sum(r["prefill_passes"] for r in counted) / sum(r["decode_passes"] for r in counted)
+    return round(
+        sum(r["prefill_passes"] for r in counted) / sum(r["decode_passes"] for r in counted), 4
+    )
 
 
-def _passes_pair(
-    series: list[dict[str, Any]], plain: list[dict[str, Any]]
-) -> tuple[float, float] | None:
-    a, b = _per_decode(series), _per_decode(plain)
-    return None if a is None or b is None else (round(a, 4), round(b, 4))
+def _both(
+    measure: Callable[[list[dict[str, Any]]], T | None],
+    series: list[dict[str, Any]],
+    plain: list[dict[str, Any]],
+) -> tuple[T, T] | None:
+    """`measure` of each server's rows, or None where either has none."""
+    a, b = measure(series), measure(plain)
+    return None if a is None or b is None else (a, b)
 
 
 def _ttft_ms(row: dict[str, Any], key: str) -> float | None:
@@ -243,18 +255,11 @@ def _ttft_change(got: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> float 
 
 
 def _ms_per_pass(rows: list[dict[str, Any]]) -> float | None:
-    counted = [r for r in rows if r.get("prefill_passes") is not None and r.get("decode_passes")]
+    counted = _counted(rows)
     if not counted:
         return None
     passes = sum(r["prefill_passes"] + r["decode_passes"] for r in counted)
-    return 1000.0 * _seconds(counted) / passes
-
-
-def _ms_per_pass_pair(
-    series: list[dict[str, Any]], plain: list[dict[str, Any]]
-) -> tuple[float, float] | None:
-    a, b = _ms_per_pass(series), _ms_per_pass(plain)
-    return None if a is None or b is None else (round(a, 3), round(b, 3))
+    return round(1000.0 * _seconds(counted) / passes, 3)
 
 
 def run_by_run_table(pairs: Sequence[Pair], series: str) -> str:
@@ -284,13 +289,6 @@ def passes_line(pairs: Sequence[Pair], series: str) -> str | None:
         return None
     levels = ", ".join(f"c={c} {a:.2f} / {b:.2f}" for c, (a, b) in counted)
     return f"prefill batches per decode iteration ({series} / plain): {levels}"
-
-
-def _time_pair(
-    series: list[dict[str, Any]], plain: list[dict[str, Any]]
-) -> tuple[TimeSplit, TimeSplit] | None:
-    a, b = time_split(series), time_split(plain)
-    return None if a is None or b is None else (a, b)
 
 
 def time_table(pairs: Sequence[Pair], series: str) -> str | None:

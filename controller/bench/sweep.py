@@ -667,6 +667,13 @@ def _check_still_forced(plan: SweepPlan, server: ServerClient, version: int) -> 
         )
 
 
+def _introduce_plain(outcome: SweepOutcome, other: ServerClient) -> None:
+    """The plain server must answer before its levels; what it says of itself is kept."""
+    if not other.health():
+        raise ServerError(f"{outcome.plan.no_spec_url}/health is not OK (--no-spec-url)")
+    outcome.servers["no_spec"] = server_facts(other.server_info())
+
+
 async def _run_paired(
     outcome: SweepOutcome,
     server: ServerClient,
@@ -680,9 +687,7 @@ async def _run_paired(
     version = outcome.before.version
     live_depth: int | None = None  # pushed once per change, not per level
     with ServerClient(plan.no_spec_url) as other:
-        if not other.health():
-            raise ServerError(f"{plan.no_spec_url}/health is not OK (--no-spec-url)")
-        outcome.servers["no_spec"] = server_facts(other.server_info())
+        _introduce_plain(outcome, other)
         spec = _Levels(plan, server, observer, offset=0, processes=processes)
         plain = _Levels(plan, other, observer, offset=0, processes=processes)
         await spec.settle()
@@ -717,9 +722,7 @@ async def _run_no_spec(
     plan = outcome.plan
     assert plan.no_spec_url is not None
     with ServerClient(plan.no_spec_url) as other:
-        if not other.health():
-            raise ServerError(f"{plan.no_spec_url}/health is not OK (--no-spec-url)")
-        outcome.servers["no_spec"] = server_facts(other.server_info())
+        _introduce_plain(outcome, other)
         levels = _Levels(plan, other, observer, offset, processes)
         await levels.settle()
         async with make_client(plan.no_spec_url, _pool_size(plan)) as http:

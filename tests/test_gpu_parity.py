@@ -196,3 +196,49 @@ def test_run_by_run_counts_slower_runs_and_compares_admissions_and_passes(tmp_pa
     row = next(line for line in text.splitlines() if line.split()[:1] == ["1"]
                and "of 3" in line)  # fmt: skip
     assert row.split() == ["1", "2", "of", "3", "-9.0", "ms", "6.000", "/", "4.444"]
+
+
+def test_the_spread_between_runs_sets_passes_beside_the_decode_forward(tmp_path, capsys):
+    """Two runs at 128 streams whose decode forward (the plugin's step_ms) repeats within
+    0.1 ms while their passes differ by 2 ms: the table shows both spreads; a level with one
+    run has no spread and is left out of it."""
+
+    def level(series, passes, elapsed, step):  # type: ignore[no-untyped-def]
+        row = {**_row(series, 128, 10000.0, elapsed, 11.0),
+               "prefill_passes": passes[0], "decode_passes": passes[1]}
+        return {**row, "step_ms": step} if step is not None else row
+
+    a = _bench(tmp_path / "a", [
+        level("d0", (250, 750), 8.0, 6.9), level("no-spec", (250, 750), 9.0, None),
+        level("d0", (0, 2000), 10.0, 4.8) | {"concurrency": 1},
+        level("no-spec", (0, 2000), 10.0, None) | {"concurrency": 1},
+    ])  # fmt: skip
+    b = _bench(tmp_path / "b", [
+        level("d0", (250, 750), 10.0, 7.0), level("no-spec", (250, 750), 8.5, None),
+    ])  # fmt: skip
+    one, many = parity.compare_runs([a, b])
+    assert many.pass_ms_range == ((8.0, 10.0), (8.5, 9.0))
+    assert many.decode_ms_range == (6.9, 7.0)
+    assert one.pass_ms_range == ((5.0, 5.0), (5.0, 5.0)) and one.decode_ms_range == (4.8, 4.8)
+    assert parity.main([str(a), str(b)]) == 0
+    text = capsys.readouterr().out
+    assert "spread between runs, lowest-highest (d0 / plain)" in text
+    rows = [line.split() for line in text.split("spread between runs")[1].splitlines()[2:]]
+    assert rows == [["128", "8.00-10.00", "/", "8.50-9.00", "6.90-7.00"]]
+
+
+def test_a_folder_whose_bench_was_cut_is_left_out_with_a_note(tmp_path, capsys):
+    """A series folder without bench.json (the bench timed out before writing it) must not
+    stop the verdict on the others."""
+    a = _bench(tmp_path / "a", [_row("d0", 1, 100.0, 10.0, 5.0),
+                                _row("no-spec", 1, 100.0, 10.0, 5.0)])
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    out = tmp_path / "p.json"
+    assert parity.main([str(a), str(cut), "--json", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert f"left out {cut}: no bench.json" in captured.err
+    assert "over 1 bench runs" in captured.out
+    assert json.loads(out.read_text())["cut"] == [str(cut)]
+    assert parity.main([str(cut)]) == 2
+    assert "no bench.json in any folder given" in capsys.readouterr().err

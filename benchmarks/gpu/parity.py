@@ -15,7 +15,12 @@ ran with SGLang's device timer (SGLANG_ENABLE_METRICS_DEVICE_TIMER=1), a second 
 the time went, pooled the same way: prefill GPU ms per completed request, decode GPU ms per
 output token, the share of the window the GPU ran nothing, and the mean running requests.
 A last table goes run by run: in how many runs the series was slower per token, the median of
-its TTFT minus the plain server's, and each server's measured ms per forward pass.
+its TTFT minus the plain server's, and each server's measured ms per forward pass. Beside
+it, the spread between runs: each server's lowest and highest ms per forward pass, and the
+series' decode forward on its own (the plugin's GPU timer). Where a level's passes spread far
+wider than its decode forward, the runs differ in time outside the decode forward (prefill
+forwards, host work the overlap scheduler did not hide), not in what speculation-off costs.
+A folder without bench.json (a bench cut before it wrote it) is left out, with a note.
 """
 
 from __future__ import annotations
@@ -68,6 +73,10 @@ class Pair:
     slower_runs: int = 0
     ttft_change_ms: float | None = None
     ms_per_pass: tuple[float, float] | None = None
+    # Lowest and highest over the runs: each server's ms per forward pass, (series, plain),
+    # and the series' decode forward alone (ms per iteration by the plugin's GPU timer).
+    pass_ms_range: tuple[tuple[float, float], tuple[float, float]] | None = None
+    decode_ms_range: tuple[float, float] | None = None
 
     @property
     def worst_ratio(self) -> float:
@@ -207,6 +216,8 @@ def compare_runs(paths: Sequence[Path], series: str = "d0") -> list[Pair]:
             slower_runs=sum(s["tpot_p50_ms"] > p["tpot_p50_ms"] for s, p in got),
             ttft_change_ms=_ttft_change(got),
             ms_per_pass=_both(_ms_per_pass, series_rows, plain_rows),
+            pass_ms_range=_both(_pass_ms_range, series_rows, plain_rows),
+            decode_ms_range=_range([r.get("step_ms") for r in series_rows]),
         ))  # fmt: skip
     if not pairs:
         raise ParityError("no concurrency level is measured for both servers in any run")
@@ -262,6 +273,15 @@ def _ms_per_pass(rows: list[dict[str, Any]]) -> float | None:
     return round(1000.0 * _seconds(counted) / passes, 3)
 
 
+def _range(values: Sequence[Any]) -> tuple[float, float] | None:
+    numbers = [float(v) for v in values if isinstance(v, int | float) and v > 0]
+    return (round(min(numbers), 3), round(max(numbers), 3)) if numbers else None
+
+
+def _pass_ms_range(rows: list[dict[str, Any]]) -> tuple[float, float] | None:
+    return _range([_ms_per_pass([r]) for r in rows])
+
+
 def run_by_run_table(pairs: Sequence[Pair], series: str) -> str:
     """Per level: how often the series was slower per token, its TTFT against the plain
     server's, and each server's time per forward pass. A per-token cost shows as slower in
@@ -278,6 +298,26 @@ def run_by_run_table(pairs: Sequence[Pair], series: str) -> str:
             f"{p.ms_per_pass[0]:.3f} / {p.ms_per_pass[1]:.3f}")
         lines.append(f"{p.concurrency:>5} {f'{p.slower_runs} of {measured}':>17} {ttft:>12} "
                      f"{per_pass:>22}")
+    return "\n".join(lines)
+
+
+def spread_table(pairs: Sequence[Pair], series: str) -> str | None:
+    """Per level, lowest-highest over the runs of each server's ms per forward pass and of the
+    series' decode forward (None unless some level has pass counts from two runs or more)."""
+    spread = [p for p in pairs if p.pass_ms_range is not None and len(p.ratios) > 1]
+    if not spread:
+        return None
+    lines = [
+        f"spread between runs, lowest-highest ({series} / plain)",
+        f"{'conc':>5} {'ms per forward pass':>27} {series + ' decode forward ms':>22}",
+    ]
+    for p in spread:
+        assert p.pass_ms_range is not None
+        (a_lo, a_hi), (b_lo, b_hi) = p.pass_ms_range
+        passes = f"{a_lo:.2f}-{a_hi:.2f} / {b_lo:.2f}-{b_hi:.2f}"
+        decode = "-" if p.decode_ms_range is None else (
+            f"{p.decode_ms_range[0]:.2f}-{p.decode_ms_range[1]:.2f}")
+        lines.append(f"{p.concurrency:>5} {passes:>27} {decode:>22}")
     return "\n".join(lines)
 
 
@@ -371,14 +411,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tpot-within", type=float, default=0.03, help="TPOT p50 change (0.03)")
     ap.add_argument("--json", type=Path, help="also write the comparison as one JSON object")
     args = ap.parse_args(argv)
+    cut = [p for p in args.runs if p.is_dir() and not (p / "bench.json").exists()]
+    for path in cut:
+        print(f"left out {path}: no bench.json (its bench was cut before it wrote one)",
+              file=sys.stderr)
+    args.runs = [p for p in args.runs if p not in cut]
     try:
+        if not args.runs:
+            raise ParityError("no bench.json in any folder given")
         pairs = compare_runs(args.runs, args.series)
     except ParityError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(report(pairs, len(args.runs), args.series, args.min_ratio, args.tpot_within))
     for extra in (time_table(pairs, args.series), passes_line(pairs, args.series),
-                  run_by_run_table(pairs, args.series)):
+                  run_by_run_table(pairs, args.series), spread_table(pairs, args.series)):
         if extra is not None:
             print(extra)
     missing = left_out(args.runs, pairs)
@@ -390,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
             "runs": [str(p) for p in args.runs], "series": args.series,
             "min_ratio": args.min_ratio, "tpot_within": args.tpot_within,
             "levels": [{**asdict(p), "worst_ratio": p.worst_ratio} for p in pairs],
-            "left_out": missing,
+            "left_out": missing, "cut": [str(p) for p in cut],
         }, indent=2) + "\n")  # fmt: skip
     return 0
 

@@ -13,6 +13,8 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any
 
+from benchmarks.gpu.cpus import CpuListError, parse_cpu_list
+
 PHASES = ("models", "start", "smoke", "greedy", "switch", "bench", "daemon", "summary", "stop")
 SERVER_PHASES = ("smoke", "greedy", "switch", "bench", "daemon")
 
@@ -37,6 +39,8 @@ class Options:
     start_timeout: float = 420.0
     server_args: str = ""
     plain_with_plugin: bool = False
+    spec_cpus: str = ""
+    plain_cpus: str = ""
     sim_speedup: float = 1.0
     smoke_seconds: float = 15.0
     greedy_prompts: int = 8
@@ -93,6 +97,9 @@ HELP = {
     "server_args": "extra SGLang arguments for both servers (one shell-quoted string)",
     "plain_with_plugin": "load the specctl plugin into the plain server too (inactive there, "
                          "hooks installed; runs 1-13 did); default: no plugin, stock SGLang",
+    "spec_cpus": "CPU cores for the speculative server and every process it starts, like "
+                 "0-5 (benchmarks/gpu/cpus.py); '' for no pinning",
+    "plain_cpus": "CPU cores for the plain server, like 6-11; '' for no pinning",
     "start_order": "which server starts first (gets --mem-fraction-first): spec,plain or "
                    "plain,spec",
     "smoke_seconds": "seconds per forced depth in sglang_hooks.smoke",
@@ -168,6 +175,12 @@ def validate(opts: Options) -> None:
     if opts.start_order not in ("spec,plain", "plain,spec"):
         raise OptionError(f"--start-order: expected spec,plain or plain,spec, got "
                           f"{opts.start_order!r}")
+    for name in ("spec_cpus", "plain_cpus"):
+        if getattr(opts, name):
+            try:
+                parse_cpu_list(getattr(opts, name), name.replace("_", "-"))
+            except CpuListError as err:
+                raise OptionError(str(err)) from None
     for name in ("depths", "greedy_switch_depths", "switch_depths", "bench_concurrency",
                  "daemon_concurrency"):
         if not int_list(getattr(opts, name), name.replace("_", "-")):

@@ -103,7 +103,7 @@ def _server_options(run: Run) -> servers.ServerOptions:
         plain_port=o.plain_port, depths=o.depths, mem_fraction_first=o.mem_fraction_first,
         mem_fraction_second=o.mem_fraction_second, spec_first=o.start_order == "spec,plain",
         extra_args=tuple(shlex.split(o.server_args)), sim_speedup=o.sim_speedup,
-        plain_with_plugin=o.plain_with_plugin,
+        plain_with_plugin=o.plain_with_plugin, spec_cpus=o.spec_cpus, plain_cpus=o.plain_cpus,
     )  # fmt: skip
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.gpu.cpus import pinned_argv
 from benchmarks.gpu.model_folders import ModelFolders
 from benchmarks.gpu.procs import pid_alive, session_pids
 
@@ -73,6 +74,9 @@ class ServerOptions:
     # Load the specctl plugin into the plain server too (it stays inactive there, but its
     # hooks are installed); by default the plain server runs without any plugin.
     plain_with_plugin: bool = False
+    # CPU cores per server ("" for none): the launch goes through benchmarks.gpu.cpus.
+    spec_cpus: str = ""
+    plain_cpus: str = ""
 
 
 def plans(models: ModelFolders | None, opts: ServerOptions, log_dir: Path) -> list[LaunchPlan]:
@@ -88,6 +92,8 @@ def plans(models: ModelFolders | None, opts: ServerOptions, log_dir: Path) -> li
             if models is None:
                 raise ValueError("no model folders: run the `models` phase first")
             argv = _sglang_argv(role, port, mem, models, opts)
+        argv = pinned_argv(opts.spec_cpus if role == SPEC else opts.plain_cpus, argv,
+                           opts.python)
         env = dict(NO_PLUGINS) if role == PLAIN and not opts.plain_with_plugin else {}
         if opts.backend != "sim" and (timer := os.environ.get(DEVICE_TIMER_ENV)) is not None:
             # Part of the launch, so that a server started with another setting is restarted

@@ -74,6 +74,11 @@ HARNESS_OPTS=(--run-dir "$R" --models seeded --depths 0,1,3 --bench-duration "$L
               --smoke-seconds 4 --greedy-prompts 4 --greedy-tokens 128 --switches 1000
               --switch-interval 0.02 "${EXTRA[@]}")
 [ -n "${SERVER_ARGS:-}" ] && HARNESS_OPTS+=(--server-args "$SERVER_ARGS")
+# SPEC_CPUS=0-5 PLAIN_CPUS=6-11 BENCH_CPUS=12-15: each server (every process it starts) and the
+# bench client on their own cores (benchmarks/gpu/cpus.py); a server started with other cores
+# is restarted, not reused. Unset: no pinning.
+[ -n "${SPEC_CPUS+x}" ] && HARNESS_OPTS+=(--spec-cpus "$SPEC_CPUS")
+[ -n "${PLAIN_CPUS+x}" ] && HARNESS_OPTS+=(--plain-cpus "$PLAIN_CPUS")
 
 key() { "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['admin_key'])" "$R/state.json"; }
 url_of() {  # url_of spec|plain: from the harness's state
@@ -99,6 +104,10 @@ bench() {  # bench OUTDIR EXTRA...: the harness bench's workload (family a, 128-
     local dir=$1; shift
     local cut=()
     [ -n "${BENCH_TIMEOUT:-}" ] && cut=(timeout "$BENCH_TIMEOUT")
+    if [ -n "${BENCH_CPUS:-}" ]; then
+        cut+=("$PY" -m benchmarks.gpu.cpus "$BENCH_CPUS" --)
+        echo "bench client on cores $BENCH_CPUS"
+    fi
     "${cut[@]}" "$PY" -m controller.cli bench --url "$(spec_url)" --admin-key "$(key)" \
         --dataset "${DATASET:-$R/models/seeded/family_a.jsonl}" "${OUTPUT_TOKENS[@]}" \
         --concurrency 1,4,16,64,128 --duration-per-level "$LEVEL_S" --warmup-per-level 1.5 \

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from test_cli_bench import KEY, flat, push_before, state_of
 from typer.testing import CliRunner
 
@@ -87,3 +88,48 @@ def test_a_paired_plan_runs_each_load_across_every_series() -> None:
     assert plan.levels() == [(0, plan.shapes()[0]), (3, plan.shapes()[0]),
                              (None, plan.shapes()[0]), (0, plan.shapes()[1]),
                              (3, plan.shapes()[1]), (None, plan.shapes()[1])]  # fmt: skip
+    first = SweepPlan(
+        url="http://a", depths=(0,), concurrencies=(1,), stop=None,  # type: ignore[arg-type]
+        prompts=[], prompt_source="", no_spec_url="http://b", paired=True, plain_first=True,
+    )  # fmt: skip
+    assert first.levels() == [(None, first.shapes()[0]), (0, first.shapes()[0])]
+
+
+def test_plain_first_runs_the_plain_server_first_at_every_load(
+    sim_server_factory, tmp_path: Path
+) -> None:
+    spec = sim_server_factory(admin_key=KEY, speedup=50)
+    nospec = sim_server_factory(speedup=50, speculative=False)
+    push_before(spec.base_url)
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", "0",
+         "--concurrency", "1,3", "--no-spec-url", nospec.base_url, "--paired", "--plain-first",
+         "--requests-per-level", "4", "--warmup-per-level", "0", "--dataset",
+         str(dataset(tmp_path)), "--out", str(out), "--client-bound-share", "100"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "(paired, the plain server first)" in flat(result.output)
+    report = json.loads((out / "bench.json").read_text())
+    assert report["paired_order"] == "plain-first"
+    levels = report["results"]
+    assert [(r["series"], r["concurrency"]) for r in levels] == [
+        ("no-spec", 1), ("d0", 1), ("no-spec", 3), ("d0", 3)]
+    # Still the same requests within a load, whichever server goes first.
+    assert levels[0]["prompt_offset"] == levels[1]["prompt_offset"] == 0
+    assert levels[2]["prompt_offset"] == levels[3]["prompt_offset"] >= 4
+    assert {(r["output_tokens_min"], r["output_tokens_max"]) for r in levels[:2]} == {(20, 41)}
+    assert levels[1]["accept_length"] == 1.0  # depth 0 was forced after the plain level
+
+
+def test_plain_first_without_paired_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    result = CliRunner().invoke(
+        app, ["bench", "--url", "http://127.0.0.1:9", "--no-spec-url", "http://127.0.0.1:8",
+              "--plain-first", "--out", str(tmp_path / "b")])  # fmt: skip
+    assert result.exit_code == 2
+    assert "--plain-first" in flat(result.output) and "give --paired" in flat(result.output)
+    assert not (tmp_path / "b").exists()
+    with pytest.raises(ValueError, match="only in paired levels"):
+        SweepPlan(url="http://a", depths=(0,), concurrencies=(1,), stop=None,  # type: ignore[arg-type]
+                  prompts=[], prompt_source="", no_spec_url="http://b", plain_first=True)

@@ -242,3 +242,37 @@ def test_a_folder_whose_bench_was_cut_is_left_out_with_a_note(tmp_path, capsys):
     assert json.loads(out.read_text())["cut"] == [str(cut)]
     assert parity.main([str(cut)]) == 2
     assert "no bench.json in any folder given" in capsys.readouterr().err
+
+
+def test_paired_runs_of_both_orders_split_by_which_server_went_first(tmp_path, capsys):
+    """Four paired runs at one stream: d0 slower per token whenever it went second. Runs
+    from before `--plain-first` (paired, no order recorded) count as d0 first; an unpaired
+    run joins the pooled verdict but neither order."""
+
+    def run(name, order, d0_tpot, d0_tok_s):  # type: ignore[no-untyped-def]
+        path = _bench(tmp_path / name, [_row("d0", 1, d0_tok_s, 10.0, d0_tpot),
+                                        _row("no-spec", 1, 100.0, 10.0, 5.0)])
+        data = json.loads((path / "bench.json").read_text())
+        if order != "unpaired":
+            data["paired"] = True
+        if order == "plain-first":
+            data["paired_order"] = order
+        (path / "bench.json").write_text(json.dumps(data))
+        return path
+
+    runs = [run("a", "spec-first", 4.9, 102.0), run("b", "spec-first (old)", 4.95, 101.0),
+            run("c", "plain-first", 5.2, 96.0), run("d", "plain-first", 5.1, 98.0),
+            run("e", "unpaired", 5.0, 100.0)]  # fmt: skip
+    assert [parity.paired_order(r) for r in runs] == [
+        "spec-first", "spec-first", "plain-first", "plain-first", None]
+    (one,) = parity.compare_runs(runs)
+    assert one.by_order == {"spec-first": (pytest.approx(1.015), 0, 2),
+                            "plain-first": (pytest.approx(0.97), 2, 2)}  # fmt: skip
+    assert parity.main([str(r) for r in runs]) == 0
+    text = capsys.readouterr().out
+    table = text.split("by order within each paired load")[1].splitlines()
+    assert table[2].split() == ["1", "1.015", "(0", "of", "2)", "0.970", "(2", "of", "2)"]
+    # One order only: no table.
+    assert parity.compare_runs(runs[:2])[0].by_order is None
+    assert parity.main([str(r) for r in runs[:2]]) == 0
+    assert "by order" not in capsys.readouterr().out

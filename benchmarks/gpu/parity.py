@@ -20,6 +20,8 @@ it, the spread between runs: each server's lowest and highest ms per forward pas
 series' decode forward on its own (the plugin's GPU timer). Where a level's passes spread far
 wider than its decode forward, the runs differ in time outside the decode forward (prefill
 forwards, host work the overlap scheduler did not hide), not in what speculation-off costs.
+Where paired runs of both orders pooled (`specctl bench --paired`, with and without
+`--plain-first`), a table splits each level by which server went first at its load.
 A folder without bench.json (a bench cut before it wrote it) is left out, with a note.
 """
 
@@ -77,6 +79,10 @@ class Pair:
     # and the series' decode forward alone (ms per iteration by the plugin's GPU timer).
     pass_ms_range: tuple[tuple[float, float], tuple[float, float]] | None = None
     decode_ms_range: tuple[float, float] | None = None
+    # Paired runs of both orders at this level: per order ("spec-first", "plain-first"), the
+    # pooled tok/s ratio, the runs where the series' TPOT p50 was above the plain server's,
+    # and the runs. None unless both orders ran here.
+    by_order: dict[str, tuple[float, int, int]] | None = None
 
     @property
     def worst_ratio(self) -> float:
@@ -126,12 +132,27 @@ class ParityError(ValueError):
     """A bench file that cannot be compared; the message names the file and the fix."""
 
 
-def _rows(path: Path, measured_only: bool = True) -> list[dict[str, Any]]:
+def _load(path: Path) -> Any:
     file = path / "bench.json" if path.is_dir() else path
     try:
-        data = json.loads(file.read_text())
+        return json.loads(file.read_text())
     except (OSError, ValueError) as err:
         raise ParityError(f"{file}: {err}") from None
+
+
+def paired_order(path: Path) -> str | None:
+    """"spec-first" or "plain-first" for a paired bench, None otherwise. Paired benches
+    before `--plain-first` existed ran the speculative server first."""
+    data = _load(path)
+    if not isinstance(data, dict) or not data.get("paired"):
+        return None
+    order = data.get("paired_order")
+    return order if isinstance(order, str) else "spec-first"
+
+
+def _rows(path: Path, measured_only: bool = True) -> list[dict[str, Any]]:
+    file = path / "bench.json" if path.is_dir() else path
+    data = _load(path)
     rows = data.get("results") if isinstance(data, dict) else None
     if not isinstance(rows, list):
         raise ParityError(f"{file}: no 'results' list; give a `specctl bench` bench.json")
@@ -184,6 +205,7 @@ def compare_runs(paths: Sequence[Path], series: str = "d0") -> list[Pair]:
     plain server (a level too short to finish a request in a run leaves that run out of it),
     so benches of different level sets (1-16 streams, then long 64-128) pool together."""
     runs = []
+    orders = [paired_order(path) for path in paths]
     for path in paths:
         rows = _rows(path)
         by = {(str(r.get("series")), int(r.get("concurrency") or 0)): r for r in rows}
@@ -199,6 +221,9 @@ def compare_runs(paths: Sequence[Path], series: str = "d0") -> list[Pair]:
     for c in levels:
         got = [(by[(series, c)], by[(PLAIN, c)]) for by in runs
                if (series, c) in by and (PLAIN, c) in by]
+        ordered = [(order, by[(series, c)], by[(PLAIN, c)])
+                   for by, order in zip(runs, orders, strict=True)
+                   if order is not None and (series, c) in by and (PLAIN, c) in by]
         series_rows, plain_rows = [s for s, _ in got], [p for _, p in got]
         ratios = [s["output_tok_per_s"] / p["output_tok_per_s"] for s, p in got]
         pooled = _pooled_tok_s(series_rows) / _pooled_tok_s(plain_rows)
@@ -218,6 +243,7 @@ def compare_runs(paths: Sequence[Path], series: str = "d0") -> list[Pair]:
             ms_per_pass=_both(_ms_per_pass, series_rows, plain_rows),
             pass_ms_range=_both(_pass_ms_range, series_rows, plain_rows),
             decode_ms_range=_range([r.get("step_ms") for r in series_rows]),
+            by_order=_by_order(ordered),
         ))  # fmt: skip
     if not pairs:
         raise ParityError("no concurrency level is measured for both servers in any run")
@@ -298,6 +324,42 @@ def run_by_run_table(pairs: Sequence[Pair], series: str) -> str:
             f"{p.ms_per_pass[0]:.3f} / {p.ms_per_pass[1]:.3f}")
         lines.append(f"{p.concurrency:>5} {f'{p.slower_runs} of {measured}':>17} {ttft:>12} "
                      f"{per_pass:>22}")
+    return "\n".join(lines)
+
+
+ORDERS = ("spec-first", "plain-first")
+
+
+def _by_order(
+    ordered: Sequence[tuple[str, dict[str, Any], dict[str, Any]]],
+) -> dict[str, tuple[float, int, int]] | None:
+    out = {}
+    for order in ORDERS:
+        got = [(s, p) for o, s, p in ordered if o == order]
+        if not got:
+            return None
+        ratio = _pooled_tok_s([s for s, _ in got]) / _pooled_tok_s([p for _, p in got])
+        slower = sum(s["tpot_p50_ms"] > p["tpot_p50_ms"] for s, p in got)
+        out[order] = (round(ratio, 4), slower, len(got))
+    return out
+
+
+def order_table(pairs: Sequence[Pair], series: str) -> str | None:
+    """Per level with paired runs of both orders: the pooled ratio and the runs where the
+    series was slower per token, with it first and with the plain server first. A gap that
+    follows the order is the bench's; one that stays is the servers'."""
+    both = [p for p in pairs if p.by_order is not None]
+    if not both:
+        return None
+    lines = [
+        f"by order within each paired load: pooled tok/s ratio ({series} slower per token in)",
+        f"{'conc':>5} {series + ' first':>22} {'plain first':>22}",
+    ]
+    for p in both:
+        assert p.by_order is not None
+        cells = [f"{r:.3f} ({slower} of {n})" for r, slower, n in
+                 (p.by_order[o] for o in ORDERS)]  # fmt: skip
+        lines.append(f"{p.concurrency:>5} {cells[0]:>22} {cells[1]:>22}")
     return "\n".join(lines)
 
 
@@ -425,7 +487,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(report(pairs, len(args.runs), args.series, args.min_ratio, args.tpot_within))
     for extra in (time_table(pairs, args.series), passes_line(pairs, args.series),
-                  run_by_run_table(pairs, args.series), spread_table(pairs, args.series)):
+                  run_by_run_table(pairs, args.series), spread_table(pairs, args.series),
+                  order_table(pairs, args.series)):
         if extra is not None:
             print(extra)
     missing = left_out(args.runs, pairs)

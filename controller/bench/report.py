@@ -368,7 +368,8 @@ def client_bound_hint(
 # `output_tokens`, `server_ttft_ms`, `server_itl_ms` (what `specctl sim fit` needs); /1 had no
 # `format` key. Still /2, as additions that readers of /2 ignore: `client_processes` and
 # `client_bound_share`, `gc_frozen` (with --freeze-gc), and per level `client_processes`,
-# `client_process_cpu_share` and `client_bound`; `paired`, and per level `prompt_offset`.
+# `client_process_cpu_share` and `client_bound`; `paired`, and per level `prompt_offset`;
+# `paired_order` ("spec-first" or "plain-first"; None unless paired).
 BENCH_FORMAT = "specctl-bench/2"
 
 CSV_FIELDS = [f.name for f in fields(LevelResult)]
@@ -451,6 +452,9 @@ def outcome_json(outcome: SweepOutcome) -> dict[str, Any]:
         "client_processes": plan.client_processes,
         "client_bound_share": plan.client_bound_share,
         "paired": plan.paired,
+        "paired_order": ("plain-first" if plan.plain_first else "spec-first")
+        if plan.paired
+        else None,
         "no_spec_wins": None
         if plain is None
         else {

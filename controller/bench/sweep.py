@@ -106,6 +106,9 @@ class SweepPlan:
     # requests in the same order, instead of one series after the other on fresh prompts: a
     # comparison then meets neither drift between series nor a different draw of prompts.
     paired: bool = False
+    # Paired runs only: the plain server first at every load, then each depth. A bench that
+    # alternates the order from run to run separates an order effect from the servers' gap.
+    plain_first: bool = False
 
     def __post_init__(self) -> None:
         if bool(self.concurrencies) == bool(self.request_rates):
@@ -116,6 +119,8 @@ class SweepPlan:
             raise ValueError("the client-bound share must be > 0")
         if self.paired and not self.no_spec_url:
             raise ValueError("paired levels need a server without speculation to pair with")
+        if self.plain_first and not self.paired:
+            raise ValueError("the plain server goes first only in paired levels")
 
     def in_process(self, shape: LoadShape) -> bool:
         """Whether this process runs `shape` itself: with one client process, or for a level of
@@ -146,10 +151,14 @@ class SweepPlan:
             return self.max_concurrency
         return max(self.concurrencies)
 
+    def paired_order(self) -> tuple[int | None, ...]:
+        """The series of one load in a paired run, None for the plain server."""
+        return (None, *self.depths) if self.plain_first else (*self.depths, None)
+
     def levels(self) -> list[tuple[int | None, LoadShape]]:
         """(depth or None for the no-spec server, load) in the order they run."""
         if self.paired:
-            return [(d, shape) for shape in self.shapes() for d in (*self.depths, None)]
+            return [(d, shape) for shape in self.shapes() for d in self.paired_order()]
         out: list[tuple[int | None, LoadShape]] = [
             (d, shape) for d in self.depths for shape in self.shapes()
         ]
@@ -680,8 +689,9 @@ async def _run_paired(
     observer: LevelObserver,
     processes: LoadProcesses | None,
 ) -> None:
-    """Per load: each depth, then the plain server, every one from the same first prompt.
-    The next load starts past the furthest prompt any of them reached, so loads stay fresh."""
+    """Per load: each depth, then the plain server (or it first, `plain_first`), every one
+    from the same first prompt. The next load starts past the furthest prompt any of them
+    reached, so loads stay fresh."""
     plan = outcome.plan
     assert plan.no_spec_url is not None
     version = outcome.before.version
@@ -701,7 +711,7 @@ async def _run_paired(
             start = 0
             for shape in plan.shapes():
                 reached = start
-                for depth in (*plan.depths, None):
+                for depth in plan.paired_order():
                     levels, http = (plain, plain_http) if depth is None else (spec, spec_http)
                     if depth is not None and depth != live_depth:
                         version, live_depth = version + 1, depth

@@ -141,6 +141,14 @@ def bench(
             "level: no drift between series, no different draw of prompts.",
         ),
     ] = False,
+    plain_first: Annotated[
+        bool,
+        typer.Option(
+            "--plain-first",
+            help="With --paired: the plain server first at every load, then each depth. "
+            "Alternating it between runs tells an order effect from a gap between the servers.",
+        ),
+    ] = False,
     admin_key: Annotated[
         str | None,
         typer.Option(
@@ -287,6 +295,11 @@ def bench(
             "--no-spec-url too",
             param_hint="--paired",
         )
+    if plain_first and not paired:
+        raise typer.BadParameter(
+            "orders the servers within each paired load: give --paired too",
+            param_hint="--plain-first",
+        )
     forced = None if depths is None else parse_int_list(depths, "--depths", 0, MAX_DEPTH)
     slo = _slo(goodput)
     prompts, source = _prompts(dataset, prompt_tokens, output_tokens)
@@ -318,7 +331,7 @@ def bench(
         temperature=temperature, request_rates=rates, burstiness=burstiness or 1.0,
         max_concurrency=max_concurrency, slo=slo, client_processes=client_processes,
         client_bound_share=client_bound_share or CLIENT_BOUND_SHARE, freeze_gc=freeze_gc,
-        paired=paired,
+        paired=paired, plain_first=plain_first,
     )  # fmt: skip
     _warn_if_more_than_cores(client_processes)
     code = run_bench(plan, out_dir)

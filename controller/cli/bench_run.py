@@ -292,8 +292,11 @@ def describe_plan(plan: SweepPlan) -> str:
         if plan.client_processes == 1
         else f", load split across {plan.client_processes} client processes"
     )
+    order = ", the plain server first" if plan.plain_first else ""
     paired = (
-        ", each load's levels back to back on the same requests (paired)" if plan.paired else ""
+        f", each load's levels back to back on the same requests (paired{order})"
+        if plan.paired
+        else ""
     )
     return (
         f"bench {plan.url}: depths {list(plan.depths)} x {load}, {plan.stop.describe()}{slo}"

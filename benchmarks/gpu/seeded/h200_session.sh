@@ -325,6 +325,9 @@ series)
     # short series leave the ratio's interval wide; they pool with the full series by level.
     # SERIES_TAG=NAME keeps these series apart (series_NAME_1, ..., parity_NAME.txt), e.g. those
     # of servers restarted with the device timer, which must not pool with the others.
+    # ORDER=alternate (default): odd series run d0 first at each load, even ones the plain
+    # server first (`--plain-first`), so parity.py can tell an order effect from a gap between
+    # the servers; ORDER=spec-first or plain-first for one order throughout.
     FREEZE_AFTER=${FREEZE_AFTER:-0}
     spread_outputs
     S="$R/series_${SERIES_TAG:+${SERIES_TAG}_}"  # SERIES_TAG=timed: series_timed_1, ... apart
@@ -339,8 +342,17 @@ series)
         fi
         [ "$rep" = 0 ] && continue
         n=$((first + rep - 1))
-        stamp "series ${SERIES_TAG:+$SERIES_TAG }$n: d0 and plain at ${STREAMS:-1-128} streams, paired"
-        bench "$S$n" --depths 0 --no-spec-url "$(plain_url)" --paired \
+        order_flag=(); who="d0 first"
+        case "${ORDER:-alternate}" in
+            plain-first) order_flag=(--plain-first) ;;
+            alternate) [ $((n % 2)) = 0 ] && order_flag=(--plain-first) ;;
+            spec-first) ;;
+            *) echo "ORDER: expected alternate, spec-first or plain-first, got $ORDER" >&2
+               exit 2 ;;
+        esac
+        [ ${#order_flag[@]} -gt 0 ] && who="plain first"
+        stamp "series ${SERIES_TAG:+$SERIES_TAG }$n: d0 and plain at ${STREAMS:-1-128} streams, paired, $who"
+        bench "$S$n" --depths 0 --no-spec-url "$(plain_url)" --paired "${order_flag[@]}" \
             --client-processes 4 --warmup-per-level 2 "${streams[@]}" 2>&1 \
             | tee "$S$n.txt" | tail -14
         pack  # each series comes back even if the command is cut before the pooled verdict

@@ -52,6 +52,10 @@ def test_all_phases_against_simulated_servers_then_a_later_command(tmp_path, cap
 
     summary = json.loads((run_dir / "summary.json").read_text())
     phases = summary["phases"]
+    # each server's log read for SGLang's prefill lines (the stand-ins write none)
+    assert summary["prefill_batches"]["plain"] == {"graphed": 0, "eager": 0,
+                                                   "eager_one_token": 0}
+    assert set(summary["prefill_batches"]) == {"spec", "plain"}
     # with the off modes and both trims' settings
     assert phases["smoke"]["result"]["result"] == "23 passed, 0 failed"
     greedy = phases["greedy"]["result"]["comparisons"]

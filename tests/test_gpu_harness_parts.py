@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from benchmarks.gpu import memory, servers
+from benchmarks.gpu import memory, server_log, servers
 from benchmarks.gpu.greedy import (
     GreedyPrompt,
     RunResult,
@@ -250,3 +250,34 @@ def test_phases_that_need_only_the_speculative_server_run_without_the_plain_one(
     run.require_servers(servers.SPEC)
     with pytest.raises(PhaseError, match="plain server"):
         run.require_servers()
+
+
+def _prefill_line(new: int, cached: int, graph: bool) -> str:
+    """One "Prefill batch" line as SGLang 0.5.17 logs it."""
+    return (f"[2026-12-03 11:01:54] Prefill batch, #new-seq: 1, #new-token: {new}, "
+            f"#cached-token: {cached}, token usage: 0.00, #running-req: 0, #queue-req: 0, "
+            f"#pending-token: 0, cuda graph: {graph}, input throughput (token/s): 1.14\n")
+
+
+PREFILL_LINES = "".join([
+    _prefill_line(1, 31, False),
+    "[2026-12-03 11:01:55] Decode batch, #running-req: 1, #token: 92, token usage: 0.00, "
+    "cuda graph: True, gen throughput (token/s): 212.09, #queue-req: 0\n",
+    _prefill_line(2, 30, True), _prefill_line(96, 0, True), _prefill_line(9000, 0, False),
+])
+
+
+def test_prefill_batches_are_counted_by_graph_and_one_token_eager_ones_apart(tmp_path, capsys):
+    """Lines in the format SGLang 0.5.17 logs them (run 14's plain server): a decode line and
+    a long eager prefill are not one-token eager prefills."""
+    log = tmp_path / "plain.log"
+    log.write_text(PREFILL_LINES)
+    assert server_log.prefill_graph_counts(log) == {
+        "graphed": 2, "eager": 2, "eager_one_token": 1}
+    assert server_log.prefill_graph_counts(tmp_path / "missing.log") == {
+        "graphed": 0, "eager": 0, "eager_one_token": 0}
+    assert server_log.main([str(log)]) == 0
+    assert "2 prefill batches on the CUDA graph, 2 eager (1 of them with one new token)" in (
+        capsys.readouterr().out)
+    assert server_log.main([str(tmp_path / "missing.log")]) == 2
+    assert "no such log" in capsys.readouterr().err

@@ -55,4 +55,28 @@ def test_spread_outputs_are_seeded_and_within_the_span(tmp_path, capsys):
     assert "give 1 <= LOW <= HIGH" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         datasets.main([str(src), str(out)])  # neither option
-    assert "give --words N, --output-tokens LOW:HIGH, or both" in capsys.readouterr().err
+    assert "give --words N, --output-tokens LOW:HIGH, --fresh N, or several" in (
+        capsys.readouterr().err)
+
+
+def test_fresh_prompts_never_repeat_and_keep_the_family_words(tmp_path, capsys):
+    family = datasets.fresh_prompts(_rows(20, 8), 5000, seed=1)  # 160 words, 8 a prompt
+    assert len({r["prompt"] for r in family}) == 5000
+    rows = [*_rows(3, 4), {"prompt": "w9_0 w9_1", "output_tokens": 7}]
+    fresh = datasets.fresh_prompts(rows, 1000, seed=1)
+    assert len(fresh) == 1000
+    words = {w for r in rows for w in str(r["prompt"]).split()}
+    assert all(set(str(r["prompt"]).split()) <= words for r in fresh)
+    # each takes the length and output of the row it stands for, rows in turn
+    assert [len(str(r["prompt"]).split()) for r in fresh[:5]] == [4, 4, 4, 2, 4]
+    assert [r["output_tokens"] for r in fresh[:4]] == [128, 128, 128, 7]
+    assert fresh == datasets.fresh_prompts(rows, 1000, seed=1)
+    assert fresh != datasets.fresh_prompts(rows, 1000, seed=2)
+    with pytest.raises(ValueError, match="give a count >= 1"):
+        datasets.fresh_prompts(rows, 0)
+    src, out = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    datasets.write_family(src, rows)
+    assert datasets.main([str(src), str(out), "--fresh", "50", "--output-tokens", "10:20"]) == 0
+    assert "50 prompts of their own words, freshly drawn, output tokens 10-20" in (
+        capsys.readouterr().out)
+    assert len(out.read_text().splitlines()) == 50

@@ -110,6 +110,29 @@ def count_lines(log: Path, windows: Iterable[Iterable[int]],
     return out
 
 
+_PREFILL = re.compile(r"Prefill batch\b.*?#new-token: (\d+),.*?cuda graph: (True|False)")
+
+
+def prefill_graph_counts(log: Path) -> dict[str, int]:
+    """SGLang's "Prefill batch" lines: how many ran on the prefill CUDA graph, how many eager,
+    and how many of those had one new token. A prompt the prefix cache holds whole leaves one
+    token, and one token pads to a graph bucket of four, more than twice the batch: SGLang
+    then runs the prefill eager, on a server without speculation (an EAGLE server's cache
+    leaves two). On a trimmed log only the head and tail lines are counted."""
+    out = {"graphed": 0, "eager": 0, "eager_one_token": 0}
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return out
+    for match in _PREFILL.finditer(text):
+        if match.group(2) == "True":
+            out["graphed"] += 1
+        else:
+            out["eager"] += 1
+            out["eager_one_token"] += int(match.group(1) == "1")
+    return out
+
+
 _VARYING = re.compile(r"\d+(\.\d+)?")
 
 
@@ -135,3 +158,25 @@ def trim_log(src: Path, dst: Path, head: int = 300, tail: int = 600,
             out.write(f"===== end of the left-out part; last {tail} lines:\n\n")
             out.write("\n".join(lines[-tail:]) + "\n")
     return {"lines": len(lines), "left_out": len(middle), "bytes": log_size(src)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m benchmarks.gpu.server_log LOG...`: each log's prefill batches by graph."""
+    import sys
+
+    paths = sys.argv[1:] if argv is None else argv
+    if not paths:
+        print("usage: python -m benchmarks.gpu.server_log LOG [LOG...]", file=sys.stderr)
+        return 2
+    for path in paths:
+        if not Path(path).is_file():
+            print(f"error: {path}: no such log", file=sys.stderr)
+            return 2
+        c = prefill_graph_counts(Path(path))
+        print(f"{path}: {c['graphed']} prefill batches on the CUDA graph, {c['eager']} eager "
+              f"({c['eager_one_token']} of them with one new token)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

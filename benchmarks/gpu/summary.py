@@ -42,6 +42,8 @@ def build(state: RunState) -> dict[str, Any]:
         "server_info": state.data.get("server_info"),
         "phases": {name: phases[name] for name in PHASES if name in phases},
         "sglang_log_lines": log_counts(state),
+        "prefill_batches": {role: server_log.prefill_graph_counts(Path(s["log"]))
+                            for role, s in state.servers.items() if s.get("log")},
         "commands": state.data.get("commands", []),
     }
 
@@ -140,6 +142,14 @@ def markdown(summary: dict[str, Any]) -> str:
         lines.append(f"SGLang's own depth changes while a table held control: {verdict} "
                      f"({counts['control_window_bytes'] / 1024:,.0f} KiB of log in "
                      f"{counts['control_windows']} stretches were written under a table).\n")
+    prefills = summary.get("prefill_batches") or {}
+    if any(sum(c.values()) for c in prefills.values()):
+        lines += ["## Prefill batches (SGLang's log)", ""]
+        lines += _md_table(["server", "on the CUDA graph", "eager", "eager, one new token"],
+                           [[role, c["graphed"], c["eager"], c["eager_one_token"]]
+                            for role, c in prefills.items()])
+        lines.append("A prompt the prefix cache holds whole leaves a one-token prefill, which "
+                     "SGLang runs eager on a server without speculation.\n")
     return "\n".join(lines)
 
 

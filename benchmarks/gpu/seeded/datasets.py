@@ -61,6 +61,36 @@ def lengthen(rows: list[dict[str, object]], words: int) -> list[dict[str, object
     return out
 
 
+def fresh_prompts(
+    rows: list[dict[str, object]], count: int, seed: int = 0
+) -> list[dict[str, object]]:
+    """`count` new prompts drawn from the words of `rows`' prompts, each as long as the row it
+    replaces (the rows taken in turn); output lengths as those rows had them.
+
+    A family's prompts are random sequences of its own words, so a new draw keeps the family's
+    acceptance. A bench that cycles through a few hundred prompts sends each one again while
+    the server's prefix cache still holds it: the whole prompt then hits, one token is left to
+    prefill, and SGLang runs that one-token prefill without its prefill CUDA graph (a bucket of
+    4 tokens is more than twice the batch) on a server without speculation, while an EAGLE
+    server's cache leaves two tokens and stays on the graph. Thousands of prompts never hit
+    whole: the cache has evicted each long before it comes round again.
+    """
+    if count < 1:
+        raise ValueError(f"fresh prompts: give a count >= 1, got {count}")
+    if not rows or any("prompt" not in row for row in rows):
+        raise ValueError('every line needs a "prompt"')
+    pool = sorted({w for row in rows for w in str(row["prompt"]).split()})
+    if not pool:
+        raise ValueError("the prompts have no words")
+    rng = np.random.default_rng([seed, 0xF4E5])
+    out: list[dict[str, object]] = []
+    for i in range(count):
+        row = rows[i % len(rows)]
+        words = rng.integers(len(pool), size=len(str(row["prompt"]).split()))
+        out.append({**row, "prompt": " ".join(pool[w] for w in words)})
+    return out
+
+
 def spread_outputs(
     rows: list[dict[str, object]], low: int, high: int, seed: int = 0
 ) -> list[dict[str, object]]:
@@ -87,7 +117,8 @@ def _span(text: str) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m benchmarks.gpu.seeded.datasets",
-        description="Rewrite a family's dataset for another bench: longer prompts (each WORDS "
+        description="Rewrite a family's dataset for another bench: N fresh prompts of the "
+        "family's words (none repeats while a prefix cache holds it), longer prompts (each WORDS "
         "words of the family, so acceptance stays: a second context length) and/or output "
         "lengths spread over LOW:HIGH (requests that do not end together).",
     )
@@ -96,12 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--words", type=int, help="words (tokens) per prompt")
     ap.add_argument("--output-tokens", type=_span, metavar="LOW:HIGH",
                     help="each row's output length, uniform over LOW..HIGH")  # fmt: skip
-    ap.add_argument("--seed", type=int, default=0, help="seed of the output lengths (0)")
+    ap.add_argument("--fresh", type=int, metavar="N",
+                    help="N new prompts drawn from the family's words, so that none repeats "
+                         "while a server's prefix cache still holds it")  # fmt: skip
+    ap.add_argument("--seed", type=int, default=0, help="seed of the draws (0)")
     args = ap.parse_args(argv)
-    if args.words is None and args.output_tokens is None:
-        ap.error("give --words N, --output-tokens LOW:HIGH, or both")
+    if args.words is None and args.output_tokens is None and args.fresh is None:
+        ap.error("give --words N, --output-tokens LOW:HIGH, --fresh N, or several")
     try:
         rows = [json.loads(line) for line in args.source.read_text().splitlines() if line.strip()]
+        if args.fresh is not None:
+            rows = fresh_prompts(rows, args.fresh, seed=args.seed)
         if args.words is not None:
             rows = lengthen(rows, args.words)
         if args.output_tokens is not None:
@@ -114,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     lengths = sorted({int(str(r["output_tokens"])) for r in rows if "output_tokens" in r})
     span = f"{lengths[0]}-{lengths[-1]}" if lengths else "unset"
     words = f"{args.words} words" if args.words is not None else "their own words"
+    if args.fresh is not None:
+        words += ", freshly drawn"
     print(f"wrote {args.out}: {len(rows)} prompts of {words}, output tokens {span}")
     return 0
 

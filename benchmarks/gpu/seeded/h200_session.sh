@@ -115,10 +115,16 @@ bench() {  # bench OUTDIR EXTRA...: the harness bench's workload (family a, 128-
 }
 
 spread_outputs() {  # with SPREAD=LOW:HIGH, the benches' dataset gets output lengths over that range
+    # and FRESH (20000) prompts freshly drawn from the family's words, so that no prompt comes
+    # round again while a server's prefix cache holds it: a whole-prompt hit leaves a one-token
+    # prefill, which the plain server ran without its prefill CUDA graph and the EAGLE server
+    # never had (runs 10-14: their logs, docs/sglang.md). FRESH=0: the family's 512 prompts, as
+    # runs up to the fourteenth had them.
     [ -n "${SPREAD:-}" ] || return 0
     DATASET="$R/models/seeded/family_a_spread.jsonl"; OUTPUT_TOKENS=()
+    local fresh=(); [ "${FRESH:-20000}" != 0 ] && fresh=(--fresh "${FRESH:-20000}")
     "$PY" -m benchmarks.gpu.seeded.datasets "$R/models/seeded/family_a.jsonl" "$DATASET" \
-        --output-tokens "$SPREAD"
+        --output-tokens "$SPREAD" "${fresh[@]}"
 }
 
 warm_d0_plain() {  # warm_d0_plain DIR: an unreported pass of d0 and plain at every level, so

@@ -36,7 +36,9 @@
 # with its warm pass past 250 s; run 12: setup 358 s then BENCHES=warm LEVEL_S=5 context 148 s
 # in one call, BENCHES="family family" LEVEL_S=11 context 538 s, one family bench 270 s; run 13:
 # setup 366 s then SERIES=1 LEVEL_S=10 series (warm pass and one paired series) 174 s in one
-# call, WARM=0 SERIES=4 LEVEL_S=10 series 531 s.
+# call, WARM=0 SERIES=4 LEVEL_S=10 series 531 s; run 14: setup 365-395 s, the warm pass 34-36 s,
+# a paired series of 1-128 streams at LEVEL_S=10 about 125 s, one of STREAMS=64,128 at
+# LEVEL_S=30 137-146 s.
 # Issue each call as soon as the last returns: the machine is released after 30 s idle, and
 # starting again costs staging and setup. Every call after staging carries
 # .gpu/stage.sh (carry: [".gpu/stage.sh"]) and starts with `source .gpu/stage.sh .gpu env`.

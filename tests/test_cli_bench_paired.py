@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from test_cli_bench import KEY, flat, push_before, state_of
@@ -25,21 +26,29 @@ def dataset(tmp_path: Path) -> Path:
     return path
 
 
-def test_paired_levels_run_back_to_back_on_the_same_requests(
-    sim_server_factory, tmp_path: Path
-) -> None:
+def paired_bench(sim_server_factory, tmp_path: Path, depths: str, requests: int,
+                 *extra: str) -> tuple[Any, Any, Path]:  # fmt: skip
+    """A paired bench at 1 and 3 streams over two served simulators: (spec server, CLI result,
+    output folder)."""
     spec = sim_server_factory(admin_key=KEY, speedup=50)
     nospec = sim_server_factory(speedup=50, speculative=False)
     push_before(spec.base_url)
     out = tmp_path / "bench"
     result = CliRunner().invoke(
         app,
-        ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", "0,3",
-         "--concurrency", "1,3", "--no-spec-url", nospec.base_url, "--paired",
-         "--requests-per-level", "5", "--warmup-per-level", "0", "--dataset",
+        ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", depths,
+         "--concurrency", "1,3", "--no-spec-url", nospec.base_url, "--paired", *extra,
+         "--requests-per-level", str(requests), "--warmup-per-level", "0", "--dataset",
          str(dataset(tmp_path)), "--out", str(out), "--client-bound-share", "100"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
+    return spec, result, out
+
+
+def test_paired_levels_run_back_to_back_on_the_same_requests(
+    sim_server_factory, tmp_path: Path
+) -> None:
+    spec, result, out = paired_bench(sim_server_factory, tmp_path, "0,3", 5)
     assert "back to back on the same requests (paired)" in flat(result.output)
     report = json.loads((out / "bench.json").read_text())
     assert report["paired"] is True
@@ -98,18 +107,7 @@ def test_a_paired_plan_runs_each_load_across_every_series() -> None:
 def test_plain_first_runs_the_plain_server_first_at_every_load(
     sim_server_factory, tmp_path: Path
 ) -> None:
-    spec = sim_server_factory(admin_key=KEY, speedup=50)
-    nospec = sim_server_factory(speedup=50, speculative=False)
-    push_before(spec.base_url)
-    out = tmp_path / "bench"
-    result = CliRunner().invoke(
-        app,
-        ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", "0",
-         "--concurrency", "1,3", "--no-spec-url", nospec.base_url, "--paired", "--plain-first",
-         "--requests-per-level", "4", "--warmup-per-level", "0", "--dataset",
-         str(dataset(tmp_path)), "--out", str(out), "--client-bound-share", "100"],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
+    _, result, out = paired_bench(sim_server_factory, tmp_path, "0", 4, "--plain-first")
     assert "(paired, the plain server first)" in flat(result.output)
     report = json.loads((out / "bench.json").read_text())
     assert report["paired_order"] == "plain-first"

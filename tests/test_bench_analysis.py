@@ -219,3 +219,28 @@ def test_chunked_streams_are_named_beside_the_itl_columns() -> None:
     assert hint is not None and "the speculative server every 4" in hint
     assert "plain server" not in hint
     assert stream_interval_hint({"spec": plain, "no_spec": server_facts({})}) is None
+
+
+def test_prompts_that_came_round_within_the_kv_pool_are_flagged() -> None:
+    """512 prompts of about 160 tokens with their outputs fit a 266,246-token pool: once a
+    server took more than 512 requests, its cache could hold repeats whole. The hint names the
+    servers past the count; a pool too small to hold them all, or no pool reported, says
+    nothing."""
+    from controller.bench.report import repeat_hint
+
+    def lv(depth: int | None, requests: int) -> LevelResult:
+        return dataclasses.replace(level(depth, 128, 1000.0, prompt_tokens=32.0,
+                                         output_tokens=128.0), requests=requests)  # fmt: skip
+
+    results = [lv(0, 300), lv(0, 400), lv(None, 500)]
+    pools = {"spec": {"max_total_num_tokens": 305_491},
+             "no_spec": {"max_total_num_tokens": 266_246}}
+    hint = repeat_hint(results, 512, pools)
+    assert hint is not None
+    assert ("512 prompts (about 81,920 tokens with their outputs, within a KV pool of "
+            "266,246), 700 to the speculative server, so") in hint
+    more = repeat_hint([*results, lv(None, 100)], 512, pools)
+    assert more is not None and "700 to the speculative server and 600 to the plain" in more
+    assert repeat_hint(results, 4096, pools) is None  # 655k tokens: more than the pool holds
+    assert repeat_hint(results, 1000, pools) is None  # nobody past 1,000 requests
+    assert repeat_hint(results, 512, {"spec": {"max_total_num_tokens": None}}) is None

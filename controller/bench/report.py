@@ -19,6 +19,7 @@ import itertools
 import json
 import math
 import os
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -286,6 +287,45 @@ def stream_interval_hint(servers: Mapping[str, Mapping[str, Any]]) -> str | None
     return (
         f"ITL is the gap between streamed chunks, and the servers sent a chunk per several "
         f"tokens ({which}, SGLang's --stream-interval); TPOT and tok/s count every token"
+    )
+
+
+def repeat_hint(
+    results: Sequence[LevelResult], prompts: int, servers: Mapping[str, Mapping[str, Any]]
+) -> str | None:
+    """Prompts that came round on a server whose KV pool can hold them all: its prefix cache
+    may have held them whole.
+
+    A whole hit leaves one token to prefill, far cheaper than the prompt. On SGLang it also
+    differs between servers: a server without speculation runs that one-token prefill without
+    its prefill CUDA graph, an EAGLE server keys its cache by token pairs and prefills two on
+    the graph, so a comparison with the plain server favours speculation. Requests are counted
+    from the measured windows alone (a lower bound: warm-ups sent more); the prompts' tokens
+    from the levels' mean prompt and output lengths. Silent where no server reports its pool."""
+    pools = [n for f in servers.values()
+             if isinstance(n := f.get("max_total_num_tokens"), int) and n > 0]  # fmt: skip
+    sized = [r for r in results if r.prompt_tokens and r.output_tokens]
+    if prompts < 1 or not pools or not sized:
+        return None
+    per_prompt = statistics.fmean(
+        (r.prompt_tokens or 0.0) + (r.output_tokens or 0.0) for r in sized
+    )
+    if prompts * per_prompt > min(pools):
+        return None  # the pool cannot hold them all: a prompt is evicted before it comes round
+    sent = {
+        "speculative": sum(r.requests for r in results if r.series != NO_SPEC),
+        "plain": sum(r.requests for r in results if r.series == NO_SPEC),
+    }
+    over = {name: n for name, n in sent.items() if n > prompts}
+    if not over:
+        return None
+    which = " and ".join(f"{n:,} to the {name} server" for name, n in over.items())
+    return (
+        f"prompts came round: {prompts:,} prompts (about {prompts * per_prompt:,.0f} tokens "
+        f"with their outputs, within a KV pool of {min(pools):,}), {which}, so the prefix "
+        "cache may have held them whole and their prefills cost less than fresh traffic's (on "
+        "SGLang, a plain server's one-token prefill of a whole hit also runs without its CUDA "
+        "graph, while an EAGLE server's does not); give a --dataset with more prompts"
     )
 
 

@@ -31,6 +31,7 @@ from controller.bench.report import (
     paired_lines,
     plot,
     recommendation_text,
+    repeat_hint,
     stall_hint,
     stream_interval_hint,
     too_short_hint,
@@ -257,6 +258,9 @@ def report(outcome: SweepOutcome, out_dir: Path, console: Console) -> None:
     chunks = stream_interval_hint(outcome.servers)
     if chunks is not None:
         console.print(f"[yellow]![/yellow] {chunks}")
+    repeats = repeat_hint(results, len(outcome.plan.prompts), outcome.servers)
+    if repeats is not None:
+        console.print(f"[yellow]![/yellow] {repeats}")
     if outcome.plan.paired:
         for line in paired_lines(results):
             console.print(line, highlight=False)

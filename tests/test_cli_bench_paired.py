@@ -52,6 +52,9 @@ def test_paired_levels_run_back_to_back_on_the_same_requests(
     assert "back to back on the same requests (paired)" in flat(result.output)
     report = json.loads((out / "bench.json").read_text())
     assert report["paired"] is True
+    # 20 requests on the speculative server, 10 on the plain one: none of 24 prompts repeated
+    assert report["prompt_count"] == 24 and report["prompts_came_round"] is False
+    assert "prompts came round" not in flat(result.output)
     levels = report["results"]
     assert [(r["series"], r["concurrency"]) for r in levels] == [
         ("d0", 1), ("d3", 1), ("no-spec", 1), ("d0", 3), ("d3", 3), ("no-spec", 3),
@@ -131,3 +134,27 @@ def test_plain_first_without_paired_is_refused_before_anything_runs(tmp_path: Pa
     with pytest.raises(ValueError, match="only in paired levels"):
         SweepPlan(url="http://a", depths=(0,), concurrencies=(1,), stop=None,  # type: ignore[arg-type]
                   prompts=[], prompt_source="", no_spec_url="http://b", plain_first=True)
+
+
+def test_prompts_that_came_round_are_said_and_recorded(
+    sim_server_factory, tmp_path: Path
+) -> None:
+    """30 requests a level on 24 prompts: each server saw some prompts twice, and the
+    simulator's KV pool holds all 24, so the bench says so and bench.json records it."""
+    spec = sim_server_factory(admin_key=KEY, speedup=50)
+    nospec = sim_server_factory(speedup=50, speculative=False)
+    push_before(spec.base_url)
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", "0",
+         "--concurrency", "4", "--no-spec-url", nospec.base_url, "--paired",
+         "--requests-per-level", "30", "--warmup-per-level", "0", "--dataset",
+         str(dataset(tmp_path)), "--out", str(out), "--client-bound-share", "100"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    text = flat(result.output)
+    assert "prompts came round: 24 prompts" in text
+    assert "to the speculative server and" in text and "to the plain server" in text
+    report = json.loads((out / "bench.json").read_text())
+    assert report["prompt_count"] == 24 and report["prompts_came_round"] is True

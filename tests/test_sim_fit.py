@@ -368,6 +368,21 @@ def test_a_valid_bench_file_loads(tmp_path: Path) -> None:
     run = load_bench(bench_json(tmp_path))
     assert run.spec.cap == 48 and run.duration_s == 10.0
     assert run.levels[0].step_ms == 12.0 and run.levels[0].unfit_reason() is None
+    assert run.prompts_came_round is False  # benches before the key existed
+    assert load_bench(bench_json(tmp_path, prompts_came_round=True)).prompts_came_round
+
+
+def test_a_bench_whose_prompts_came_round_gets_a_note() -> None:
+    """The model has no prefix cache: a bench whose repeats the server's cache could serve
+    whole is fitted, and the result says which and why."""
+    runs = replayed((160,), concurrency=(1, 4))
+    came_round = [replace(runs[0], prompts_came_round=True), *runs[1:]]
+    notes = fit_profile(came_round, load_profile(TRUTH), "f").notes
+    assert [n for n in notes if "came round" in n] == [
+        f"{runs[0].path}: its prompts came round within a server's KV pool, so its prefix "
+        "cache may have served repeats whole (one token left to prefill, which SGLang's plain "
+        "server runs eager); the model has no prefix cache, so its prefill fields take that "
+        "in: fit benches of more prompts than requests"]
 
 
 @pytest.mark.parametrize(

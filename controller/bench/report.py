@@ -409,7 +409,8 @@ def client_bound_hint(
 # `format` key. Still /2, as additions that readers of /2 ignore: `client_processes` and
 # `client_bound_share`, `gc_frozen` (with --freeze-gc), and per level `client_processes`,
 # `client_process_cpu_share` and `client_bound`; `paired`, and per level `prompt_offset`;
-# `paired_order` ("spec-first" or "plain-first"; None unless paired).
+# `paired_order` ("spec-first" or "plain-first"; None unless paired); `prompt_count` and
+# `prompts_came_round`.
 BENCH_FORMAT = "specctl-bench/2"
 
 CSV_FIELDS = [f.name for f in fields(LevelResult)]
@@ -460,6 +461,11 @@ def outcome_json(outcome: SweepOutcome) -> dict[str, Any]:
         "stop_rule": {"requests": plan.stop.requests, "duration_s": plan.stop.duration_s},
         "servers": outcome.servers,
         "prompts": plan.prompt_source,
+        "prompt_count": len(plan.prompts),
+        # Whether a server took more requests than there are prompts, all of which its KV pool
+        # could hold (`repeat_hint`): its prefix cache may have served repeats whole.
+        "prompts_came_round": repeat_hint(results, len(plan.prompts), outcome.servers)
+        is not None,
         "table_before": None if outcome.before.table is None else outcome.before.table.to_json(),
         "table_before_source": outcome.before.source,
         "restored": outcome.restored,

@@ -105,6 +105,9 @@ class BenchRun:
     no_spec: ServerFacts | None
     request_limit: int | None  # --requests-per-level
     duration_s: float | None  # --duration-per-level (wall)
+    # The bench's prompts came round within a server's KV pool (bench.json
+    # `prompts_came_round`): repeats could hit its prefix cache whole, which the model lacks.
+    prompts_came_round: bool = False
 
 
 def _err(path: Path, where: str, what: str) -> BenchFileError:
@@ -284,4 +287,5 @@ def load_bench(path: Path) -> BenchRun:
     if not isinstance(results, list) or not results:
         raise _err(path, "results", "must be a non-empty list of levels")
     levels = tuple(_level(path, i, raw, spec, no_spec) for i, raw in enumerate(results))
-    return BenchRun(str(path), levels, spec, no_spec, limit, duration)
+    return BenchRun(str(path), levels, spec, no_spec, limit, duration,
+                    prompts_came_round=data.get("prompts_came_round") is True)

@@ -54,6 +54,7 @@ from sims.fit.framing import (
     frame,
     measured_accept_lengths,
     off_mode_note,
+    repeat_note,
 )
 from sims.fit.outliers import OUTLIER_ERROR, Outlier, level_errors, outlier_reason
 from sims.fit.params import LOOP_KEYS, PARAMS, Vector, read, with_values
@@ -245,6 +246,7 @@ def _fit_levels(
     if not steps_measured(levels, fitter.refs):
         current = fitter.search(current, keys, budget // 2, "every field")
     notes = [note] if (note := off_mode_note(runs, base, off_mode)) else []
+    notes += [repeat_note(run.path) for run in runs if run.prompts_came_round]
     return FitResult(
         profile=current.model_copy(update={"step_time_cv": framed.step_time_cv}),
         levels=levels,

@@ -125,6 +125,16 @@ def off_mode_note(runs: Sequence[BenchRun], base: Profile, off_mode: str | None)
     )
 
 
+def repeat_note(path: str) -> str:
+    """A line for a bench whose prompts came round within a server's KV pool."""
+    return (
+        f"{path}: its prompts came round within a server's KV pool, so its prefix cache may "
+        "have served repeats whole (one token left to prefill, which SGLang's plain server "
+        "runs eager); the model has no prefix cache, so its prefill fields take that in: "
+        "fit benches of more prompts than requests"
+    )
+
+
 def recv_interval(runs: Sequence[BenchRun]) -> int | None:
     """The --scheduler-recv-interval every benched server ran with (None: none recorded). The
     profile holds one value for both servers, so benches that differ cannot share a fit."""

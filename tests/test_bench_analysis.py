@@ -226,7 +226,12 @@ def test_prompts_that_came_round_within_the_kv_pool_are_flagged() -> None:
     server took more than 512 requests, its cache could hold repeats whole. The hint names the
     servers past the count; a pool too small to hold them all, or no pool reported, says
     nothing."""
-    from controller.bench.report import repeat_hint
+    from controller.bench.report import prompts_came_round
+
+    def repeat_hint(results, prompts, pools):  # type: ignore[no-untyped-def]
+        from controller.bench.report import repeat_hint as line
+
+        return line(prompts_came_round(results, prompts, pools))
 
     def lv(depth: int | None, requests: int) -> LevelResult:
         return dataclasses.replace(level(depth, 128, 1000.0, prompt_tokens=32.0,

@@ -27,9 +27,9 @@ def dataset(tmp_path: Path) -> Path:
 
 
 def paired_bench(sim_server_factory, tmp_path: Path, depths: str, requests: int,
-                 *extra: str) -> tuple[Any, Any, Path]:  # fmt: skip
-    """A paired bench at 1 and 3 streams over two served simulators: (spec server, CLI result,
-    output folder)."""
+                 *extra: str, concurrency: str = "1,3") -> tuple[Any, Any, Path]:  # fmt: skip
+    """A paired bench (at 1 and 3 streams unless told) over two served simulators: (spec
+    server, CLI result, output folder)."""
     spec = sim_server_factory(admin_key=KEY, speedup=50)
     nospec = sim_server_factory(speedup=50, speculative=False)
     push_before(spec.base_url)
@@ -37,7 +37,7 @@ def paired_bench(sim_server_factory, tmp_path: Path, depths: str, requests: int,
     result = CliRunner().invoke(
         app,
         ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", depths,
-         "--concurrency", "1,3", "--no-spec-url", nospec.base_url, "--paired", *extra,
+         "--concurrency", concurrency, "--no-spec-url", nospec.base_url, "--paired", *extra,
          "--requests-per-level", str(requests), "--warmup-per-level", "0", "--dataset",
          str(dataset(tmp_path)), "--out", str(out), "--client-bound-share", "100"],
     )  # fmt: skip
@@ -141,18 +141,7 @@ def test_prompts_that_came_round_are_said_and_recorded(
 ) -> None:
     """30 requests a level on 24 prompts: each server saw some prompts twice, and the
     simulator's KV pool holds all 24, so the bench says so and bench.json records it."""
-    spec = sim_server_factory(admin_key=KEY, speedup=50)
-    nospec = sim_server_factory(speedup=50, speculative=False)
-    push_before(spec.base_url)
-    out = tmp_path / "bench"
-    result = CliRunner().invoke(
-        app,
-        ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", "0",
-         "--concurrency", "4", "--no-spec-url", nospec.base_url, "--paired",
-         "--requests-per-level", "30", "--warmup-per-level", "0", "--dataset",
-         str(dataset(tmp_path)), "--out", str(out), "--client-bound-share", "100"],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
+    _, result, out = paired_bench(sim_server_factory, tmp_path, "0", 30, concurrency="4")
     text = flat(result.output)
     assert "prompts came round: 24 prompts" in text
     assert "to the speculative server and" in text and "to the plain server" in text

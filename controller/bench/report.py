@@ -290,42 +290,56 @@ def stream_interval_hint(servers: Mapping[str, Mapping[str, Any]]) -> str | None
     )
 
 
-def repeat_hint(
-    results: Sequence[LevelResult], prompts: int, servers: Mapping[str, Mapping[str, Any]]
-) -> str | None:
-    """Prompts that came round on a server whose KV pool can hold them all: its prefix cache
-    may have held them whole.
+@dataclass(frozen=True)
+class Repeats:
+    """Prompts that came round on a server whose KV pool can hold them all."""
 
-    A whole hit leaves one token to prefill, far cheaper than the prompt. On SGLang it also
-    differs between servers: a server without speculation runs that one-token prefill without
-    its prefill CUDA graph, an EAGLE server keys its cache by token pairs and prefills two on
-    the graph, so a comparison with the plain server favours speculation. Requests are counted
-    from the measured windows alone (a lower bound: warm-ups sent more); the prompts' tokens
-    from the levels' mean prompt and output lengths. Silent where no server reports its pool."""
+    prompts: int
+    tokens: float  # the prompts with their outputs, from the levels' mean lengths
+    pool: int  # the smallest KV pool of the servers, in tokens
+    sent: dict[str, int]  # requests per server past the prompt count ("speculative", "plain")
+
+
+def prompts_came_round(
+    results: Sequence[LevelResult], prompts: int, servers: Mapping[str, Mapping[str, Any]]
+) -> Repeats | None:
+    """Where a server took more requests than there are prompts and its KV pool can hold them
+    all, its prefix cache may have held repeats whole. A whole hit leaves one token to
+    prefill, far cheaper than the prompt; on SGLang a server without speculation also runs
+    that prefill without its prefill CUDA graph, while an EAGLE server keys its cache by token
+    pairs and prefills two on the graph, so a comparison with the plain server favours
+    speculation. Requests are counted from the measured windows alone (a lower bound:
+    warm-ups sent more). None where no server reports its pool."""
     pools = [n for f in servers.values()
              if isinstance(n := f.get("max_total_num_tokens"), int) and n > 0]  # fmt: skip
     sized = [r for r in results if r.prompt_tokens and r.output_tokens]
     if prompts < 1 or not pools or not sized:
         return None
-    per_prompt = statistics.fmean(
+    tokens = prompts * statistics.fmean(
         (r.prompt_tokens or 0.0) + (r.output_tokens or 0.0) for r in sized
     )
-    if prompts * per_prompt > min(pools):
+    if tokens > min(pools):
         return None  # the pool cannot hold them all: a prompt is evicted before it comes round
     sent = {
         "speculative": sum(r.requests for r in results if r.series != NO_SPEC),
         "plain": sum(r.requests for r in results if r.series == NO_SPEC),
     }
     over = {name: n for name, n in sent.items() if n > prompts}
-    if not over:
+    return Repeats(prompts, tokens, min(pools), over) if over else None
+
+
+def repeat_hint(repeats: Repeats | None) -> str | None:
+    """The line under the table for prompts that came round (`prompts_came_round`)."""
+    if repeats is None:
         return None
-    which = " and ".join(f"{n:,} to the {name} server" for name, n in over.items())
+    sent = " and ".join(f"{n:,} to the {name} server" for name, n in repeats.sent.items())
     return (
-        f"prompts came round: {prompts:,} prompts (about {prompts * per_prompt:,.0f} tokens "
-        f"with their outputs, within a KV pool of {min(pools):,}), {which}, so the prefix "
-        "cache may have held them whole and their prefills cost less than fresh traffic's (on "
-        "SGLang, a plain server's one-token prefill of a whole hit also runs without its CUDA "
-        "graph, while an EAGLE server's does not); give a --dataset with more prompts"
+        f"prompts came round: {repeats.prompts:,} prompts (about {repeats.tokens:,.0f} "
+        f"tokens with their outputs, within a KV pool of {repeats.pool:,}), {sent}, so the "
+        "prefix cache may have held them whole and their prefills cost less than fresh "
+        "traffic's (on SGLang, a plain server's one-token prefill of a whole hit also runs "
+        "without its CUDA graph, while an EAGLE server's does not); give a --dataset with "
+        "more prompts"
     )
 
 
@@ -464,7 +478,7 @@ def outcome_json(outcome: SweepOutcome) -> dict[str, Any]:
         "prompt_count": len(plan.prompts),
         # Whether a server took more requests than there are prompts, all of which its KV pool
         # could hold (`repeat_hint`): its prefix cache may have served repeats whole.
-        "prompts_came_round": repeat_hint(results, len(plan.prompts), outcome.servers)
+        "prompts_came_round": prompts_came_round(results, len(plan.prompts), outcome.servers)
         is not None,
         "table_before": None if outcome.before.table is None else outcome.before.table.to_json(),
         "table_before_source": outcome.before.source,

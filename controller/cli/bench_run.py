@@ -30,6 +30,7 @@ from controller.bench.report import (
     crossovers,
     paired_lines,
     plot,
+    prompts_came_round,
     recommendation_text,
     repeat_hint,
     stall_hint,
@@ -258,7 +259,9 @@ def report(outcome: SweepOutcome, out_dir: Path, console: Console) -> None:
     chunks = stream_interval_hint(outcome.servers)
     if chunks is not None:
         console.print(f"[yellow]![/yellow] {chunks}")
-    repeats = repeat_hint(results, len(outcome.plan.prompts), outcome.servers)
+    repeats = repeat_hint(
+        prompts_came_round(results, len(outcome.plan.prompts), outcome.servers)
+    )
     if repeats is not None:
         console.print(f"[yellow]![/yellow] {repeats}")
     if outcome.plan.paired:

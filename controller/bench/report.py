@@ -477,7 +477,7 @@ def outcome_json(outcome: SweepOutcome) -> dict[str, Any]:
         "prompts": plan.prompt_source,
         "prompt_count": len(plan.prompts),
         # Whether a server took more requests than there are prompts, all of which its KV pool
-        # could hold (`repeat_hint`): its prefix cache may have served repeats whole.
+        # could hold (`prompts_came_round`): its prefix cache may have served repeats whole.
         "prompts_came_round": prompts_came_round(results, len(plan.prompts), outcome.servers)
         is not None,
         "table_before": None if outcome.before.table is None else outcome.before.table.to_json(),

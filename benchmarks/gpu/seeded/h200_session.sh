@@ -124,9 +124,12 @@ spread_outputs() {  # with SPREAD=LOW:HIGH, the benches' dataset gets output len
     # runs up to the fourteenth had them.
     [ -n "${SPREAD:-}" ] || return 0
     DATASET="$R/models/seeded/family_a_spread.jsonl"; OUTPUT_TOKENS=()
-    local fresh=(); [ "${FRESH:-20000}" != 0 ] && fresh=(--fresh "${FRESH:-20000}")
     "$PY" -m benchmarks.gpu.seeded.datasets "$R/models/seeded/family_a.jsonl" "$DATASET" \
-        --output-tokens "$SPREAD" "${fresh[@]}"
+        --output-tokens "$SPREAD" $(fresh_args)
+}
+
+fresh_args() {  # the datasets option for FRESH fresh prompts (none with FRESH=0)
+    [ "${FRESH:-20000}" = 0 ] || echo --fresh "${FRESH:-20000}"
 }
 
 warm_d0_plain() {  # warm_d0_plain DIR: an unreported pass of d0 and plain at every level, so
@@ -408,13 +411,15 @@ context)
     # bench is cut at BENCH_TIMEOUT seconds (a
     # run's 512-word bench once took over 470 s for 11 levels, cause not seen).
     # SPREAD=LOW:HIGH spreads both benches' output lengths (see `series`), which `sim fit`
-    # replays as spread.
+    # replays as spread, and draws the family bench's FRESH prompts (see `spread_outputs`). The
+    # long prompts stay 512 joins of the family's: more tokens than a KV pool holds, so each
+    # is evicted before it comes round.
     WORDS=${WORDS:-512}; LONG="$R/models/seeded/family_a_w$WORDS.jsonl"
     SPREAD_ARGS=(); FAMILY="$R/models/seeded/family_a.jsonl"
     if [ -n "${SPREAD:-}" ]; then
         SPREAD_ARGS=(--output-tokens "$SPREAD"); OUTPUT_TOKENS=()  # each row's own length
         "$PY" -m benchmarks.gpu.seeded.datasets "$FAMILY" "$R/models/seeded/family_a_spread.jsonl" \
-            "${SPREAD_ARGS[@]}"
+            "${SPREAD_ARGS[@]}" $(fresh_args)
         FAMILY="$R/models/seeded/family_a_spread.jsonl"
     fi
     "$PY" -m benchmarks.gpu.seeded.datasets "$R/models/seeded/family_a.jsonl" "$LONG" \

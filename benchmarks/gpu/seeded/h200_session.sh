@@ -340,6 +340,10 @@ series)
     # server first (`--plain-first`), so parity.py can tell an order effect from a gap between
     # the servers; ORDER=spec-first or plain-first for one order throughout.
     FREEZE_AFTER=${FREEZE_AFTER:-0}
+    case "${ORDER:=alternate}" in  # checked before the warm pass spends the device's time
+        alternate|spec-first|plain-first) ;;
+        *) echo "ORDER: expected alternate, spec-first or plain-first, got $ORDER" >&2; exit 2 ;;
+    esac
     spread_outputs
     S="$R/series_${SERIES_TAG:+${SERIES_TAG}_}"  # SERIES_TAG=timed: series_timed_1, ... apart
     [ "${WARM:-1}" = 1 ] && warm_d0_plain "${S}warm"
@@ -354,14 +358,9 @@ series)
         [ "$rep" = 0 ] && continue
         n=$((first + rep - 1))
         order_flag=(); who="d0 first"
-        case "${ORDER:-alternate}" in
-            plain-first) order_flag=(--plain-first) ;;
-            alternate) [ $((n % 2)) = 0 ] && order_flag=(--plain-first) ;;
-            spec-first) ;;
-            *) echo "ORDER: expected alternate, spec-first or plain-first, got $ORDER" >&2
-               exit 2 ;;
-        esac
-        [ ${#order_flag[@]} -gt 0 ] && who="plain first"
+        if [ "$ORDER" = plain-first ] || { [ "$ORDER" = alternate ] && [ $((n % 2)) = 0 ]; }; then
+            order_flag=(--plain-first); who="plain first"
+        fi
         stamp "series ${SERIES_TAG:+$SERIES_TAG }$n: d0 and plain at ${STREAMS:-1-128} streams, paired, $who"
         bench "$S$n" --depths 0 --no-spec-url "$(plain_url)" --paired "${order_flag[@]}" \
             --client-processes 4 --warmup-per-level 2 "${streams[@]}" 2>&1 \

@@ -226,12 +226,10 @@ def test_prompts_that_came_round_within_the_kv_pool_are_flagged() -> None:
     server took more than 512 requests, its cache could hold repeats whole. The hint names the
     servers past the count; a pool too small to hold them all, or no pool reported, says
     nothing."""
-    from controller.bench.report import prompts_came_round
+    from controller.bench.report import prompts_came_round, repeat_hint
 
-    def repeat_hint(results, prompts, pools):  # type: ignore[no-untyped-def]
-        from controller.bench.report import repeat_hint as line
-
-        return line(prompts_came_round(results, prompts, pools))
+    def hint(results, prompts, pools):  # type: ignore[no-untyped-def]
+        return repeat_hint(prompts_came_round(results, prompts, pools))
 
     def lv(depth: int | None, requests: int) -> LevelResult:
         return dataclasses.replace(level(depth, 128, 1000.0, prompt_tokens=32.0,
@@ -240,12 +238,12 @@ def test_prompts_that_came_round_within_the_kv_pool_are_flagged() -> None:
     results = [lv(0, 300), lv(0, 400), lv(None, 500)]
     pools = {"spec": {"max_total_num_tokens": 305_491},
              "no_spec": {"max_total_num_tokens": 266_246}}
-    hint = repeat_hint(results, 512, pools)
-    assert hint is not None
+    line = hint(results, 512, pools)
+    assert line is not None
     assert ("512 prompts (about 81,920 tokens with their outputs, within a KV pool of "
-            "266,246), 700 to the speculative server, so") in hint
-    more = repeat_hint([*results, lv(None, 100)], 512, pools)
+            "266,246), 700 to the speculative server, so") in line
+    more = hint([*results, lv(None, 100)], 512, pools)
     assert more is not None and "700 to the speculative server and 600 to the plain" in more
-    assert repeat_hint(results, 4096, pools) is None  # 655k tokens: more than the pool holds
-    assert repeat_hint(results, 1000, pools) is None  # nobody past 1,000 requests
-    assert repeat_hint(results, 512, {"spec": {"max_total_num_tokens": None}}) is None
+    assert hint(results, 4096, pools) is None  # 655k tokens: more than the pool holds
+    assert hint(results, 1000, pools) is None  # nobody past 1,000 requests
+    assert hint(results, 512, {"spec": {"max_total_num_tokens": None}}) is None

@@ -263,7 +263,7 @@ def test_paired_runs_of_both_orders_split_by_which_server_went_first(tmp_path, c
     runs = [run("a", "spec-first", 4.9, 102.0), run("b", "spec-first (old)", 4.95, 101.0),
             run("c", "plain-first", 5.2, 96.0), run("d", "plain-first", 5.1, 98.0),
             run("e", "unpaired", 5.0, 100.0)]  # fmt: skip
-    assert [parity.paired_order(r) for r in runs] == [
+    assert [parity.paired_order(json.loads((r / "bench.json").read_text())) for r in runs] == [
         "spec-first", "spec-first", "plain-first", "plain-first", None]
     (one,) = parity.compare_runs(runs)
     assert one.by_order == {"spec-first": (pytest.approx(1.015), 0, 2),

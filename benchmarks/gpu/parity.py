@@ -140,19 +140,19 @@ def _load(path: Path) -> Any:
         raise ParityError(f"{file}: {err}") from None
 
 
-def paired_order(path: Path) -> str | None:
-    """"spec-first" or "plain-first" for a paired bench, None otherwise. Paired benches
-    before `--plain-first` existed ran the speculative server first."""
-    data = _load(path)
+def paired_order(data: Any) -> str | None:
+    """"spec-first" or "plain-first" for a paired bench's bench.json, None otherwise. Paired
+    benches before `--plain-first` existed ran the speculative server first."""
     if not isinstance(data, dict) or not data.get("paired"):
         return None
     order = data.get("paired_order")
     return order if isinstance(order, str) else "spec-first"
 
 
-def _rows(path: Path, measured_only: bool = True) -> list[dict[str, Any]]:
+def _rows(path: Path, measured_only: bool = True, data: Any = None) -> list[dict[str, Any]]:
+    """The closed-loop levels of `path`'s bench.json (`data`, when it is already read)."""
     file = path / "bench.json" if path.is_dir() else path
-    data = _load(path)
+    data = _load(path) if data is None else data
     rows = data.get("results") if isinstance(data, dict) else None
     if not isinstance(rows, list):
         raise ParityError(f"{file}: no 'results' list; give a `specctl bench` bench.json")
@@ -205,9 +205,11 @@ def compare_runs(paths: Sequence[Path], series: str = "d0") -> list[Pair]:
     plain server (a level too short to finish a request in a run leaves that run out of it),
     so benches of different level sets (1-16 streams, then long 64-128) pool together."""
     runs = []
-    orders = [paired_order(path) for path in paths]
+    orders = []
     for path in paths:
-        rows = _rows(path)
+        data = _load(path)
+        orders.append(paired_order(data))
+        rows = _rows(path, data=data)
         by = {(str(r.get("series")), int(r.get("concurrency") or 0)): r for r in rows}
         if not any(s == PLAIN for s, _ in by):
             raise ParityError(f"{path}: no plain-server series; bench with --no-spec-url PLAIN")

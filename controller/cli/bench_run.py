@@ -246,24 +246,17 @@ def report(outcome: SweepOutcome, out_dir: Path, console: Console) -> None:
             f"[yellow]![/yellow] {FOREIGN_NOTE} ({levels}); those levels measure more than this "
             "sweep's load: rerun them on an idle server"
         )
-    short = too_short_hint(results, mean_output_tokens(outcome.plan))
-    if short is not None:
-        console.print(f"[yellow]![/yellow] {short}")
-    bound = client_bound_hint(results, outcome.plan.client_bound_share)
-    if bound is not None:
-        console.print(f"[yellow]![/yellow] {bound}")
     frozen = bool(outcome.gc_frozen) and all(v is True for v in outcome.gc_frozen.values())
-    stalls = stall_hint(results, frozen)
-    if stalls is not None:
-        console.print(f"[yellow]![/yellow] {stalls}")
-    chunks = stream_interval_hint(outcome.servers)
-    if chunks is not None:
-        console.print(f"[yellow]![/yellow] {chunks}")
-    repeats = repeat_hint(
-        prompts_came_round(results, len(outcome.plan.prompts), outcome.servers)
+    hints = (
+        too_short_hint(results, mean_output_tokens(outcome.plan)),
+        client_bound_hint(results, outcome.plan.client_bound_share),
+        stall_hint(results, frozen),
+        stream_interval_hint(outcome.servers),
+        repeat_hint(prompts_came_round(results, len(outcome.plan.prompts), outcome.servers)),
     )
-    if repeats is not None:
-        console.print(f"[yellow]![/yellow] {repeats}")
+    for hint in hints:
+        if hint is not None:
+            console.print(f"[yellow]![/yellow] {hint}")
     if outcome.plan.paired:
         for line in paired_lines(results):
             console.print(line, highlight=False)

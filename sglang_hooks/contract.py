@@ -587,7 +587,9 @@ OFF_MODE_KEY = "specctl_off_mode"
 LEAN_HOST_KEY = "specctl_lean_host"
 # A depth-0 iteration's lighter hand-over to the next (sglang_hooks/lean_relay.py): 0 or 1.
 LEAN_RELAY_KEY = "specctl_lean_relay"
-SETTING_KEYS = frozenset({OFF_MODE_KEY, LEAN_HOST_KEY, LEAN_RELAY_KEY})
+# The draft's prefill at admission skipped while off (sglang_hooks/draft_prefill.py): 0 or 1.
+SKIP_DRAFT_PREFILL_KEY = "specctl_skip_draft_prefill"
+SETTING_KEYS = frozenset({OFF_MODE_KEY, LEAN_HOST_KEY, LEAN_RELAY_KEY, SKIP_DRAFT_PREFILL_KEY})
 
 
 def decode_off_mode(value: Any) -> str:
@@ -618,6 +620,13 @@ def decode_lean_relay(value: Any) -> bool:
     return _decode_switch(LEAN_RELAY_KEY, value, "SGLang's own hand-over", "lean")
 
 
+def decode_skip_draft_prefill(value: Any) -> bool:
+    """Whether a `specctl_skip_draft_prefill` value skips the draft's prefill while off.
+    Raises PolicyError naming the key."""
+    return _decode_switch(SKIP_DRAFT_PREFILL_KEY, value, "the draft prefills every admission",
+                          "skipped while off")
+
+
 @dataclass(frozen=True)
 class Settings:
     """The plugin settings a request asks for; None where its key is absent."""
@@ -625,6 +634,7 @@ class Settings:
     off_mode: str | None = None
     lean_host: bool | None = None
     lean_relay: bool | None = None
+    skip_draft_prefill: bool | None = None
 
 
 def decode_settings(settings: Mapping[str, Any]) -> Settings:
@@ -635,6 +645,8 @@ def decode_settings(settings: Mapping[str, Any]) -> Settings:
         else None,
         lean_relay=decode_lean_relay(settings[LEAN_RELAY_KEY]) if LEAN_RELAY_KEY in settings
         else None,
+        skip_draft_prefill=decode_skip_draft_prefill(settings[SKIP_DRAFT_PREFILL_KEY])
+        if SKIP_DRAFT_PREFILL_KEY in settings else None,
     )
 
 

@@ -14,7 +14,14 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from sglang_hooks import lean_host, lean_relay, off_mode, override_log, verify_schedule
+from sglang_hooks import (
+    draft_prefill,
+    lean_host,
+    lean_relay,
+    off_mode,
+    override_log,
+    verify_schedule,
+)
 from sglang_hooks.adapters.base import Adapter
 from sglang_hooks.contract import (
     PolicyError,
@@ -149,6 +156,9 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
         rt.lean_relay, relay_error = lean_relay.from_env()
         if relay_error is not None:
             logger.error("specctl: %s", relay_error)
+        rt.skip_draft_prefill, prefill_error = draft_prefill.from_env()
+        if prefill_error is not None:
+            logger.error("specctl: %s", prefill_error)
         startup = None
         path = policy_file_from_env()
         if path is not None:
@@ -173,16 +183,19 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
                 "sglang": ADAPTER.name, "depths": sorted(usable),
                 "startup": table_fingerprint(startup), "off_mode": mode,
                 "lean_host": rt.lean_host, "lean_relay": rt.lean_relay,
+                "skip_draft_prefill": rt.skip_draft_prefill,
                 SKIP_EXTEND_ENV: os.environ.get(SKIP_EXTEND_ENV, ""),
             }))
         rt.activate(usable, startup, peers)
         # Every TP rank logs this line: with several nodes, each reads its own policy file.
         logger.info("specctl: active; depths usable by a table: %s%s; start-up table: %s%s; "
-                    "off mode %s; host-work trims %s; depth-0 relay trims %s%s",
+                    "off mode %s; host-work trims %s; depth-0 relay trims %s; draft prefill "
+                    "skipped while off %s%s",
                     sorted(usable),
                     f" (partly captured, refused: {sorted(partial)})" if partial else "",
                     table_fingerprint(startup), f" from {path}" if startup is not None else "",
                     mode, "on" if rt.lean_host else "off", "on" if rt.lean_relay else "off",
+                    "on" if rt.skip_draft_prefill else "off",
                     f"; waits for TP ranks 0-{peers.world_size - 1} to agree before a "
                     f"table takes control" if peers is not None else "")
     except Exception:
@@ -301,6 +314,36 @@ def skip_extend(original: Callable[..., Any], draft_worker: Any, batch: Any, bat
         except Exception:
             _log_failure_once("skip_extend:lean_relay")
     return None
+
+
+def skip_draft_prefill(original: Callable[..., Any], draft_worker: Any, batch: Any,
+                       target_hidden_states: Any, next_token_ids: Any, *args: Any,
+                       **kwargs: Any) -> Any:
+    """AROUND EagleDraftWorker._draft_extend_for_prefill: no draft prefill while off.
+
+    Skips when the switch is on and the admitted requests land in a depth-0 tier that skips
+    its extend (draft_prefill.py); the draft input is then the skipped extend's stub over the
+    target's bonus tokens. Anything unexpected runs SGLang's extend."""
+    rt = RUNTIME
+    worker = rt.spec_worker
+    try:
+        skip = (worker is not None
+                and draft_prefill.skippable_batch(draft_worker, batch, args, kwargs)
+                and rt.prefill_skips_draft(len(batch.reqs)))
+    except Exception:
+        _log_failure_once("skip_draft_prefill")
+        skip = False
+    if not skip:
+        return original(draft_worker, batch, target_hidden_states, next_token_ids, *args,
+                        **kwargs)
+    try:
+        stub = draft_prefill.stub_draft_input(worker, batch, next_token_ids)
+    except Exception:
+        _log_failure_once("skip_draft_prefill")
+        return original(draft_worker, batch, target_hidden_states, next_token_ids, *args,
+                        **kwargs)
+    rt.skipped_prefills += 1
+    return stub
 
 
 def lean_stash(original: Callable[..., Any], future_map: Any, future_indices: Any,

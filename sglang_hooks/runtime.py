@@ -27,6 +27,7 @@ from sglang_hooks.contract import (
     decode_settings,
     decode_table,
     has_policy_keys,
+    lookup,
     server_state,
 )
 from sglang_hooks.counters import DepthCounters
@@ -55,6 +56,7 @@ class Change:
     off_mode: str | None = None
     lean_host: bool | None = None  # the host-work trims (lean_host.py), if the request says
     lean_relay: bool | None = None  # the depth-0 relay trims (lean_relay.py), likewise
+    skip_draft_prefill: bool | None = None  # the draft's prefill while off (draft_prefill.py)
 
 
 def skippable_tiers(table: PolicyTable | None, mode: str) -> tuple[bool, ...]:
@@ -105,6 +107,9 @@ class SchedulerRuntime:
         self.launch_stubbed = False
         self.early_fences = 0  # depth-0 launches that handed the WAR barrier their own event
         self.lean_stashes = 0  # relays that stashed the bonus tokens alone
+        self.skip_draft_prefill = False  # draft_prefill.py: no draft prefill while off
+        self.skipped_prefills = 0  # prefill batches whose draft extend was skipped
+        self.last_batch_size = 0  # of the last decode launch: where admissions land
         self._skippable: tuple[bool, ...] = ()
         self.depth_switches = 0  # runtime-state switches SGLang made (table or its own)
         self.skipped_extends = 0
@@ -202,6 +207,10 @@ class SchedulerRuntime:
         if change.lean_relay is not None:
             self.lean_relay = self._switched("depth-0 relay trims", self.lean_relay,
                                              change.lean_relay)
+        if change.skip_draft_prefill is not None:
+            self.skip_draft_prefill = self._switched(
+                "draft prefill skipped while off", self.skip_draft_prefill,
+                change.skip_draft_prefill)
         if change.table_given:
             if change.table is None:
                 self.selector = None
@@ -257,6 +266,8 @@ class SchedulerRuntime:
         state["lean_relay"] = self.lean_relay
         state["early_fences"] = self.early_fences
         state["lean_stashes"] = self.lean_stashes
+        state["skip_draft_prefill"] = self.skip_draft_prefill
+        state["skipped_draft_prefills"] = self.skipped_prefills
         state["depth_switches"] = self.depth_switches
         state["skipped_draft_extends"] = self.skipped_extends
         state["verify_schedule"] = verify_schedule.ENABLED
@@ -272,6 +283,7 @@ class SchedulerRuntime:
         """Depth for this launch, or None to let SGLang's own choice stand."""
         self.iteration += 1
         self.launched = True
+        self.last_batch_size = batch_size
         if self._peers_pending:
             self.settle_peers()
         selector = self.selector
@@ -282,6 +294,19 @@ class SchedulerRuntime:
         skippable = self._skippable
         self.launch_skips_extend = depth == 0 and bool(skippable) and skippable[selector.tier or 0]
         return depth
+
+    def prefill_skips_draft(self, admitted: int) -> bool:
+        """Whether a prefill batch of `admitted` requests skips the draft's extend: the switch
+        is on and the tier those requests decode in next is one whose depth-0 launches skip
+        theirs. That tier is the table's lookup at the last decode launch's batch size plus
+        the admitted requests, from the tier the selector is in, without moving it."""
+        if not (self.active and self.skip_draft_prefill and self._skippable):
+            return False
+        selector = self.selector
+        if selector is None:
+            return False
+        tier = lookup(selector.table, self.last_batch_size + admitted, selector.tier)
+        return self._skippable[tier]
 
     def record_result(
         self, depth: int, batch_size: int, tokens: int, launch: Any, now: float | None = None
@@ -347,4 +372,5 @@ def validate_change(server_args: Mapping[str, Any], captured_depths: Iterable[in
     if given:
         table = decode_table(table_keys, captured_depths=captured_depths)
     return Change(table=table, table_given=given, off_mode=asked.off_mode,
-                  lean_host=asked.lean_host, lean_relay=asked.lean_relay)
+                  lean_host=asked.lean_host, lean_relay=asked.lean_relay,
+                  skip_draft_prefill=asked.skip_draft_prefill)

@@ -32,6 +32,7 @@ from sglang_hooks.contract import (
     LEAN_HOST_KEY,
     LEAN_RELAY_KEY,
     METRIC_ITERATIONS,
+    SKIP_DRAFT_PREFILL_KEY,
     PolicyTable,
     Tier,
     parse_table,
@@ -147,14 +148,15 @@ def setting_checks(admin: httpx.Client, api: httpx.Client, key: str, field: str,
 
 
 def off_mode_checks(admin: httpx.Client, api: httpx.Client) -> list[tuple[bool, str]]:
-    """Each off mode, the host-work trims and the depth-0 relay trims on and off, pushed and
-    read back (setting_checks);
-    the server is left as it started."""
+    """Each off mode, then the host-work trims, the depth-0 relay trims and the draft
+    prefill's skip on and off, pushed and read back (setting_checks); the server is left as
+    it started."""
     modes = setting_checks(admin, api, off_mode.OFF_MODE_KEY, "off_mode",
                            list(enumerate(off_mode.MODES)), len(off_mode.MODES))
-    lean = setting_checks(admin, api, LEAN_HOST_KEY, "lean_host", [(1, True), (0, False)], 2)
-    return modes + lean + setting_checks(admin, api, LEAN_RELAY_KEY, "lean_relay",
-                                         [(1, True), (0, False)], 2)
+    for key, field in ((LEAN_HOST_KEY, "lean_host"), (LEAN_RELAY_KEY, "lean_relay"),
+                       (SKIP_DRAFT_PREFILL_KEY, "skip_draft_prefill")):
+        modes += setting_checks(admin, api, key, field, [(1, True), (0, False)], 2)
+    return modes
 
 
 def _skipped_extends(api: httpx.Client) -> int:

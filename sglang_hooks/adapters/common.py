@@ -15,6 +15,7 @@ _UTILS = "sglang.srt.managers.utils"
 _BATCH = "sglang.srt.managers.schedule_batch"
 _CONTEXT = "sglang.srt.runtime_context"
 _FA = "sglang.srt.layers.attention.flashattention_backend"
+_INFO = "sglang.srt.speculative.eagle_info"
 
 
 def _hook(module: str, cls: str, name: str, kind: str, hook: str, *params: str,
@@ -41,6 +42,8 @@ COMMON_HOOKS: tuple[HookSpec, ...] = (
           "on_apply_state", "state"),
     _hook(_WORKER, "EagleDraftWorker", "_draft_extend_for_decode", AROUND,
           "skip_extend", "batch", "batch_result"),
+    _hook(_WORKER, "EagleDraftWorker", "_draft_extend_for_prefill", AROUND,
+          "skip_draft_prefill", "batch", "target_hidden_states", "next_token_ids"),
     # host-work trims (lean_host.py)
     _hook(_WORKER, "EAGLEWorkerV2", "_build_trivial_verify_input", AROUND,
           "lean_trivial_verify", "batch"),
@@ -72,6 +75,10 @@ COMMON_READS: tuple[SymbolSpec, ...] = (
     # skip-extend: SGLang's own stub for a skipped draft extend
     SymbolSpec(_WORKER, "EAGLEWorkerV2", "_stub_skipped_draft_extend",
                ("batch", "batch_output")),
+    # the draft prefill's skip: the draft input it builds, and what says a batch is idle
+    *(SymbolSpec(_INFO, "EagleDraftInput", name, attribute=True)
+      for name in ("bonus_tokens", "num_tokens_per_req", "num_tokens_for_logprob_per_req")),
+    SymbolSpec(_BATCH, "ScheduleBatch", "reqs", attribute=True),
     # the trivial verify input's fields the host-work trims rebuild it with
     SymbolSpec(_WORKER, "EAGLEWorkerV2", "topk", instance=True),
     SymbolSpec(_WORKER, "EAGLEWorkerV2", "_target_worker", instance=True),

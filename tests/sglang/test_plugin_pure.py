@@ -30,9 +30,12 @@ def test_serve_adds_what_the_plugin_needs_and_keeps_user_flags(tmp_path: Path) -
         tmp_path / "cfg.json",
     )
     # SGLANG_PLUGINS unset: SGLang loads every installed plugin, specctl too
-    assert env == {"SPECCTL_VERIFY_SCHEDULE": "1", "SPECCTL_LEAN_HOST": "1"}
+    assert env == {"SPECCTL_VERIFY_SCHEDULE": "1", "SPECCTL_LEAN_HOST": "1",
+                   "SPECCTL_SKIP_DRAFT_PREFILL": "1"}
     assert any("SPECCTL_VERIFY_SCHEDULE=1" in n and "set it to 0" in n for n in notes)
     assert any("SPECCTL_LEAN_HOST=1" in n and "host-work trims" in n for n in notes)
+    assert any("SPECCTL_SKIP_DRAFT_PREFILL=1" in n and "admitted while off" in n
+               for n in notes)
     assert "--speculative-adaptive" in argv and "--enable-metrics" in argv
     assert argv[argv.index("--speculative-adaptive-config") + 1] == str(tmp_path / "cfg.json")
     # SGLang would lower the cap to 48 with speculation: serve passes the plain server's cap
@@ -53,7 +56,8 @@ def test_serve_adds_what_the_plugin_needs_and_keeps_user_flags(tmp_path: Path) -
 )  # fmt: skip
 def test_serve_appends_to_the_users_plugin_list(current: str | None,
                                                 expected: dict[str, str]) -> None:
-    user_env = {"SPECCTL_VERIFY_SCHEDULE": "0", "SPECCTL_LEAN_HOST": "0"}
+    user_env = {"SPECCTL_VERIFY_SCHEDULE": "0", "SPECCTL_LEAN_HOST": "0",
+                "SPECCTL_SKIP_DRAFT_PREFILL": "0"}
     if current is not None:
         user_env["SGLANG_PLUGINS"] = current
     _, env, notes = launch.build_command(EAGLE, Path("cfg.json"), current_env=user_env)

@@ -111,6 +111,16 @@ def test_the_relay_trims_switch_through_the_controller(controller: Any,
     assert "specctl_lean_relay" in (runtime.last_rejection or "")
 
 
+def test_the_draft_prefill_skip_switches_through_the_controller(
+    controller: Any, runtime: SchedulerRuntime,
+) -> None:
+    assert controller.set_internal_state(_req({"specctl_skip_draft_prefill": 1})).updated
+    assert runtime.skip_draft_prefill and runtime.table is None
+    out = controller.set_internal_state(_req({"specctl_skip_draft_prefill": 2}))
+    assert out.updated is False and runtime.skip_draft_prefill
+    assert "specctl_skip_draft_prefill" in (runtime.last_rejection or "")
+
+
 def test_state_report_lands_in_the_real_output_message(runtime: SchedulerRuntime) -> None:
     from sglang.srt.managers.io_struct import GetInternalStateReqOutput
 
@@ -241,9 +251,9 @@ def test_smoke_off_mode_checks_pass_against_the_real_push_route(
     runtime.lean_host = True
     runtime.lean_relay = False
     checks = smoke.off_mode_checks(client, SimpleNamespace(get=server_info))
-    # three modes, the start one again, a bad code; then each of the two trims switches on,
+    # three modes, the start one again, a bad code; then each of the three switches on,
     # off, the start again, a bad value
-    assert len(checks) == 13 and all(ok for ok, _ in checks), checks
+    assert len(checks) == 17 and all(ok for ok, _ in checks), checks
     assert runtime.off_mode == "skip-extend" and runtime.lean_host  # put back
     assert not runtime.lean_relay
 

@@ -218,9 +218,13 @@ class Engine:
         self._think_s = workload.think_time_s
         self._frontend_s = profile.scheduler.frontend_ms / 1000.0
         self._dispatch_s = profile.scheduler.dispatch_ms / 1000.0
-        self._prefill_fixed_ms = profile.scheduler.prefill_fixed_ms + (
-            profile.draft.prefill_ms if speculative else 0.0
-        )
+        self._prefill_fixed_ms = profile.scheduler.prefill_fixed_ms
+        self._draft_prefill_ms = profile.draft.prefill_ms if speculative else 0.0
+        # The plugin's draft prefill skip: admissions that follow a depth-0 decode iteration
+        # (the tier they land in) run no draft prefill. The sim server's admin key sets it.
+        self.skip_draft_prefill = speculative and not profile.draft.prefill_at_depth0
+        self._decoded = False  # no decode iteration yet: no tier to land in
+        self.skipped_draft_prefills = 0
         self._via_send = self._frontend_s > 0.0 or self._dispatch_s > 0.0
         self._untimed_ms = profile.scheduler.untimed_ms
         self._host_us = (profile.host_us_per_req(speculative), profile.scheduler.host_us_per_token)
@@ -605,7 +609,12 @@ class Engine:
             kv_free -= need
         if not admitted:
             return False
-        dt = (self._prefill_fixed_ms + sched.prefill_us_per_token * tokens / 1000.0) / 1000.0
+        fixed = self._prefill_fixed_ms
+        if self.skip_draft_prefill and self._decoded and self.last_depth == 0:
+            self.skipped_draft_prefills += 1
+        else:
+            fixed += self._draft_prefill_ms
+        dt = (fixed + sched.prefill_us_per_token * tokens / 1000.0) / 1000.0
         dt *= self._noise_factor()
         self.now += dt
         self.forward_ct += 1
@@ -742,6 +751,7 @@ class Engine:
         self.now += dt
         self.forward_ct += 1
         self.last_depth = depth
+        self._decoded = True
         self._st.running_wait_s += n * dt
 
         key = (depth, self._buckets[n])

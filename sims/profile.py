@@ -109,6 +109,12 @@ class DraftCost(_Strict):
         "off mode); false: the plugin's `skip-extend` mode skips it, and depth 0 pays a "
         "verify-mode forward and spec_sched_ms only",
     )
+    prefill_at_depth0: bool = Field(
+        True,
+        description="A prefill admitted while depth 0 runs pays prefill_ms (SGLang's draft "
+        "prefill at every admission); false: the plugin's draft prefill skip "
+        "(`SPECCTL_SKIP_DRAFT_PREFILL`) leaves it out after a depth-0 decode iteration",
+    )
 
 
 class SchedulerCost(_Strict):

@@ -81,6 +81,10 @@ class SimulatedServer:
                           else contract.SKIP_EXTEND)  # fmt: skip
         self._lean_host = False
         self._lean_relay = False
+        # The draft prefill skip as pushed; it acts only outside the `sglang` off mode, as in
+        # the plugin (sglang_hooks/draft_prefill.py).
+        self._skip_draft_prefill = self.engine.skip_draft_prefill
+        self._apply_prefill_skip()
         self._applied_iteration: int | None = None
         self._live_version = 0
         # Of finished streaming requests: tokens, requests, TTFT seconds, latency seconds.
@@ -243,9 +247,16 @@ class SimulatedServer:
                 self._lean_host = asked.lean_host
             if asked.lean_relay is not None:
                 self._lean_relay = asked.lean_relay
+            if asked.skip_draft_prefill is not None:
+                self._skip_draft_prefill = asked.skip_draft_prefill
+            self._apply_prefill_skip()  # changes what an admission costs
             if ours:
                 self._install(table)
             return 200, [True]
+
+    def _apply_prefill_skip(self) -> None:
+        self.engine.skip_draft_prefill = (self.engine.speculative and self._skip_draft_prefill
+                                          and self._off_mode != contract.SGLANG)
 
     def _sglang_key_rejection(self, key: str, value: float) -> str | None:
         """Why SGLang 0.5.23 would refuse this non-specctl key (None: it accepts it)."""
@@ -309,6 +320,8 @@ class SimulatedServer:
                 state["off_mode"] = self._off_mode
                 state["lean_host"] = self._lean_host
                 state["lean_relay"] = self._lean_relay
+                state["skip_draft_prefill"] = self._skip_draft_prefill
+                state["skipped_draft_prefills"] = self.engine.skipped_draft_prefills
             return state
 
     # ------------------------------------------------------------------ readback

@@ -447,6 +447,32 @@ def test_the_recv_interval_the_servers_ran_with_goes_into_the_profile(tmp_path: 
         load_bench(bad)
 
 
+def test_the_draft_prefill_skip_the_bench_recorded_goes_into_the_profile(tmp_path: Path) -> None:
+    """The plugin's `skip_draft_prefill`, as the bench recorded it, is the profile's
+    `draft.prefill_at_depth0` (negated) outside the `sglang` off mode; unrecorded, the base's.
+    A bench of depth 0 alone then cannot fit `draft.prefill_ms`, which no level paid."""
+    facts = {"max_running_requests": 48, "captured_depths": [0, 1, 3],
+             "speculative_num_steps": 3, "off_mode": "skip-extend"}  # fmt: skip
+    base = load_profile("h200-llama8b-eagle3")
+    assert base.draft.prefill_at_depth0
+    for skip, mode, expected in ((True, "skip-extend", False), (False, "skip-extend", True),
+                                 (True, "sglang", True)):
+        folder = tmp_path / f"{skip}-{mode}"
+        folder.mkdir()
+        spec = {**facts, "skip_draft_prefill": skip, "off_mode": mode}
+        run = load_bench(bench_json(folder, servers={"spec": spec}))
+        assert run.spec.skip_draft_prefill is skip
+        assert frame(base, [run], run.levels, "x").draft.prefill_at_depth0 is expected
+    unrecorded = load_bench(bench_json(tmp_path, servers={"spec": facts}))
+    assert frame(base, [unrecorded], unrecorded.levels, "x").draft.prefill_at_depth0
+    depth0 = [replace(lv, depth=0) if lv.depth is not None else lv
+              for lv in replayed((64,))[0].levels]
+    _, kept = active_keys(depth0, extend_at_depth0=False, prefill_at_depth0=False)
+    assert "skipped the draft's prefill" in kept["draft.prefill_ms"]
+    _, kept = active_keys(depth0, extend_at_depth0=False, prefill_at_depth0=True)
+    assert "draft.prefill_ms" not in kept
+
+
 def run_cli(*args: str) -> tuple[int, str]:
     import controller.cli.sim_fit  # noqa: F401  (registers `sim fit`)
 

@@ -254,3 +254,49 @@ def test_device_timer_counter_is_the_engines_own_time(kimi, speculative, decode_
         assert seen[decode_kind] == pytest.approx(sum(gpu.values())) and seen[decode_kind] > 0
     assert 0 < seen["extend"] + seen[decode_kind] <= server.now
     assert "forward_execution_seconds" not in _server(kimi).metrics_text()
+
+
+def _with_draft_prefill(ms: float):
+    profile = load_profile("h200-sglang-llama8b-seeded")
+    draft = profile.draft.model_copy(update={"prefill_ms": ms, "prefill_at_depth0": False})
+    return profile.model_copy(update={"draft": draft})
+
+
+def _prefill_ms(server: SimulatedServer, seconds: float) -> float:
+    server.advance(seconds)
+    stats = server.stats()
+    return 1000.0 * stats.prefill_seconds / stats.prefill_iterations
+
+
+def _depth0(profile, **settings: int) -> SimulatedServer:
+    server = _server(profile, concurrency=16)
+    body = push_body(single_depth_table(0, version=1))
+    body["server_args"].update(settings)
+    assert server.set_internal_state(body, None) == (200, [True])
+    return server
+
+
+def test_the_draft_prefill_skip_drops_its_cost_after_depth_zero_only():
+    """With the switch on (the profile's `prefill_at_depth0: false`), a prefill after a
+    depth-0 iteration runs without `draft.prefill_ms`; with it pushed off, in the `sglang` off
+    mode, or at depth 2, a prefill pays it. 200 ms stands out of any prefill's own noise."""
+    profile = _with_draft_prefill(200.0)
+    skipping = _depth0(profile)
+    skipped = _prefill_ms(skipping, 30)
+    assert skipped < 100
+    state = read_server_state(skipping.server_info())[0]
+    assert state["skip_draft_prefill"] is True and state["skipped_draft_prefills"] > 0
+    for server in (_depth0(profile, specctl_skip_draft_prefill=0),
+                   _depth0(profile, specctl_off_mode=0)):
+        assert _prefill_ms(server, 30) > skipped + 150
+        assert server.engine.skipped_draft_prefills == 0
+    speculating = _server(profile, concurrency=16)
+    speculating.set_internal_state(push_body(single_depth_table(2, version=1)), None)
+    assert _prefill_ms(speculating, 30) > skipped + 150
+    assert read_server_state(speculating.server_info())[0]["skipped_draft_prefills"] == 0
+    status, err = skipping.set_internal_state(
+        {"server_args": {"specctl_skip_draft_prefill": 3}}, None)
+    rejection = parse_rejection(err)
+    assert status == 400 and rejection is not None
+    assert rejection.field == "specctl_skip_draft_prefill"
+    assert read_server_state(skipping.server_info())[0]["skip_draft_prefill"] is True

@@ -48,8 +48,9 @@ def server_facts(info: dict[str, Any]) -> dict[str, Any]:
 
     `effective_max_running_requests_per_dp` is the running-request cap SGLang actually applies
     (rank 0), which differs from `max_running_requests` when SGLang chose or lowered it.
-    `captured_depths`, `off_mode`, `verify_schedule_backends`, `lean_host` and `lean_relay` come
-    from the specctl plugin's state; `simulated` (profile, speedup) only from `specctl sim serve`.
+    `captured_depths`, `off_mode`, `verify_schedule_backends`, `lean_host`, `lean_relay` and
+    `skip_draft_prefill` come from the specctl plugin's state; `simulated` (profile, speedup)
+    only from `specctl sim serve`.
     """
     out: dict[str, Any] = {}
     for key in FACT_KEYS:
@@ -72,7 +73,8 @@ def server_facts(info: dict[str, Any]) -> dict[str, Any]:
     served = specctl.get("verify_schedule_backends") if isinstance(specctl, dict) else None
     out["verify_schedule_backends"] = served if isinstance(served, int) else None
     # Whether the plugin's host-work trims ran (they shorten depth 0's iteration at high load).
-    for trims in ("lean_host", "lean_relay"):  # the plugin's trims, as they ran
+    # ... and whether requests admitted at depth 0 skipped the draft's prefill.
+    for trims in ("lean_host", "lean_relay", "skip_draft_prefill"):  # as they ran
         on = specctl.get(trims) if isinstance(specctl, dict) else None
         out[trims] = on if isinstance(on, bool) else None
     simulated = info.get("simulated")

@@ -38,6 +38,8 @@ class ServerFacts:
     model: str | None
     version: str | None
     off_mode: str | None = None  # the plugin's depth-0 mode, if the bench recorded it
+    # whether the plugin skipped the draft's prefill for admissions at depth 0, if recorded
+    skip_draft_prefill: bool | None = None
     recv_interval: int | None = None  # --scheduler-recv-interval, if the bench recorded it
 
 
@@ -170,6 +172,8 @@ def _facts(path: Path, where: str, raw: Any) -> ServerFacts:
         model=text("model_path"),
         version=text("version"),
         off_mode=text("off_mode"),
+        skip_draft_prefill=raw.get("skip_draft_prefill")
+        if isinstance(raw.get("skip_draft_prefill"), bool) else None,
         recv_interval=count("scheduler_recv_interval"),
     )
 

@@ -81,7 +81,8 @@ def closed_form_residuals(
             s = profile.scheduler
             wave = min(lv.concurrency, profile.max_running(spec)) * lv.prompt_tokens
             ttft = s.prefill_fixed_ms + s.prefill_us_per_token * wave / 1000
-            ttft += s.dispatch_ms + s.frontend_ms + (profile.draft.prefill_ms if spec else 0.0)
+            drafts = spec and (lv.depth != 0 or profile.draft.prefill_at_depth0)
+            ttft += s.dispatch_ms + s.frontend_ms + (profile.draft.prefill_ms if drafts else 0.0)
             if not lv.server_ttft_ms:
                 ttft += s.ttft_overhead_ms
             out.append(TTFT_WEIGHT * math.log(max(ttft, 1e-6) / ttft_ms))

@@ -114,6 +114,16 @@ def extend_at_depth0(runs: Sequence[BenchRun], base: Profile, off_mode: str | No
     return OFF_MODES[mode]
 
 
+def prefill_at_depth0(runs: Sequence[BenchRun], base: Profile, extend: bool) -> bool:
+    """Whether the benched server's admissions at depth 0 ran the draft's prefill: not where
+    the bench recorded the plugin's skip on outside the `sglang` mode (`extend`: depth 0 ran
+    the draft extend, which the skip follows); else the base profile's assumption."""
+    skip = runs[0].spec.skip_draft_prefill
+    if skip is None:
+        return base.draft.prefill_at_depth0
+    return extend or not skip
+
+
 def off_mode_note(runs: Sequence[BenchRun], base: Profile, off_mode: str | None) -> str | None:
     """A line when the depth-0 mode is the base profile's guess, not the server's."""
     if off_mode or runs[0].spec.off_mode:
@@ -196,7 +206,8 @@ def frame(
         if value is not None:
             sched[key] = value
     data = base.model_dump()
-    data["draft"]["extend_at_depth0"] = extend_at_depth0(runs, base, off_mode)
+    extend = data["draft"]["extend_at_depth0"] = extend_at_depth0(runs, base, off_mode)
+    data["draft"]["prefill_at_depth0"] = prefill_at_depth0(runs, base, extend)
     data.update(
         name=name,
         scheduler=sched,
@@ -210,7 +221,7 @@ def frame(
 
 
 def active_keys(
-    levels: Sequence[Level], extend_at_depth0: bool = True
+    levels: Sequence[Level], extend_at_depth0: bool = True, prefill_at_depth0: bool = True
 ) -> tuple[list[str], dict[str, str]]:
     """The fields these levels can inform, and why each other one keeps the base value."""
     keys = list(STEP_KEYS) + list(LOOP_KEYS)
@@ -257,6 +268,10 @@ def active_keys(
     if not any(lv.depth == 0 and lv.concurrency == 1 and per_token_ms(lv) for lv in timed):
         kept["scheduler.untimed_ms"] = (
             "needs depth 0 at concurrency 1 with the server's step counters"
+        )
+    if not prefill_at_depth0 and not any(d and d > 0 for d in spec_depths):
+        kept["draft.prefill_ms"] = (
+            "the server skipped the draft's prefill at depth 0, the only depth benched"
         )
     if not plain or not spec_depths:
         kept["draft.prefill_ms"] = "needs both servers' TTFT (the bench had no --no-spec-url)"

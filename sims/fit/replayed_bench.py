@@ -26,6 +26,7 @@ def _facts(profile: Profile, speculative: bool) -> ServerFacts:
         off_mode=(
             ("sglang" if profile.draft.extend_at_depth0 else "skip-extend") if speculative else None
         ),
+        skip_draft_prefill=not profile.draft.prefill_at_depth0 if speculative else None,
     )
 
 

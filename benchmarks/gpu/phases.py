@@ -163,12 +163,17 @@ def record_server_info(run: Run) -> dict[str, Any]:
                 fields[f"internal.{k}"] = first[k]
         if isinstance(first, dict) and isinstance(first.get("specctl"), dict):
             plugin = first["specctl"]
-            fields["specctl"] = {k: plugin.get(k) for k in
-                                 ("active", "inactive_reason", "captured_depths", "source")}
+            fields["specctl"] = {k: plugin.get(k) for k in PLUGIN_STATE_FIELDS}
         out[role] = fields
     run.state.data["server_info"] = out
     run.state.save()
     return out
+
+
+# The plugin's state in the summary: whether it steers, and what its off path skipped.
+PLUGIN_STATE_FIELDS = ("active", "inactive_reason", "captured_depths", "source", "off_mode",
+                       "lean_host", "skip_draft_prefill", "skipped_draft_extends",
+                       "skipped_draft_prefills")
 
 
 def phase_stop(run: Run) -> dict[str, Any]:

@@ -12,9 +12,11 @@ r_k = L_k - L_(k-1) (L_0 = 1) is P(the first k drafts accepted), p_k = r_k / r_(
 
 `--off-spell N`: the same requests twice, at depth 3 (the deepest of --depths) throughout, and
 at depth 0 for their first N tokens before a push to depth 3; the accept length at depth 3
-after token N is compared. SGLang keeps extending the draft's KV cache at depth 0 unless
-SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND is set, so the difference shows what skipping the
-draft's catch-up costs on that server. The table live before the run is pushed back at the end.
+after token N is compared. SGLang keeps extending the draft's KV cache at depth 0 unless the
+plugin's off mode skips it (`skip-extend`), and prefills the draft at admission unless the
+plugin's `specctl_skip_draft_prefill` is on (the requests start while depth 0 is live), so the
+difference shows what the draft work skipped while off costs on that server. The table live
+before the run is pushed back at the end.
 Works against a real SGLang server with the specctl plugin and against `specctl sim serve`.
 """
 

@@ -19,6 +19,7 @@
 #   bash benchmarks/gpu/seeded/h200_session.sh hostd1 OUT    # depth 1 vs 3: bench, host profile
 #   PYSPY=path bash benchmarks/gpu/seeded/h200_session.sh hostwatch OUT  # host CPU, d0 vs plain
 #   bash benchmarks/gpu/seeded/h200_session.sh relay OUT     # relay trims off/on; RELAY_PART=check
+#   bash benchmarks/gpu/seeded/h200_session.sh offspell OUT  # acceptance after off, prefill skip on/off
 #
 # Measured on the H200: setup with ACCEPTANCE=0 330-370 s; series with SERIES=3 LEVEL_S=8
 # 358 s; parity 319 s; verify 225 s; profile about 100 s. context: two benches of 20 levels,
@@ -57,7 +58,7 @@
 # (`source .gpu/stage.sh .gpu env`, after benchmarks/gpu/staging/pack.sh).
 set -uo pipefail
 
-STEP=${1:?usage: h200_session.sh setup|restart|measure|traces|parity|profile|long|verify|series|lean|context|trims|hostd1|hostwatch|relay OUT [POLICIES] [final]}
+STEP=${1:?usage: h200_session.sh setup|restart|measure|traces|parity|profile|long|verify|series|lean|context|trims|hostd1|hostwatch|relay|offspell OUT [POLICIES] [final]}
 OUT=${2:?give the folder to pack the results into}
 R=${R:-/tmp/gpu-run}
 PY=${PY:-python3}
@@ -121,11 +122,14 @@ spread_outputs() {  # with SPREAD=LOW:HIGH, the benches' dataset gets output len
     # round again while a server's prefix cache holds it: a whole-prompt hit leaves a one-token
     # prefill, which the plain server ran without its prefill CUDA graph and the EAGLE server
     # never had (runs 10-14: their logs, docs/sglang.md). FRESH=0: the family's 512 prompts, as
-    # runs up to the fourteenth had them.
+    # runs up to the fourteenth had them. `spread_outputs SEED`: another draw, for a bench that
+    # follows another on the same servers (every bench sends its prompts from the first on, so
+    # the same draw would repeat the last bench's: run 15's warm pass left 90 whole hits).
     [ -n "${SPREAD:-}" ] || return 0
-    DATASET="$R/models/seeded/family_a_spread.jsonl"; OUTPUT_TOKENS=()
+    local seed=${1:-0}
+    DATASET="$R/models/seeded/family_a_spread${1:+_$1}.jsonl"; OUTPUT_TOKENS=()
     "$PY" -m benchmarks.gpu.seeded.datasets "$R/models/seeded/family_a.jsonl" "$DATASET" \
-        --output-tokens "$SPREAD" $(fresh_args)
+        --output-tokens "$SPREAD" --seed "$seed" $(fresh_args)
 }
 
 fresh_args() {  # the datasets option for FRESH fresh prompts (none with FRESH=0)
@@ -285,9 +289,13 @@ trims)
     # (trims_check.txt says which).
     lean_host 1
     stamp "1,000 on/off switches under load with the trims on, greedy after"
+    # A phase cut by its budget before the 1,000th push fails only "all 1000 pushes sent": the
+    # trims stay on then (run 15 turned them off for that alone and benched without them).
     if "$PY" -m benchmarks.gpu.harness switch "${HARNESS_OPTS[@]}" --budget "${SWITCH_BUDGET:-200}"; then
         echo "trims on: switch phase passed (greedy identical, no error, no growth)" \
             | tee "$R/trims_check.txt"
+    elif short=$("$PY" -m benchmarks.gpu.switch_verdict "$R/summary.json"); then
+        echo "trims on: $short" | tee "$R/trims_check.txt"
     else
         lean_host 0
         echo "trims off again: the switch phase failed (see summary.json phases.switch)" \
@@ -344,9 +352,10 @@ series)
         alternate|spec-first|plain-first) ;;
         *) echo "ORDER: expected alternate, spec-first or plain-first, got $ORDER" >&2; exit 2 ;;
     esac
-    spread_outputs
     S="$R/series_${SERIES_TAG:+${SERIES_TAG}_}"  # SERIES_TAG=timed: series_timed_1, ... apart
-    [ "${WARM:-1}" = 1 ] && warm_d0_plain "${S}warm"
+    # With SPREAD, the warm pass and every series draw their own fresh prompts (seed 1000 and
+    # the series' number; the harness's seeded datasets are seed 0).
+    [ "${WARM:-1}" = 1 ] && { spread_outputs 1000; warm_d0_plain "${S}warm"; }
     streams=(); [ -n "${STREAMS:-}" ] && streams=(--concurrency "$STREAMS")
     first=1
     while [ -e "$S$first" ]; do first=$((first + 1)); done
@@ -362,6 +371,7 @@ series)
             order_flag=(--plain-first); who="plain first"
         fi
         stamp "series ${SERIES_TAG:+$SERIES_TAG }$n: d0 and plain at ${STREAMS:-1-128} streams, paired, $who"
+        spread_outputs "$n"
         bench "$S$n" --depths 0 --no-spec-url "$(plain_url)" --paired "${order_flag[@]}" \
             --client-processes 4 --warmup-per-level 2 "${streams[@]}" 2>&1 \
             | tee "$S$n.txt" | tail -14
@@ -545,8 +555,25 @@ hostwatch)
         done
     done
     ;;
+offspell)
+    # What a request admitted while off loses in acceptance when drafting resumes, with the
+    # draft's prefill skipped at admission (the `specctl serve` default) and with it run:
+    # the same requests at depth 3 throughout, then off for their first 64 tokens and depth 3
+    # after (benchmarks/gpu/seeded/acceptance.py --off-spell), once per setting. The skip is
+    # left on.
+    A="$R/acceptance"; mkdir -p "$A"
+    for skip in 1 0; do
+        stamp "off spell of 64 tokens, then depth 3; draft prefill skipped while off: $skip"
+        plugin_setting specctl_skip_draft_prefill "$skip"
+        "$PY" -m benchmarks.gpu.seeded.acceptance --url "$(spec_url)" --admin-key "$(key)" \
+            --dataset "$R/models/seeded/family_a.jsonl" --depths 3 --requests 32 \
+            --concurrency 8 --off-spell 64 --out "$A/prefill_skip_$skip.json" 2>&1 \
+            | tee "$A/prefill_skip_$skip.txt"
+    done
+    plugin_setting specctl_skip_draft_prefill 1
+    ;;
 *)
-    echo "unknown step $STEP: setup, measure, traces, parity, profile, long, verify, series, lean, context, trims, hostd1, hostwatch or relay" >&2
+    echo "unknown step $STEP: setup, measure, traces, parity, profile, long, verify, series, lean, context, trims, hostd1, hostwatch, relay or offspell" >&2
     exit 2 ;;
 esac
 pack

@@ -3,16 +3,16 @@
 # p1.. and FlashAttention-3 parts f1..) into fewer bytes to carry: every wheel unpacked into one
 # site-packages tree with FA3 in place, one tar, xz -9, split into parts of PART_SIZE.
 #   usage: bash benchmarks/gpu/staging/pack.sh SRC DEST [PART_SIZE]   (DEST ignored by git;
-#   PART_SIZE as split -b takes it, default 40M)
-# Why: a device call carries at most 64 MiB (the tracked tree, ~15 MB and growing with the
-# checked-in results, included: 50M parts no longer fit beside it) and each call
+#   PART_SIZE as split -b takes it, default 32M)
+# Why: a device call carries at most 64 MiB (the tracked tree, 25 MiB and growing with the
+# checked-in results, included: 40M parts stopped fitting beside 24 MiB of it) and each call
 # of ~60 MiB took 80-100 s of device time, so the bytes carried are most of the staging cost.
 # The wheels (zip-deflate, 138 MB) shrink to ~85 MB as one xz stream; FA3 (xz -2, 188 MB) to ~165.
 # The machine then unpacks the tree instead of running pip (benchmarks/gpu/staging/stage.sh).
 set -euo pipefail
 src=${1:?usage: pack.sh SRC DEST [PART_SIZE]}
 dest=${2:?usage: pack.sh SRC DEST [PART_SIZE]}
-part_size=${3:-40M}
+part_size=${3:-32M}
 here=$(cd "$(dirname "$0")" && pwd)
 ls "$src"/p[0-9]/part* >/dev/null 2>&1 || { echo "pack: no wheel parts in $src/p*/ (run ../shared/gpu/fetch_wheels.sh $src first)"; exit 1; }
 ls "$src"/f[0-9]/fa* >/dev/null 2>&1 || { echo "pack: no FA3 parts in $src/f*/ (run ../shared/gpu/fetch_wheels.sh $src first)"; exit 1; }

@@ -81,10 +81,9 @@ class SimulatedServer:
                           else contract.SKIP_EXTEND)  # fmt: skip
         self._lean_host = False
         self._lean_relay = False
-        # The draft prefill skip as pushed; it acts only outside the `sglang` off mode, as in
-        # the plugin (sglang_hooks/draft_prefill.py).
+        # The draft prefill skip as pushed; as in the plugin (sglang_hooks/draft_prefill.py)
+        # it acts only under a table and outside the `sglang` off mode.
         self._skip_draft_prefill = self.engine.skip_draft_prefill
-        self._apply_prefill_skip()
         self._applied_iteration: int | None = None
         self._live_version = 0
         # Of finished streaming requests: tokens, requests, TTFT seconds, latency seconds.
@@ -104,6 +103,7 @@ class SimulatedServer:
             if isinstance(policy, FixedDepthPolicy):
                 self._table = contract.single_depth_table(policy.depth)
             self._install_now(policy, 0)
+        self._apply_prefill_skip()
         self._registry = new_registry(self)
 
     def _install_now(self, policy: DepthPolicy, version: int) -> None:
@@ -249,13 +249,14 @@ class SimulatedServer:
                 self._lean_relay = asked.lean_relay
             if asked.skip_draft_prefill is not None:
                 self._skip_draft_prefill = asked.skip_draft_prefill
-            self._apply_prefill_skip()  # changes what an admission costs
             if ours:
                 self._install(table)
+            self._apply_prefill_skip()  # changes what an admission costs
             return 200, [True]
 
     def _apply_prefill_skip(self) -> None:
         self.engine.skip_draft_prefill = (self.engine.speculative and self._skip_draft_prefill
+                                          and self._table is not None
                                           and self._off_mode != contract.SGLANG)
 
     def _sglang_key_rejection(self, key: str, value: float) -> str | None:

@@ -277,11 +277,14 @@ def _depth0(profile, **settings: int) -> SimulatedServer:
 
 
 def test_the_draft_prefill_skip_drops_its_cost_after_depth_zero_only():
-    """With the switch on (the profile's `prefill_at_depth0: false`), a prefill after a
-    depth-0 iteration runs without `draft.prefill_ms`; with it pushed off, in the `sglang` off
-    mode, or at depth 2, a prefill pays it. 200 ms stands out of any prefill's own noise."""
+    """With the switch on (the profile's `prefill_at_depth0: false`) and a table, a prefill
+    after a depth-0 iteration runs without `draft.prefill_ms`; with it pushed off, in the
+    `sglang` off mode, or at depth 2, a prefill pays it. 200 ms stands out of any prefill's
+    own noise."""
     profile = _with_draft_prefill(200.0)
+    assert not _server(profile).engine.skip_draft_prefill  # SGLang's own choice: no table
     skipping = _depth0(profile)
+    assert skipping.engine.skip_draft_prefill
     skipped = _prefill_ms(skipping, 30)
     assert skipped < 100
     state = read_server_state(skipping.server_info())[0]

@@ -24,6 +24,10 @@ from sglang_hooks.contract import push_body, single_depth_table
 
 PUSH_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 120.0
+# Of a --budget's last seconds, what joining the load threads may not take: the greedy check
+# after the stress needs them (the push loop stops 30 s before the deadline).
+GREEDY_RESERVE_S = 20.0
+MIN_JOIN_S = 5.0
 MAX_CONSECUTIVE_FAILURES = 5
 
 
@@ -77,6 +81,16 @@ class LoadThreads:
         for t in self._threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
         return sum(t.is_alive() for t in self._threads)
+
+
+def join_wait(deadline: float | None, now: float) -> float:
+    """How long to wait for the load threads' last requests: a request's own timeout, cut so
+    that the greedy check keeps GREEDY_RESERVE_S of the budget (at least MIN_JOIN_S). A
+    thread still in its request then counts as stuck (the "no hang" check) instead of
+    spending the greedy check's time."""
+    if deadline is None:
+        return REQUEST_TIMEOUT_S
+    return max(MIN_JOIN_S, min(REQUEST_TIMEOUT_S, deadline - now - GREEDY_RESERVE_S))
 
 
 @dataclass(frozen=True)
@@ -170,7 +184,7 @@ def run_stress(plan: StressPlan, load_prompts: Sequence[GreedyPrompt],
                     if plan.interval_s > 0:
                         time.sleep(plan.interval_s)
         finally:
-            stuck = load.stop()
+            stuck = load.stop(join_wait(plan.deadline, time.monotonic()))
             stress_s = time.monotonic() - t_start
             try:
                 server.push(before.table)

@@ -326,20 +326,15 @@ def skip_draft_prefill(original: Callable[..., Any], draft_worker: Any, batch: A
     target's bonus tokens. Anything unexpected runs SGLang's extend."""
     rt = RUNTIME
     worker = rt.spec_worker
+    stub = None
     try:
-        skip = (worker is not None
+        if (worker is not None
                 and draft_prefill.skippable_batch(draft_worker, batch, args, kwargs)
-                and rt.prefill_skips_draft(len(batch.reqs)))
-    except Exception:
+                and rt.prefill_skips_draft(len(batch.reqs))):
+            stub = draft_prefill.stub_draft_input(worker, batch, next_token_ids)
+    except Exception:  # SGLang's own extend then runs
         _log_failure_once("skip_draft_prefill")
-        skip = False
-    if not skip:
-        return original(draft_worker, batch, target_hidden_states, next_token_ids, *args,
-                        **kwargs)
-    try:
-        stub = draft_prefill.stub_draft_input(worker, batch, next_token_ids)
-    except Exception:
-        _log_failure_once("skip_draft_prefill")
+    if stub is None:
         return original(draft_worker, batch, target_hidden_states, next_token_ids, *args,
                         **kwargs)
     rt.skipped_prefills += 1

@@ -142,6 +142,12 @@ def phase_start(run: Run) -> dict[str, Any]:
     return result
 
 
+# The plugin's state in the summary: whether it steers, and what its off path skipped.
+PLUGIN_STATE_FIELDS = ("active", "inactive_reason", "captured_depths", "source", "off_mode",
+                       "lean_host", "skip_draft_prefill", "skipped_draft_extends",
+                       "skipped_draft_prefills")
+
+
 def record_server_info(run: Run) -> dict[str, Any]:
     """/server_info of both servers to files; the capacity fields side by side."""
     out: dict[str, Any] = {}
@@ -168,12 +174,6 @@ def record_server_info(run: Run) -> dict[str, Any]:
     run.state.data["server_info"] = out
     run.state.save()
     return out
-
-
-# The plugin's state in the summary: whether it steers, and what its off path skipped.
-PLUGIN_STATE_FIELDS = ("active", "inactive_reason", "captured_depths", "source", "off_mode",
-                       "lean_host", "skip_draft_prefill", "skipped_draft_extends",
-                       "skipped_draft_prefills")
 
 
 def phase_stop(run: Run) -> dict[str, Any]:

@@ -426,10 +426,8 @@ context)
     WORDS=${WORDS:-512}; LONG="$R/models/seeded/family_a_w$WORDS.jsonl"
     SPREAD_ARGS=(); FAMILY="$R/models/seeded/family_a.jsonl"
     if [ -n "${SPREAD:-}" ]; then
-        SPREAD_ARGS=(--output-tokens "$SPREAD"); OUTPUT_TOKENS=()  # each row's own length
-        "$PY" -m benchmarks.gpu.seeded.datasets "$FAMILY" "$R/models/seeded/family_a_spread.jsonl" \
-            "${SPREAD_ARGS[@]}" $(fresh_args)
-        FAMILY="$R/models/seeded/family_a_spread.jsonl"
+        SPREAD_ARGS=(--output-tokens "$SPREAD")
+        spread_outputs; FAMILY=$DATASET  # each row's own length, FRESH prompts
     fi
     "$PY" -m benchmarks.gpu.seeded.datasets "$R/models/seeded/family_a.jsonl" "$LONG" \
         --words "$WORDS" "${SPREAD_ARGS[@]}"

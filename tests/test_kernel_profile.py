@@ -85,12 +85,39 @@ def test_unreadable_trace_names_the_file(tmp_path: Path) -> None:
         kernel_profile.read_trace(bad)
 
 
-def _served(with_profiler: bool, steps_seen: list[dict[str, Any]]) -> ServedSimulation:
+class _RecordPrompts:
+    """ASGI wrapper noting the head ("Request N:") of every completion's prompt, in order."""
+
+    def __init__(self, app: Any, heads: list[str]) -> None:
+        self.app, self.heads = app, heads
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope.get("path") != "/v1/completions":
+            return await self.app(scope, receive, send)
+        body = bytearray()
+
+        async def recording_receive() -> Any:
+            message = await receive()
+            if message["type"] != "http.request":  # a disconnect after the body
+                return message
+            body.extend(message.get("body", b""))
+            if not message.get("more_body"):
+                self.heads.append(json.loads(body)["prompt"].split(":")[0])
+            return message
+
+        return await self.app(scope, recording_receive, send)
+
+
+def _served(
+    with_profiler: bool, steps_seen: list[dict[str, Any]], heads: list[str] | None = None
+) -> ServedSimulation:
     server = SimulatedServer(load_profile("h200-llama8b-eagle3"), Workload.closed(0.0), seed=0)
     served = ServedSimulation(server, speedup=20.0)
+    app = served.uvicorn.config.app
+    assert isinstance(app, FastAPI)
+    if heads is not None:
+        app.add_middleware(_RecordPrompts, heads=heads)
     if with_profiler:
-        app = served.uvicorn.config.app
-        assert isinstance(app, FastAPI)
 
         async def start_profile(request: Request) -> dict[str, bool]:
             body = await request.json()
@@ -128,7 +155,34 @@ def test_capture_writes_one_summary_per_level(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "d0-c4.json").read_text())
     assert summary["streams"] == 4 and summary["busy_us_per_step"] == pytest.approx(34.0)
     assert summary["depth"] == 0
+    # the stand-in's 34 us of kernels every 100 us: 11 gaps of 66 us over 12 iterations
+    assert summary["idle"]["idle_us_per_step"] == pytest.approx(11 * 66.0 / 12)
+    assert summary["idle"]["by_boundary"][0]["before"] == "verify_tree"
     assert before.table is None and after.table is None  # forced for the capture, then released
+
+
+def test_each_level_sends_its_own_prompts(tmp_path: Path) -> None:
+    """A level replaying the last one's prompts would profile prefix-cache hits."""
+    seen: list[dict[str, Any]] = []
+    heads: list[str] = []
+    dataset = tmp_path / "prompts.jsonl"
+    dataset.write_text("".join(json.dumps({"prompt": f"Request {i}: hello"}) + "\n"
+                               for i in range(10_000)))  # fmt: skip
+    served = _served(True, seen, heads)
+    try:
+        rc = kernel_profile.main([
+            "capture", "--url", served.base_url, "--label", "plain", "--streams", "1,1",
+            "--steps", "4", "--seconds", "0.3", "--warmup", "0.1", "--output-tokens", "4",
+            "--dataset", str(dataset), "--out", str(tmp_path),
+        ])  # fmt: skip
+    finally:
+        served.stop()
+    assert rc == 0
+    # two levels over 10,000 prompts: the first starts at prompt 0, the second at 5,000
+    assert heads[0] == "Request 0" and "Request 5000" in heads
+    second = heads.index("Request 5000")
+    assert heads[:second] == [f"Request {i}" for i in range(second)]
+    assert heads[second:] == [f"Request {5000 + i}" for i in range(len(heads) - second)]
 
 
 def test_capture_on_a_server_without_a_profiler_fails_clearly(
@@ -186,3 +240,114 @@ def test_capture_with_host_asks_for_cpu_activity(tmp_path: Path, capsys) -> None
     # the stand-in trace has no runtime calls: recorded as missing, not a failed capture
     assert summary["runtime_calls"] is None
     assert "no runtime_calls in the trace" in capsys.readouterr().out
+
+
+def _k(name: str, ts: float, dur: float, stream: int) -> dict[str, Any]:
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "tid": stream,
+            "args": {"stream": stream}}  # fmt: skip
+
+
+def _two_stream_events(steps: int) -> list[dict[str, Any]]:
+    """Per 200 us iteration, on streams 7 and 8: busy [0,25] (A, then X overlapping it on the
+    other stream), [30,50] (B, then Y touching it), [100,110] (C), [111,112] (Z). Gaps: X->B 5,
+    Y->C 50, C->Z 1 (under the 2 us floor), and Z->A 88 into the next iteration."""
+    out: list[dict[str, Any]] = []
+    for i in range(steps):
+        t = 200.0 * i
+        out += [
+            _k("void A<float>", t, 10, 7), _k("X", t + 5, 20, 8),
+            _k("B", t + 30, 10, 7), _k("Y", t + 40, 10, 8),
+            _k("C", t + 100, 10, 7), _k("Z", t + 111, 1, 8),
+            # not GPU kernels: neither fills a gap nor starts a stretch
+            {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": t + 60, "dur": 30.0},
+            {"ph": "B", "cat": "kernel", "name": "open", "ts": t + 60},
+        ]  # fmt: skip
+    return out
+
+
+def test_idle_gaps_per_boundary_across_streams() -> None:
+    idle = kernel_profile.idle_gaps(_two_stream_events(2), steps=2)
+    # gaps 5, 50, 1, 88, 5, 50, 1 (the last iteration has no gap after it)
+    assert idle["idle_us_per_step"] == pytest.approx(200.0 / 2)
+    assert idle["gaps_per_step"] == pytest.approx(5 / 2)  # the two 1 us gaps left out
+    assert idle["gap_us_quantiles"] == pytest.approx({"p50": 50.0, "p90": 72.8, "max": 88.0})
+    assert idle["by_boundary"] == [
+        {"before": "Y", "after": "C", "gaps_per_step": 1.0, "us_per_step": 50.0,
+         "mean_us": 50.0},
+        {"before": "Z", "after": "A<float>", "gaps_per_step": 0.5, "us_per_step": 44.0,
+         "mean_us": 88.0},
+        {"before": "X", "after": "B", "gaps_per_step": 1.0, "us_per_step": 5.0, "mean_us": 5.0},
+    ]  # fmt: skip
+
+
+def test_overlap_on_another_stream_is_not_idle() -> None:
+    # stream 7 alone idles 20 us after A; X on stream 8 covers it
+    idle = kernel_profile.idle_gaps(_two_stream_events(1), steps=1)
+    assert all(b["before"] != "A<float>" for b in idle["by_boundary"])
+    both = [_k("A", 0, 10, 7), _k("X", 5, 20, 8), _k("B", 25, 5, 7), _k("W", 2, 3, 8)]
+    none = kernel_profile.idle_gaps(both, steps=1)
+    assert none["idle_us_per_step"] == 0.0 and none["gaps_per_step"] == 0.0
+    assert none["by_boundary"] == []
+    assert none["gap_us_quantiles"] == {"p50": 0.0, "p90": 0.0, "max": 0.0}
+
+
+def test_idle_gaps_floor_and_top() -> None:
+    events = _two_stream_events(2)
+    wide = kernel_profile.idle_gaps(events, steps=2, min_gap_us=60.0)
+    assert wide["idle_us_per_step"] == pytest.approx(100.0)  # every gap, whatever the floor
+    assert wide["gaps_per_step"] == pytest.approx(0.5)
+    assert [(b["before"], b["after"]) for b in wide["by_boundary"]] == [("Z", "A<float>")]
+    fine = kernel_profile.idle_gaps(events, steps=2, min_gap_us=1.0)
+    assert fine["gaps_per_step"] == pytest.approx(7 / 2)
+    # Y starting as B ends extends B's stretch: no zero-length gap between them
+    assert kernel_profile.idle_gaps(events, steps=2, min_gap_us=0.0)["gaps_per_step"] == 3.5
+    assert ("C", "Z") in [(b["before"], b["after"]) for b in fine["by_boundary"]]
+    top = kernel_profile.idle_gaps(events, steps=2, top=1)["by_boundary"]
+    assert [(b["before"], b["after"]) for b in top] == [("Y", "C")]
+
+
+def test_idle_gaps_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="steps"):
+        kernel_profile.idle_gaps(_two_stream_events(1), steps=0)
+    cpu_only = [e for e in _two_stream_events(1) if e["cat"] == "cpu_op"]
+    with pytest.raises(kernel_profile.ProfileError, match="activities GPU"):
+        kernel_profile.idle_gaps(cpu_only, steps=1)
+
+
+def _gaps_summary() -> dict[str, Any]:
+    events = _two_stream_events(2)
+    summary = kernel_profile.summarize(events, 2) | {"label": "d0", "streams": 16}
+    return summary | {"idle": kernel_profile.idle_gaps(events, 2)}
+
+
+def test_format_gaps_lists_boundaries() -> None:
+    lines = kernel_profile.format_gaps(_gaps_summary(), top=2).splitlines()
+    assert lines[0] == (
+        "d0, 16 streams: 100.0 us GPU idle per iteration, 2.5 gaps >= 2 us per iteration "
+        "(p50 50.0, p90 72.8, max 88.0 us)"
+    )
+    rows = lines[3:]
+    assert len(rows) == 2  # top 2 of 3 boundaries
+    assert rows[0].split() == ["Y", "->", "C", "1", "50.0", "50.0"]
+    assert rows[1].split() == ["Z", "->", "A<float>", "0.5", "44.0", "88.0"]
+
+
+def test_format_gaps_cuts_long_names() -> None:
+    summary = _gaps_summary()
+    summary["idle"]["by_boundary"][0]["before"] = "k" * 80
+    row = kernel_profile.format_gaps(summary, top=1).splitlines()[3]
+    assert row.startswith("k" * 44 + "~ -> C ")
+
+
+def test_gaps_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "d0-c16.json"
+    path.write_text(json.dumps(_gaps_summary()))
+    assert kernel_profile.main(["gaps", str(path), "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "100.0 us GPU idle per iteration" in out and "Y -> C" in out
+    assert "Z -> A<float>" not in out
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(kernel_profile.summarize(_two_stream_events(2), 2)))
+    assert kernel_profile.main(["gaps", str(old)]) == 2
+    err = capsys.readouterr().err
+    assert "old.json has no 'idle'" in err and "captured before idle gaps were recorded" in err

@@ -16,6 +16,9 @@ more GPU time than A's, kernel by kernel. `capture --host` also records CPU acti
 iteration the aten operators the server dispatches (`host_ops`) and its CUDA runtime calls
 (`runtime_calls`), compared with `compare --part host_ops|runtime_calls`; the profiler's own
 overhead inflates host times, so their counts per iteration are what compares cleanly.
+Each capture also records where the GPU idles between kernels (all streams merged): `gaps FILE`
+prints the idle time per iteration and the kernel boundaries (which kernel ends, which one
+starts after) where it idles longest, for iterations slower than their kernel time explains.
 
 The same iteration count on both servers is what makes the numbers comparable: at depth 0
 each iteration of the speculative server emits one token per request, as a plain decode does.
@@ -29,12 +32,15 @@ import gzip
 import json
 import sys
 import time
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 
 from controller.bench.loadgen import ClosedLoop, StopRule, WindowHooks, make_client, run_level
 from controller.bench.prompts import read_dataset, synthetic_prompts
@@ -47,6 +53,8 @@ GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 # `cuda_runtime` the launches and copies they issue.
 HOST_SECTIONS = {"host_ops": ("cpu_op",), "runtime_calls": ("cuda_runtime", "cuda_driver")}
 NAME_CHARS = 90  # template arguments make kernel names kilobytes long; the head tells them apart
+GAP_NAME_CHARS = 45  # each side of a "before -> after" boundary in the gaps table
+MIN_GAP_US = 2.0  # shorter gaps are launch jitter, not a stall worth naming
 TRACE_WAIT_S = 90.0
 
 
@@ -94,6 +102,28 @@ def read_trace(path: Path) -> list[dict[str, Any]]:
     return [e for e in events if isinstance(e, dict)]
 
 
+def _intervals(
+    events: Iterable[dict[str, Any]], categories: Sequence[str]
+) -> list[tuple[float, float, str]]:
+    """(start, duration, short name) of the complete ('X') events in `categories`."""
+    out: list[tuple[float, float, str]] = []
+    for event in events:
+        if event.get("ph") != "X" or event.get("cat") not in categories:
+            continue
+        try:
+            start, dur = float(event["ts"]), float(event["dur"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        out.append((start, dur, short_name(str(event.get("name", "?")))))
+    if not out:
+        raise ProfileError(
+            f"no events of category {', '.join(categories)} in the trace: was GPU activity "
+            "recorded (activities GPU, or CPU for host events), and did the server run any "
+            "iteration while profiling?"
+        )
+    return out
+
+
 def summarize(
     events: Iterable[dict[str, Any]], steps: int, categories: Sequence[str] = GPU_CATEGORIES
 ) -> dict[str, Any]:
@@ -102,24 +132,11 @@ def summarize(
         raise ValueError("steps must be >= 1")
     rows: dict[str, list[float]] = {}
     spans: list[tuple[float, float]] = []
-    for event in events:
-        if event.get("ph") != "X" or event.get("cat") not in categories:
-            continue
-        try:
-            start, dur = float(event["ts"]), float(event["dur"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        key = short_name(str(event.get("name", "?")))
+    for start, dur, key in _intervals(events, categories):
         row = rows.setdefault(key, [0, 0.0])
         row[0] += 1
         row[1] += dur
         spans.append((start, start + dur))
-    if not spans:
-        raise ProfileError(
-            f"no events of category {', '.join(categories)} in the trace: was GPU activity "
-            "recorded (activities GPU, or CPU for host events), and did the server run any "
-            "iteration while profiling?"
-        )
     kernels = sorted(
         (KernelRow(name, int(n), us) for name, (n, us) in rows.items()),
         key=lambda r: -r.total_us,
@@ -141,6 +158,115 @@ def summarize(
             for r in kernels
         ],
     }
+
+
+@dataclass
+class _Busy:
+    """A stretch where some stream runs a kernel; the names are what bound the idle around it."""
+
+    start: float
+    end: float
+    first: str  # the kernel that starts the stretch
+    last: str  # the kernel that ends it last
+
+
+def _busy_stretches(intervals: list[tuple[float, float, str]]) -> list[_Busy]:
+    """All streams merged: a kernel overlapping or touching the current stretch extends it."""
+    merged: list[_Busy] = []
+    for start, dur, name in sorted(intervals):
+        stop = start + dur
+        if merged and start <= merged[-1].end:
+            cur = merged[-1]
+            if stop > cur.end:
+                cur.end, cur.last = stop, name
+        else:
+            merged.append(_Busy(start, stop, name, name))
+    return merged
+
+
+def _quantile(values: list[float], q: float) -> float:
+    return float(np.quantile(values, q)) if values else 0.0
+
+
+def idle_gaps(
+    events: Iterable[dict[str, Any]],
+    steps: int,
+    top: int = 10,
+    min_gap_us: float = MIN_GAP_US,
+    categories: Sequence[str] = GPU_CATEGORIES,
+) -> dict[str, Any]:
+    """Where the GPU idles between kernels over `steps` iterations, per kernel boundary.
+
+    Idle is time no stream runs anything, so a kernel overlapping another on a second stream
+    hides the gap; `idle_us_per_step` counts every gap, the rest only gaps >= `min_gap_us`.
+    """
+    if steps < 1:
+        raise ValueError("steps must be >= 1")
+    stretches = _busy_stretches(_intervals(events, categories))
+    idle = 0.0
+    gaps: list[float] = []
+    boundaries: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for prev, nxt in pairwise(stretches):
+        gap = nxt.start - prev.end
+        idle += gap
+        if gap >= min_gap_us:
+            gaps.append(gap)
+            boundaries[(prev.last, nxt.first)].append(gap)
+    ranked = sorted(boundaries.items(), key=lambda kv: (-sum(kv[1]), kv[0]))
+    gaps.sort()
+    return {
+        "min_gap_us": min_gap_us,
+        "idle_us_per_step": idle / steps,
+        "gaps_per_step": len(gaps) / steps,
+        "gap_us_quantiles": {
+            "p50": _quantile(gaps, 0.5),
+            "p90": _quantile(gaps, 0.9),
+            "max": gaps[-1] if gaps else 0.0,
+        },
+        "by_boundary": [
+            {
+                "before": before,
+                "after": after,
+                "gaps_per_step": len(found) / steps,
+                "us_per_step": sum(found) / steps,
+                "mean_us": sum(found) / len(found),
+            }
+            for (before, after), found in ranked[:top]
+        ],
+    }
+
+
+def _cut(name: str, chars: int) -> str:
+    return name if len(name) <= chars else name[: chars - 1] + "~"
+
+
+def format_gaps(summary: dict[str, Any], top: int, source: str | None = None) -> str:
+    """A text table of a capture's idle gaps: totals, then the costliest kernel boundaries."""
+    idle = summary.get("idle")
+    if not isinstance(idle, dict):
+        where = source or f"capture {summary.get('label', '?')!r}"
+        raise ProfileError(
+            f"{where} has no 'idle': it was captured before idle gaps were recorded; "
+            "capture it again"
+        )
+    q = idle["gap_us_quantiles"]
+    min_gap = idle.get("min_gap_us", MIN_GAP_US)
+    width = 2 * GAP_NAME_CHARS + 4
+    lines = [
+        f"{summary.get('label', '?')}, {summary.get('streams', '?')} streams: "
+        f"{idle['idle_us_per_step']:.1f} us GPU idle per iteration, "
+        f"{idle['gaps_per_step']:.3g} gaps >= {min_gap:g} us per iteration "
+        f"(p50 {q['p50']:.1f}, p90 {q['p90']:.1f}, max {q['max']:.1f} us)",
+        "",
+        f"{'before -> after':<{width}} {'gaps/iter':>9} {'us/iter':>9} {'mean us':>9}",
+    ]
+    for row in idle["by_boundary"][:top]:
+        pair = f"{_cut(row['before'], GAP_NAME_CHARS)} -> {_cut(row['after'], GAP_NAME_CHARS)}"
+        lines.append(
+            f"{pair:<{width}} {row['gaps_per_step']:>9.3g} {row['us_per_step']:>9.1f} "
+            f"{row['mean_us']:>9.1f}"
+        )
+    return "\n".join(lines)
 
 
 def _us(rows: dict[str, Any], name: str) -> float:
@@ -225,13 +351,13 @@ def _wait_for_trace(trace_dir: Path, prefix: str, timeout_s: float) -> Path:
 
 async def _profiled_level(
     url: str, prompts: list[Any], streams: int, body: dict[str, Any], headers: dict[str, str],
-    seconds: float, warmup_s: float, model: str,
+    seconds: float, warmup_s: float, model: str, prompt_offset: int,
 ) -> str | None:  # fmt: skip
     async with make_client(url, streams) as http:
         hooks = _StartProfileAtWindow(http, body, headers)
         await run_level(
             http, prompts, ClosedLoop(streams), StopRule(duration_s=seconds, warmup_s=warmup_s),
-            model=model, hooks=hooks,
+            model=model, hooks=hooks, prompt_offset=prompt_offset,
         )  # fmt: skip
         return hooks.error
 
@@ -252,7 +378,10 @@ def capture(args: argparse.Namespace) -> list[Path]:
         try:
             if args.depth is not None and before is not None:
                 server.push(single_depth_table(args.depth, version=before.version + 1))
-            for streams in args.streams:
+            for level, streams in enumerate(args.streams):
+                # Each level starts at its own share of the prompts: a level replaying the
+                # last one's would profile whole-prompt cache hits instead of admissions.
+                offset = level * len(prompts) // len(args.streams)
                 prefix = f"{args.label}-c{streams}"
                 body = {
                     "output_dir": str(trace_dir), "num_steps": args.steps,
@@ -264,12 +393,14 @@ def capture(args: argparse.Namespace) -> list[Path]:
                 )
                 error = asyncio.run(_profiled_level(
                     args.url, prompts, streams, body, headers, args.seconds, args.warmup, model,
+                    offset,
                 ))  # fmt: skip
                 if error:
                     raise ProfileError(f"{args.url}{error}")
                 trace = _wait_for_trace(trace_dir, prefix, args.trace_wait)
                 events = read_trace(trace)
                 summary = summarize(events, args.steps)
+                summary["idle"] = idle_gaps(events, args.steps)
                 if args.host:
                     for section, categories in HOST_SECTIONS.items():
                         try:
@@ -331,12 +462,20 @@ def main(argv: list[str] | None = None) -> int:
         "--part", choices=["kernels", *HOST_SECTIONS], default="kernels",
         help="GPU kernels (default), or a host section of a --host capture",
     )  # fmt: skip
+    gap_cmd = sub.add_parser("gaps", help="where a capture's GPU idles between kernels")
+    gap_cmd.add_argument("file", help="a capture's <label>-c<N>.json")
+    gap_cmd.add_argument("--top", type=int, default=10, help="boundaries shown (captures keep 10)")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "capture":
             if args.steps < 1:
                 parser.error("--steps must be >= 1")
             capture(args)
+        elif args.cmd == "gaps":
+            summary = json.loads(Path(args.file).read_text())
+            if not isinstance(summary, dict):
+                raise ProfileError(f"{args.file}: not a capture summary (a JSON object)")
+            print(format_gaps(summary, args.top, source=args.file))
         else:
             base, other = (json.loads(Path(p).read_text()) for p in (args.base, args.other))
             if args.part != "kernels":

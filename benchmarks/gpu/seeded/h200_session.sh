@@ -132,6 +132,15 @@ spread_outputs() {  # with SPREAD=LOW:HIGH, the benches' dataset gets output len
         --output-tokens "$SPREAD" --seed "$seed" $(fresh_args)
 }
 
+fresh_seed() {  # fresh_seed BASE: the first seed from BASE on that no dataset of this run used,
+    # so that a later call's benches (WARM=0, another SERIES_TAG) never replay an earlier draw
+    # on servers whose prefix caches may still hold it (run 16's tagged series drew seeds 1-2
+    # again, and the plain server ran 16 more one-token prefills)
+    local seed=$1
+    while [ -e "$R/models/seeded/family_a_spread_$seed.jsonl" ]; do seed=$((seed + 1)); done
+    echo "$seed"
+}
+
 fresh_args() {  # the datasets option for FRESH fresh prompts (none with FRESH=0)
     [ "${FRESH:-20000}" = 0 ] || echo --fresh "${FRESH:-20000}"
 }
@@ -354,8 +363,9 @@ series)
     esac
     S="$R/series_${SERIES_TAG:+${SERIES_TAG}_}"  # SERIES_TAG=timed: series_timed_1, ... apart
     # With SPREAD, the warm pass and every series draw their own fresh prompts (seed 1000 and
-    # the series' number; the harness's seeded datasets are seed 0).
-    [ "${WARM:-1}" = 1 ] && { spread_outputs 1000; warm_d0_plain "${S}warm"; }
+    # the series' number, or the next seed no earlier bench of $R used: `fresh_seed`; the
+    # harness's seeded datasets are seed 0).
+    [ "${WARM:-1}" = 1 ] && { spread_outputs "$(fresh_seed 1000)"; warm_d0_plain "${S}warm"; }
     streams=(); [ -n "${STREAMS:-}" ] && streams=(--concurrency "$STREAMS")
     first=1
     while [ -e "$S$first" ]; do first=$((first + 1)); done
@@ -371,7 +381,7 @@ series)
             order_flag=(--plain-first); who="plain first"
         fi
         stamp "series ${SERIES_TAG:+$SERIES_TAG }$n: d0 and plain at ${STREAMS:-1-128} streams, paired, $who"
-        spread_outputs "$n"
+        spread_outputs "$(fresh_seed "$n")"
         bench "$S$n" --depths 0 --no-spec-url "$(plain_url)" --paired "${order_flag[@]}" \
             --client-processes 4 --warmup-per-level 2 "${streams[@]}" 2>&1 \
             | tee "$S$n.txt" | tail -14
@@ -464,14 +474,21 @@ profile)
     # records the host side (aten operators and CUDA runtime calls per iteration).
     # PROFILE_STREAMS (default 1,16,128): the levels where depth 0 and the plain server are
     # both profiled and compared; D13=0 leaves out depths 1 and 3 at 64 streams.
+    # PROFILE_OUTPUT (default 128): every request's output tokens; 1 profiles admissions alone
+    # (each iteration a prefill). With SPREAD set the prompts are a fresh draw (`fresh_seed`),
+    # so neither server replays a prompt its prefix cache holds; without it, the family's 512.
+    # PROFILE_TAG=NAME labels the captures d0_NAME / plain_NAME, beside earlier ones.
+    # Every capture also records where the GPU idles between kernels; gaps.txt lists them.
     P="$R/profile"; TR=${TRACES:-/tmp/gpu-traces}; mkdir -p "$P"
     STREAMS=${PROFILE_STREAMS:-1,16,128}
-    KP=(--dataset "$R/models/seeded/family_a.jsonl" --output-tokens 128
+    DATASET="$R/models/seeded/family_a.jsonl"; spread_outputs "$(fresh_seed 2000)"
+    KP=(--dataset "$DATASET" --output-tokens "${PROFILE_OUTPUT:-128}"
         --steps "${PROFILE_STEPS:-60}" --out "$P" --trace-dir "$TR" --admin-key "$(key)"
         ${HOST:+--host})
-    "$PY" -m benchmarks.gpu.kernel_profile capture --url "$(spec_url)" --depth 0 --label d0 \
-        "${KP[@]}" --streams "$STREAMS" 2>&1 | tee -a "$P/capture.txt"
-    "$PY" -m benchmarks.gpu.kernel_profile capture --url "$(plain_url)" --label plain \
+    tag=${PROFILE_TAG:+_$PROFILE_TAG}
+    "$PY" -m benchmarks.gpu.kernel_profile capture --url "$(spec_url)" --depth 0 \
+        --label "d0$tag" "${KP[@]}" --streams "$STREAMS" 2>&1 | tee -a "$P/capture.txt"
+    "$PY" -m benchmarks.gpu.kernel_profile capture --url "$(plain_url)" --label "plain$tag" \
         "${KP[@]}" --streams "$STREAMS" 2>&1 | tee -a "$P/capture.txt"
     # At 64 streams the first run's d1 took 4.3 ms an iteration more than its GPU timer saw:
     # the busy share says whether the GPU waited on the host there.
@@ -482,11 +499,15 @@ profile)
         done
     fi
     for c in ${STREAMS//,/ }; do
-        [ -f "$P/d0-c$c.json" ] && [ -f "$P/plain-c$c.json" ] || continue
-        "$PY" -m benchmarks.gpu.kernel_profile compare "$P/plain-c$c.json" "$P/d0-c$c.json" \
-            --top 25 | tee "$P/compare_c$c.txt"
+        base="$P/plain$tag-c$c.json"; other="$P/d0$tag-c$c.json"
+        [ -f "$base" ] && [ -f "$other" ] || continue
+        "$PY" -m benchmarks.gpu.kernel_profile compare "$base" "$other" \
+            --top 25 | tee "$P/compare$tag""_c$c.txt"
         [ -n "${HOST:-}" ] && "$PY" -m benchmarks.gpu.kernel_profile compare --part host_ops \
-            "$P/plain-c$c.json" "$P/d0-c$c.json" --top 25 | tee "$P/compare_host_c$c.txt"
+            "$base" "$other" --top 25 | tee "$P/compare_host$tag""_c$c.txt"
+        for f in "$other" "$base"; do
+            "$PY" -m benchmarks.gpu.kernel_profile gaps "$f" --top 8; echo
+        done | tee -a "$P/gaps.txt"
     done
     [ -f "$P/d1-c64.json" ] && [ -f "$P/d3-c64.json" ] && "$PY" -m benchmarks.gpu.kernel_profile \
         compare "$P/d1-c64.json" "$P/d3-c64.json" --top 25 | tee "$P/compare_d1_d3_c64.txt"

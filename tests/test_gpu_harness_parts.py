@@ -213,12 +213,30 @@ def test_the_device_timer_switch_is_part_of_each_sglang_launch(tmp_path, monkeyp
     models = build_dummy_folders(tmp_path, TINY)
     opts = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1, plain_port=2)
     monkeypatch.delenv(servers.DEVICE_TIMER_ENV, raising=False)
+    monkeypatch.delenv(servers.COARSE_WAR_BARRIER_ENV, raising=False)
     without = {p.role: p.env for p in servers.plans(models, opts, tmp_path)}
     assert without == {"spec": {}, "plain": servers.NO_PLUGINS}
     monkeypatch.setenv(servers.DEVICE_TIMER_ENV, "1")
     timed = {p.role: p.env for p in servers.plans(models, opts, tmp_path)}
     assert timed == {"spec": {servers.DEVICE_TIMER_ENV: "1"},
                      "plain": {**servers.NO_PLUGINS, servers.DEVICE_TIMER_ENV: "1"}}
+
+
+def test_the_coarse_barrier_switch_is_part_of_each_sglang_launch(tmp_path, monkeypatch):
+    """Set for a run, SGLang's coarse write-after-read barrier reaches both servers' launches
+    (and a later start without it restarts them)."""
+    from benchmarks.gpu.model_folders import TINY, build_dummy_folders
+
+    models = build_dummy_folders(tmp_path, TINY)
+    opts = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1, plain_port=2)
+    monkeypatch.delenv(servers.DEVICE_TIMER_ENV, raising=False)
+    monkeypatch.setenv(servers.COARSE_WAR_BARRIER_ENV, "1")
+    coarse = {p.role: p.env for p in servers.plans(models, opts, tmp_path)}
+    assert coarse == {"spec": {servers.COARSE_WAR_BARRIER_ENV: "1"},
+                      "plain": {**servers.NO_PLUGINS, servers.COARSE_WAR_BARRIER_ENV: "1"}}
+    sim = servers.ServerOptions(backend="sim", admin_key="k", spec_port=1, plain_port=2)
+    assert all(servers.COARSE_WAR_BARRIER_ENV not in p.env
+               for p in servers.plans(models, sim, tmp_path))
 
 
 def test_sim_stand_ins_follow_sglangs_device_timer_switch(tmp_path, monkeypatch):

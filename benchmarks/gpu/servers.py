@@ -95,10 +95,11 @@ def plans(models: ModelFolders | None, opts: ServerOptions, log_dir: Path) -> li
         argv = pinned_argv(opts.spec_cpus if role == SPEC else opts.plain_cpus, argv,
                            opts.python)
         env = dict(NO_PLUGINS) if role == PLAIN and not opts.plain_with_plugin else {}
-        if opts.backend != "sim" and (timer := os.environ.get(DEVICE_TIMER_ENV)) is not None:
+        if opts.backend != "sim":
             # Part of the launch, so that a server started with another setting is restarted
-            # rather than reused (the stand-ins carry it in their argv).
-            env[DEVICE_TIMER_ENV] = timer
+            # rather than reused (the stand-ins carry the timer in their argv).
+            env |= {name: value for name in SGLANG_LAUNCH_SWITCHES
+                    if (value := os.environ.get(name)) is not None}  # fmt: skip
         out.append(LaunchPlan(role, f"http://127.0.0.1:{port}", argv, log_dir / f"{role}.log",
                               env))
     return out
@@ -119,6 +120,13 @@ def _sglang_argv(role: str, port: int, mem: float, models: ModelFolders,
 
 # SGLang's switch for its device timer (GPU seconds per forward kind on /metrics).
 DEVICE_TIMER_ENV = "SGLANG_ENABLE_METRICS_DEVICE_TIMER"
+# SGLang's switch that makes the scheduler's write-after-read barrier wait for the whole last
+# forward. An EAGLE server on FA3 does so at depth 0 anyway (no captured graph of its publishes
+# an earlier event); set for a run, it gives the plain server the same barrier, so that a
+# paired series says what the barrier costs depth 0.
+COARSE_WAR_BARRIER_ENV = "SGLANG_FORCE_COARSE_WAR_BARRIER"
+# SGLang's environment switches the harness carries into both servers' launches.
+SGLANG_LAUNCH_SWITCHES = (DEVICE_TIMER_ENV, COARSE_WAR_BARRIER_ENV)
 
 
 def _sim_argv(role: str, port: int, opts: ServerOptions) -> list[str]:

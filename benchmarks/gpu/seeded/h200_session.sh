@@ -52,6 +52,9 @@
 # default: in the one run with it (run 6) depths 1 and 3 ran 20-30% slower at one stream than
 # in the runs without it, on the host side (cause not isolated). Run `profile` last: after a
 # HOST=1 profile both servers of run 6 were 27-32% slower on the same workload.
+# SGLANG_FORCE_COARSE_WAR_BARRIER=1 in the environment of `setup` or `restart` reaches both
+# servers' launches (benchmarks/gpu/servers.py): the plain server's scheduler then waits for
+# its whole last forward before preparing the next batch, as the EAGLE server does at depth 0.
 # Every step leaves its files under $R (default /tmp/gpu-run) and packs the whole folder into
 # OUT/run.tar.gz (weights left out), so each step's results come back even if a later one fails.
 # SGLang must be importable: docs/sglang.md "Getting SGLang onto a machine without network"

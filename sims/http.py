@@ -110,13 +110,18 @@ class SimClock:
             raise
 
 
+_COARSE_TIMER_S = 0.001  # the granularity of an event loop that runs timers early (uvloop)
+
+
 class _Stream:
     """Bridges the engine's callbacks (clock thread) to an asyncio queue (request handler).
 
     The engine computes an iteration whole, when it starts, and reports its tokens at the
     simulated time it ends; a served clock (`server.wall_time_of`) holds each event back
     until that time comes on the wall clock, so a client sees tokens when a real server would
-    send them. Events are handed over in order (a deque, flushed by timers)."""
+    send them. Events are handed over in order (a deque, flushed by one timer at a time, set
+for the earliest held-back event; a timer that fires early is set again, so the last event
+of a request is never left waiting for a push that will not come)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, server: SimulatedServer) -> None:
         self.loop = loop
@@ -124,6 +129,7 @@ class _Stream:
         self._wall_time_of = server.wall_time_of
         self._pending: deque[tuple[float, tuple[str, int, float]]] = deque()
         self._lock = threading.Lock()
+        self._timer: asyncio.TimerHandle | None = None  # touched on the loop's thread only
 
     def on_tokens(self, count: int, sim_time: float) -> None:
         self._push(("tokens", count, sim_time))
@@ -135,20 +141,27 @@ class _Stream:
         due = self._wall_time_of(item[2]) if self._wall_time_of is not None else 0.0
         with self._lock:
             self._pending.append((due, item))
-        self.loop.call_soon_threadsafe(self._schedule, due)
+        self.loop.call_soon_threadsafe(self._flush, False)
 
-    def _schedule(self, due: float) -> None:
-        delay = due - time.monotonic()
-        if delay > 0:
-            self.loop.call_later(delay, self._flush)
-        else:
-            self._flush()
-
-    def _flush(self) -> None:
+    def _flush(self, by_timer: bool) -> None:
+        """Hand over what is due, then wake again when the next held-back event is."""
         now = time.monotonic()
         with self._lock:
+            released = bool(self._pending) and self._pending[0][0] <= now
             while self._pending and self._pending[0][0] <= now:
                 self.queue.put_nowait(self._pending.popleft()[1])
+            head = self._pending[0][0] if self._pending else None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if head is None:
+            return
+        delay = head - now
+        if by_timer and not released:
+            # The loop ran the timer before its time: uvloop rounds a delay to whole
+            # milliseconds. Waiting a millisecond more beats spinning on a zero delay.
+            delay = max(delay, _COARSE_TIMER_S)
+        self._timer = self.loop.call_later(delay, self._flush, True)
 
 
 @dataclass

@@ -120,8 +120,8 @@ class _Stream:
     simulated time it ends; a served clock (`server.wall_time_of`) holds each event back
     until that time comes on the wall clock, so a client sees tokens when a real server would
     send them. Events are handed over in order (a deque, flushed by one timer at a time, set
-for the earliest held-back event; a timer that fires early is set again, so the last event
-of a request is never left waiting for a push that will not come)."""
+    for the earliest held-back event; a timer that fires early is set again, so the last event
+    of a request is never left waiting for a push that will not come)."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, server: SimulatedServer) -> None:
         self.loop = loop

@@ -138,7 +138,7 @@ spread_outputs() {  # with SPREAD=LOW:HIGH, the benches' dataset gets output len
 fresh_seed() {  # fresh_seed BASE: the first seed from BASE on that no dataset of this run used,
     # so that a later call's benches (WARM=0, another SERIES_TAG) never replay an earlier draw
     # on servers whose prefix caches may still hold it (run 16's tagged series drew seeds 1-2
-    # again, and the plain server ran 16 more one-token prefills)
+    # again: with the off spell and the profiles, 26 more one-token prefills on the plain server)
     local seed=$1
     while [ -e "$R/models/seeded/family_a_spread_$seed.jsonl" ]; do seed=$((seed + 1)); done
     echo "$seed"

@@ -146,10 +146,11 @@ class _Stream:
     def _flush(self, by_timer: bool) -> None:
         """Hand over what is due, then wake again when the next held-back event is."""
         now = time.monotonic()
+        released = False
         with self._lock:
-            released = bool(self._pending) and self._pending[0][0] <= now
             while self._pending and self._pending[0][0] <= now:
                 self.queue.put_nowait(self._pending.popleft()[1])
+                released = True
             head = self._pending[0][0] if self._pending else None
         if self._timer is not None:
             self._timer.cancel()

@@ -305,6 +305,15 @@ def create_app(server: SimulatedServer) -> FastAPI:
         server.gc_freezes += 1
         return Response("Garbage collection frozen.\n", status_code=200)
 
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache(request: Request) -> Response:
+        # SGLang's endpoint, with its auth level; the simulator keeps no prefix cache, so it
+        # only counts the calls.
+        if not server.authorize("admin_optional", request.headers.get("authorization")):
+            return JSONResponse(status_code=401, content={"error": "Unauthorized"})
+        server.cache_flushes += 1
+        return Response("Cache flushed.\n", status_code=200)
+
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {

@@ -70,6 +70,7 @@ class SimulatedServer:
         self.admin_key = admin_key
         self.api_key = api_key
         self.gc_freezes = 0  # POST /freeze_gc calls answered (nothing to freeze in a simulator)
+        self.cache_flushes = 0  # /flush_cache calls answered (no prefix cache to flush)
         self._lock = threading.RLock()
         self.engine = Engine(profile, workload, seed=seed, speculative=speculative)
         self._adaptive = self.engine.policy

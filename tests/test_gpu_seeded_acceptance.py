@@ -59,6 +59,10 @@ def test_per_family_depths_and_the_off_spell(sim_server, tmp_path, capsys):
         assert all(0.0 <= p <= 1.0 for p in per_position.values())
     spell = result["off_spell"]
     assert spell["off_then_on"]["request_steps"] > 0 and spell["on_throughout"]["request_steps"] > 0
+    # each arm starts from an empty prefix cache: the second must not find the first's prompts
+    assert spell["on_throughout"]["prefix_cache_flushed"] is True
+    assert spell["off_then_on"]["prefix_cache_flushed"] is True
+    assert sim_server.server.cache_flushes == 2
     assert spell["loss"] == pytest.approx(
         spell["on_throughout"]["accept_length"] - spell["off_then_on"]["accept_length"], abs=1e-3)
     assert "implied per-position acceptance" in capsys.readouterr().out

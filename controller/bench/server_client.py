@@ -116,6 +116,16 @@ class ServerClient:
             f"POST {self.url}/freeze_gc answered {resp.status_code}: {resp.text[:200]}"
         )
 
+    def flush_cache(self) -> bool:
+        """SGLang's `/flush_cache`: drop the prefix cache, so the next requests prefill their
+        prompts whole (an admin route where the server has an admin key; SGLang refuses while
+        requests run). Best effort: False where it was missing, refused or unreachable."""
+        try:
+            resp = self._request("POST", "/flush_cache", headers=self._admin_headers())
+        except ServerError:
+            return False
+        return resp.status_code == 200
+
     # ------------------------------------------------------------------ read
 
     def health(self) -> bool:

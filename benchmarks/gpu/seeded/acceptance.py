@@ -15,8 +15,10 @@ at depth 0 for their first N tokens before a push to depth 3; the accept length 
 after token N is compared. SGLang keeps extending the draft's KV cache at depth 0 unless the
 plugin's off mode skips it (`skip-extend`), and prefills the draft at admission unless the
 plugin's `specctl_skip_draft_prefill` is on (the requests start while depth 0 is live), so the
-difference shows what the draft work skipped while off costs on that server. The table live
-before the run is pushed back at the end.
+difference shows what the draft work skipped while off costs on that server. The prefix cache
+is flushed before each arm (SGLang's `/flush_cache`; each arm records whether it was), so the
+second does not find its prompts cached with the draft KV the first arm's prefills wrote.
+The table live before the run is pushed back at the end.
 Works against a real SGLang server with the specctl plugin and against `specctl sim serve`.
 """
 
@@ -126,6 +128,10 @@ async def off_spell(
     for arm, first_depth in (("on_throughout", depth), ("off_then_on", 0)):
         s.push_depth(first_depth)
         await wait_idle(s.server, timeout_s=30.0)
+        # Both arms send the same prompts: without a flush the second finds them cached,
+        # with the draft KV the first arm's prefills wrote, and a skipped draft prefill is
+        # not what it measures.
+        flushed = await asyncio.to_thread(s.server.flush_cache)
         live = LiveCounters()
         async with make_client(s.url, concurrency) as http:
             task = asyncio.create_task(run_level(
@@ -146,6 +152,7 @@ async def off_spell(
             if work.request_steps else None,
             "request_steps": work.request_steps,
             "requests": len(load.completed),
+            "prefix_cache_flushed": flushed,
         }
     on, off = arms["on_throughout"]["accept_length"], arms["off_then_on"]["accept_length"]
     return {

@@ -38,8 +38,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from benchmarks.gpu.daemon_run import daemon_config, read_pushes, write_config
 from benchmarks.gpu.seeded.compare import CompareError, compare
 from controller.bench.loadgen import ClosedLoop, LevelLoad, StopRule, make_client, run_level
@@ -153,17 +151,6 @@ def summarize_trace(loads: Sequence[LevelLoad]) -> dict[str, Any]:
         "requests": sum(len(load.requests) for load in loads),
         "errors": sum(len(load.errors) for load in loads),
     }
-
-
-def _flush_cache(url: str, admin_key: str | None) -> bool:
-    """Drop SGLang's prefix cache so every policy starts from the same state (an admin route
-    when the server has an admin key). Best effort: False if it was missing or refused."""
-    headers = {"Authorization": f"Bearer {admin_key}"} if admin_key else {}
-    try:
-        resp = httpx.post(f"{url.rstrip('/')}/flush_cache", headers=headers, timeout=10.0)
-    except httpx.HTTPError:
-        return False
-    return resp.status_code == 200
 
 
 async def _run_phases(
@@ -284,7 +271,8 @@ def run_policy(spec: RunSpec) -> dict[str, Any]:
                 server.push(single_depth_table(depth, version=state.version + 1))
             else:  # the daemon starts from SGLang's own choice too
                 server.push(None)
-        result["prefix_cache_flushed"] = _flush_cache(spec.url, admin_key)
+        with ServerClient(spec.url, admin_key) as flusher:  # every policy from the same state
+            result["prefix_cache_flushed"] = flusher.flush_cache()
         model = (server or ServerClient(spec.url)).model_id() or "default"
         total = sum(p.seconds for p in spec.phases)
         if kind == "daemon":

@@ -25,7 +25,7 @@ import time
 import uuid
 import zlib
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -296,23 +296,20 @@ def create_app(server: SimulatedServer) -> FastAPI:
         status, content = server.set_internal_state(body, authorization)
         return JSONResponse(status_code=status, content=content)
 
-    @app.api_route("/freeze_gc", methods=["GET", "POST"])
-    async def freeze_gc(request: Request) -> Response:
-        # SGLang's endpoint, with its auth level; the simulator has no collector pauses to
-        # remove, so it only counts the calls.
-        if not server.authorize("admin_optional", request.headers.get("authorization")):
-            return JSONResponse(status_code=401, content={"error": "Unauthorized"})
-        server.gc_freezes += 1
-        return Response("Garbage collection frozen.\n", status_code=200)
+    # SGLang's maintenance endpoints, with their auth level. The simulator has no collector
+    # pauses to remove and no prefix cache to flush, so it only counts the calls.
+    def maintenance(counter: str, answer: str) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            if not server.authorize("admin_optional", request.headers.get("authorization")):
+                return JSONResponse(status_code=401, content={"error": "Unauthorized"})
+            setattr(server, counter, getattr(server, counter) + 1)
+            return Response(answer, status_code=200)
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache(request: Request) -> Response:
-        # SGLang's endpoint, with its auth level; the simulator keeps no prefix cache, so it
-        # only counts the calls.
-        if not server.authorize("admin_optional", request.headers.get("authorization")):
-            return JSONResponse(status_code=401, content={"error": "Unauthorized"})
-        server.cache_flushes += 1
-        return Response("Cache flushed.\n", status_code=200)
+        return endpoint
+
+    for path, counter, answer in (("/freeze_gc", "gc_freezes", "Garbage collection frozen.\n"),
+                                  ("/flush_cache", "cache_flushes", "Cache flushed.\n")):
+        app.add_api_route(path, maintenance(counter, answer), methods=["GET", "POST"])
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

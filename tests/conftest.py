@@ -14,7 +14,8 @@ no background load, seed 0. Change them with indirect parametrisation:
     def test_x(sim_server): ...
 
 Recognised keys: profile (name or path), admin_key, api_key, speedup, concurrency (closed-loop
-background clients), seed, speculative, device_timer. For several servers in one test, or
+background clients), seed, speculative, device_timer, record (note every POST's path and JSON
+body, in arrival order, in `handle.posts`). For several servers in one test, or
 options chosen inside the test, use the `sim_server_factory` fixture:
 `factory(**same_keys) -> SimHandle`.
 Every server is stopped at teardown.
@@ -22,8 +23,9 @@ Every server is stopped at teardown.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -41,6 +43,30 @@ class SimHandle:
     base_url: str
     server: SimulatedServer
     served: ServedSimulation
+    posts: list[tuple[str, Any]] = field(default_factory=list)
+
+
+class _RecordPosts:
+    """ASGI wrapper noting (path, JSON body or None) of every POST, in arrival order."""
+
+    def __init__(self, app: Any, posts: list[tuple[str, Any]]) -> None:
+        self.app, self.posts = app, posts
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http" or scope.get("method") != "POST":
+            return await self.app(scope, receive, send)
+        path, at, body = scope["path"], len(self.posts), bytearray()
+        self.posts.append((path, None))  # a route that never reads its body stays None
+
+        async def recording_receive() -> Any:
+            message = await receive()
+            if message["type"] == "http.request":
+                body.extend(message.get("body", b""))
+                if not message.get("more_body") and body:
+                    self.posts[at] = (path, json.loads(body))
+            return message
+
+        return await self.app(scope, recording_receive, send)
 
 
 def _start(
@@ -52,6 +78,7 @@ def _start(
     seed: int = 0,
     speculative: bool = True,
     device_timer: bool = False,
+    record: bool = False,
 ) -> SimHandle:
     server = SimulatedServer(
         load_profile(profile),
@@ -63,7 +90,10 @@ def _start(
         device_timer=device_timer,
     )
     served = ServedSimulation(server, speedup=speedup)
-    return SimHandle(served.start(), server, served)
+    posts: list[tuple[str, Any]] = []
+    if record:
+        served.uvicorn.config.app = _RecordPosts(served.uvicorn.config.app, posts)
+    return SimHandle(served.start(), server, served, posts)
 
 
 @pytest.fixture

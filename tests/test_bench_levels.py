@@ -16,7 +16,7 @@ import pytest
 
 from controller.bench.loadgen import ClosedLoop, OpenLoop, StopRule, make_client, run_level
 from controller.bench.metrics import parse_scrape
-from controller.bench.prompts import synthetic_prompts
+from controller.bench.prompts import Prompt, synthetic_prompts
 from controller.bench.sweep import (
     LevelObserver,
     LevelResult,
@@ -70,6 +70,25 @@ def test_a_closed_stream_is_aborted_and_the_idle_server_reads_zero_running(sim_s
         time.sleep(0.02)
     stats = sim_server.server.stats()
     assert stats.aborted_requests == 8 and sim_server.server.engine.n == 0
+
+
+@pytest.mark.parametrize("sim_server", [{"speedup": 50}], indirect=True)
+def test_a_closed_loop_once_sends_each_prompt_once(sim_server) -> None:
+    """Cycling streams send replacements until the last request completes; `once` sends the
+    prompts and no more (an off spell's arm must not start requests after its push)."""
+    prompts = synthetic_prompts(5, 8, 6)
+    # uneven lengths: the streams free up one by one, and a cycling loop would refill them
+    prompts = [Prompt(p.text, 6 + 40 * i) for i, p in enumerate(prompts)]
+
+    async def go(shape: ClosedLoop):  # type: ignore[no-untyped-def]
+        async with make_client(sim_server.base_url, 8) as http:
+            return await run_level(http, prompts, shape, StopRule(requests=5, warmup_s=0))
+
+    once = asyncio.run(go(ClosedLoop(3, once=True)))
+    assert len(once.requests) == 5 and all(r.complete for r in once.requests)
+    assert sorted(r.output_tokens for r in once.requests) == [6, 46, 86, 126, 166]
+    cycling = asyncio.run(go(ClosedLoop(3)))
+    assert len(cycling.requests) > 5  # the contrast: replacements, cut at the end
 
 
 @pytest.mark.parametrize("sim_server", [{"speedup": 50}], indirect=True)

@@ -4,6 +4,7 @@ loopback, the real plugin contract: pushes, /server_info, /metrics counters)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -28,7 +29,8 @@ def test_implied_positions_from_accept_lengths():
     assert implied_positions({1: 1.3, 2: 1.8, 3: 1.7}) == pytest.approx({1: 0.3, 2: 1.0, 3: 0.0})
 
 
-@pytest.mark.parametrize("sim_server", [{"admin_key": "k", "speedup": 1.0}], indirect=True)
+@pytest.mark.parametrize("sim_server", [{"admin_key": "k", "speedup": 1.0, "record": True}],
+                         indirect=True)
 def test_per_family_depths_and_the_off_spell(sim_server, tmp_path, capsys):
     live = PolicyTable.build([Tier(1, 3), Tier(16, 1)], version=4)
     with ServerClient(sim_server.base_url, "k") as client:
@@ -62,12 +64,51 @@ def test_per_family_depths_and_the_off_spell(sim_server, tmp_path, capsys):
     # each arm starts from an empty prefix cache: the second must not find the first's prompts
     assert spell["on_throughout"]["prefix_cache_flushed"] is True
     assert spell["off_then_on"]["prefix_cache_flushed"] is True
-    assert sim_server.server.cache_flushes == 2
-    assert spell["loss"] == pytest.approx(
-        spell["on_throughout"]["accept_length"] - spell["off_then_on"]["accept_length"], abs=1e-3)
-    assert "implied per-position acceptance" in capsys.readouterr().out
+    assert spell["on_throughout"]["draft_kv_scrubbed"] is True
+    assert spell["off_then_on"]["draft_kv_scrubbed"] is True
+    assert sim_server.server.cache_flushes == 4
+    # Each arm: a flush, other prompts at depth 3 asking twice the arm's tokens (they fill the
+    # slots the arm is given next), a flush, then the arm's own prompts, each sent once.
+    arm_tokens = 12 + 32  # --off-spell 12, then at least 32 (the dataset asks 24)
+    steps = _steps(sim_server.posts[_last_family_request(sim_server.posts) + 1:],
+                   arm_heads={"0", "1", "2", "3"}, scrub_heads={"4", "5", "6", "7"})
+    assert [step for step, _ in steps] == [
+        "depth 3", "flush", "scrub", "depth 3", "flush", "arm",
+        "depth 3", "flush", "scrub", "depth 0", "flush", "arm",
+        "depth 3",  # the off arm back to depth 3 after its first 12 tokens
+        "depth 3",  # the table live before, pushed back
+    ]
+    for step, tokens in steps:
+        if step in ("scrub", "arm"):
+            assert tokens == [2 * arm_tokens if step == "scrub" else arm_tokens] * 4
     with ServerClient(sim_server.base_url, "k") as client:  # the table live before is back
         assert client.state().table.tiers == live.tiers
+
+
+def _last_family_request(posts: list[tuple[str, Any]]) -> int:
+    """Index of the last completion sent before the off spell's first flush."""
+    first_flush = next(i for i, (path, _) in enumerate(posts) if path == "/flush_cache")
+    return max(i for i, (path, _) in enumerate(posts[:first_flush])
+               if path == "/v1/completions")  # fmt: skip
+
+
+def _steps(posts: list[tuple[str, Any]], arm_heads: set[str],
+           scrub_heads: set[str]) -> list[tuple[str, list[int]]]:
+    """The POSTs as steps: a pushed depth, a flush, or a run of completions of the arm's or
+    the scrub's prompts (told by the number ending each prompt), with the tokens they asked."""
+    steps: list[tuple[str, list[int]]] = []
+    for path, body in posts:
+        if path == "/flush_cache":
+            steps.append(("flush", []))
+        elif path == "/set_internal_state":
+            steps.append((f"depth {body['server_args']['specctl_t0_depth']}", []))
+        elif path == "/v1/completions":
+            head = body["prompt"].rsplit(" ", 1)[1]
+            kind = "arm" if head in arm_heads else "scrub" if head in scrub_heads else head
+            if not steps or steps[-1][0] != kind:
+                steps.append((kind, []))
+            steps[-1][1].append(body["max_tokens"])
+    return steps
 
 
 @pytest.mark.parametrize("sim_server", [{"admin_key": "k"}], indirect=True)
@@ -82,5 +123,9 @@ def test_errors_name_the_option(sim_server, tmp_path, capsys):
     assert acceptance.main(["--url", sim_server.base_url, "--admin-key", "wrong",
                             "--dataset", data, "--depths", "1"]) == 2  # fmt: skip
     assert "401" in capsys.readouterr().err
+    assert acceptance.main(["--url", sim_server.base_url, "--admin-key", "k", "--dataset", data,
+                            "--depths", "1", "--requests", "2", "--concurrency", "9",
+                            "--off-spell", "4"]) == 2  # fmt: skip
+    assert "needs 18 prompts in the first dataset" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         acceptance.main(["--url", sim_server.base_url, "--dataset", data, "--depths", "0,1"])

@@ -95,9 +95,11 @@ class StopRule:
 
 @dataclass(frozen=True)
 class ClosedLoop:
-    """`concurrency` streams always in flight."""
+    """`concurrency` streams always in flight. With `once`, each prompt is sent once and a
+    stream ends when none is left, instead of the streams cycling through the prompts."""
 
     concurrency: int
+    once: bool = False
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -406,9 +408,9 @@ async def warm_up(http: httpx.AsyncClient, prompt: Prompt, model: str, temperatu
         pass  # a server that fails shows it in the first level
 
 
-async def _closed_loop(level: _Level, concurrency: int) -> None:
+async def _closed_loop(level: _Level, concurrency: int, once: bool = False) -> None:
     async def worker() -> None:
-        while True:
+        while not (once and level.next_prompt >= len(level.prompts)):
             await level.request(level.next_body())
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
@@ -534,7 +536,7 @@ class ShareLoad:
 
 def _start(level: _Level, shape: LoadShape, seed: int, deal: Deal) -> asyncio.Task[None]:
     if isinstance(shape, ClosedLoop):
-        return asyncio.create_task(_closed_loop(level, shape.concurrency))
+        return asyncio.create_task(_closed_loop(level, shape.concurrency, shape.once))
     return asyncio.create_task(_open_loop(level, shape, seed, deal))
 
 

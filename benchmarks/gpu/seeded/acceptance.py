@@ -15,9 +15,14 @@ at depth 0 for their first N tokens before a push to depth 3; the accept length 
 after token N is compared. SGLang keeps extending the draft's KV cache at depth 0 unless the
 plugin's off mode skips it (`skip-extend`), and prefills the draft at admission unless the
 plugin's `specctl_skip_draft_prefill` is on (the requests start while depth 0 is live), so the
-difference shows what the draft work skipped while off costs on that server. The prefix cache
-is flushed before each arm (SGLang's `/flush_cache`; each arm records whether it was), so the
-second does not find its prompts cached with the draft KV the first arm's prefills wrote.
+difference shows what the draft work skipped while off costs on that server. Before each arm
+the draft's KV is scrubbed: after a flush, as many other prompts run at that depth, asking
+twice the arm's tokens, so the slots the arm is given next hold other requests' draft KV, as
+on a busy server. Then the prefix cache is flushed again (SGLang's `/flush_cache`; each arm
+records both), so the arm finds neither its prompts cached nor its draft KV left in its slots
+by the other arm. Each arm sends its --concurrency requests once, with no replacements as they
+finish (those would start after the off arm's push, never off). The first dataset needs
+twice --concurrency prompts.
 The table live before the run is pushed back at the end.
 Works against a real SGLang server with the specctl plugin and against `specctl sim serve`.
 """
@@ -123,19 +128,25 @@ async def off_spell(
     s: Session, prompts: Sequence[Prompt], off_tokens: int, depth: int, concurrency: int
 ) -> dict[str, Any]:
     """Depth `depth` after `off_tokens` tokens: preceded by depth 0, or at `depth` all along."""
+    if len(prompts) < 2 * concurrency:
+        raise AcceptanceError(
+            f"the off spell needs {2 * concurrency} prompts in the first dataset (its requests "
+            f"and as many others to scrub the draft's KV with), found {len(prompts)}: give a "
+            "larger dataset or a lower --concurrency"
+        )
     arms: dict[str, Any] = {}
     batch = [Prompt(p.text, off_tokens + max(p.output_tokens, 32)) for p in prompts[:concurrency]]
+    scrub = scrub_batch(batch, prompts[concurrency:2 * concurrency])
     for arm, first_depth in (("on_throughout", depth), ("off_then_on", 0)):
+        scrubbed = await scrub_draft_kv(s, scrub, depth, concurrency)
         s.push_depth(first_depth)
         await wait_idle(s.server, timeout_s=30.0)
-        # Both arms send the same prompts: without a flush the second finds them cached,
-        # with the draft KV the first arm's prefills wrote, and a skipped draft prefill is
-        # not what it measures.
         flushed = await asyncio.to_thread(s.server.flush_cache)
         live = LiveCounters()
         async with make_client(s.url, concurrency) as http:
             task = asyncio.create_task(run_level(
-                http, batch, ClosedLoop(concurrency), StopRule(requests=len(batch), warmup_s=0.0),
+                http, batch, ClosedLoop(concurrency, once=True),
+                StopRule(requests=len(batch), warmup_s=0.0),
                 model=s.model,
                 live=live,
             ))  # fmt: skip
@@ -153,6 +164,7 @@ async def off_spell(
             "request_steps": work.request_steps,
             "requests": len(load.completed),
             "prefix_cache_flushed": flushed,
+            "draft_kv_scrubbed": scrubbed,
         }
     on, off = arms["on_throughout"]["accept_length"], arms["off_then_on"]["accept_length"]
     return {
@@ -161,6 +173,38 @@ async def off_spell(
         **arms,
         "loss": round(on - off, 4) if on is not None and off is not None else None,
     }
+
+
+def scrub_batch(batch: Sequence[Prompt], others: Sequence[Prompt]) -> list[Prompt]:
+    """Other prompts, each asking twice as many tokens as the arm's longest request, so that
+    after a flush they fill at least the KV slots the arm's requests will be given."""
+    tokens = 2 * max(p.output_tokens for p in batch)
+    return [Prompt(p.text, tokens) for p in others]
+
+
+async def scrub_draft_kv(
+    s: Session, scrub: Sequence[Prompt], depth: int, concurrency: int
+) -> bool:
+    """Write other requests' draft KV into the slots an arm is about to be given.
+
+    A flush resets SGLang's slot allocator but leaves the KV pools' contents, and an arm's
+    requests are given the same slots, in the same order, as the last requests sent after the
+    last flush. Without this, the off arm would find its draft KV where the on arm (the same
+    prompts, the same greedy tokens) wrote it, and no skipped draft work would show: sixteenth
+    and seventeenth H200 runs, docs/sglang.md. Sent at `depth`, so the draft writes its KV for
+    every position; the flush before makes the slots given out start where the arm's will.
+    Returns whether both flushes were answered."""
+    s.push_depth(depth)
+    await wait_idle(s.server, timeout_s=30.0)
+    flushed = await asyncio.to_thread(s.server.flush_cache)
+    async with make_client(s.url, concurrency) as http:
+        await run_level(
+            http, scrub, ClosedLoop(concurrency, once=True),
+            StopRule(requests=len(scrub), warmup_s=0.0),
+            model=s.model,
+        )  # fmt: skip
+    await wait_idle(s.server, timeout_s=30.0)
+    return flushed
 
 
 async def run(

@@ -39,7 +39,10 @@
 # setup 366 s then SERIES=1 LEVEL_S=10 series (warm pass and one paired series) 174 s in one
 # call, WARM=0 SERIES=4 LEVEL_S=10 series 531 s; run 14: setup 365-395 s, the warm pass 34-36 s,
 # a paired series of 1-128 streams at LEVEL_S=10 about 125 s, one of STREAMS=64,128 at
-# LEVEL_S=30 137-146 s.
+# LEVEL_S=30 137-146 s; run 17: setup 387 s (282 s on a second machine), the warm pass and one
+# SERIES=1 LEVEL_S=10 series 190 s, one series without the warm pass about 150 s, offspell
+# (before its slot scrub) 35 s, PROFILE_OUTPUT=1 PROFILE_STEPS=60 profile at 1,4 streams and a
+# PROFILE_STEPS=600 one at 4,16 streams about 150 s together.
 # Issue each call as soon as the last returns: the machine is released after 30 s idle, and
 # starting again costs staging and setup. Every call after staging carries
 # .gpu/stage.sh (carry: [".gpu/stage.sh"]) and starts with `source .gpu/stage.sh .gpu env`.
@@ -581,8 +584,8 @@ offspell)
     # What a request admitted while off loses in acceptance when drafting resumes, with the
     # draft's prefill skipped at admission (the `specctl serve` default) and with it run:
     # the same requests at depth 3 throughout, then off for their first 64 tokens and depth 3
-    # after (benchmarks/gpu/seeded/acceptance.py --off-spell), once per setting. The skip is
-    # left on.
+    # after (benchmarks/gpu/seeded/acceptance.py --off-spell, which scrubs the draft's KV
+    # slots and flushes before each arm), once per setting. The skip is left on.
     A="$R/acceptance"; mkdir -p "$A"
     for skip in 1 0; do
         stamp "off spell of 64 tokens, then depth 3; draft prefill skipped while off: $skip"

@@ -271,7 +271,15 @@ def test_paired_runs_of_both_orders_split_by_which_server_went_first(tmp_path, c
     assert parity.main([str(r) for r in runs]) == 0
     text = capsys.readouterr().out
     table = text.split("by order within each paired load")[1].splitlines()
-    assert table[2].split() == ["1", "1.015", "(0", "of", "2)", "0.970", "(2", "of", "2)"]
+    # the orders weighed equally: sqrt(1.015 * 0.97), whatever the mix of runs pooled
+    assert table[2].split() == ["1", "1.015", "(0", "of", "2)", "0.970", "(2", "of", "2)",
+                                "0.992"]
+    assert parity.balanced_ratio(one.by_order) == pytest.approx((1.015 * 0.97) ** 0.5, abs=1e-4)
+    out = tmp_path / "p.json"
+    assert parity.main([str(r) for r in runs] + ["--json", str(out)]) == 0
+    capsys.readouterr()
+    (level,) = json.loads(out.read_text())["levels"]
+    assert level["orders_equal_ratio"] == pytest.approx(0.992, abs=1e-3)
     # One order only: no table.
     assert parity.compare_runs(runs[:2])[0].by_order is None
     assert parity.main([str(r) for r in runs[:2]]) == 0

@@ -21,7 +21,9 @@ series' decode forward on its own (the plugin's GPU timer). Where a level's pass
 wider than its decode forward, the runs differ in time outside the decode forward (prefill
 forwards, host work the overlap scheduler did not hide), not in what speculation-off costs.
 Where paired runs of both orders pooled (`specctl bench --paired`, with and without
-`--plain-first`), a table splits each level by which server went first at its load.
+`--plain-first`), a table splits each level by which server went first at its load, and
+weighs the two orders equally (the geometric mean of their pooled ratios): with more runs of
+one order than the other, the pooled ratio carries the order's own effect.
 A folder without bench.json (a bench cut before it wrote it) is left out, with a note.
 """
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from collections.abc import Callable, Sequence
@@ -346,22 +349,30 @@ def _by_order(
     return out
 
 
+def balanced_ratio(by_order: dict[str, tuple[float, int, int]]) -> float:
+    """The two orders' pooled ratios weighed equally (their geometric mean): what the pooled
+    ratio would be with as many runs of each order, where going first helps either server."""
+    return round(math.prod(by_order[o][0] for o in ORDERS) ** (1 / len(ORDERS)), 4)
+
+
 def order_table(pairs: Sequence[Pair], series: str) -> str | None:
     """Per level with paired runs of both orders: the pooled ratio and the runs where the
-    series was slower per token, with it first and with the plain server first. A gap that
-    follows the order is the bench's; one that stays is the servers'."""
+    series was slower per token, with it first and with the plain server first, and both
+    orders weighed equally. A gap that follows the order is the bench's; one that stays is
+    the servers'."""
     both = [p for p in pairs if p.by_order is not None]
     if not both:
         return None
     lines = [
         f"by order within each paired load: pooled tok/s ratio ({series} slower per token in)",
-        f"{'conc':>5} {series + ' first':>22} {'plain first':>22}",
+        f"{'conc':>5} {series + ' first':>22} {'plain first':>22} {'orders equal':>13}",
     ]
     for p in both:
         assert p.by_order is not None
         cells = [f"{r:.3f} ({slower} of {n})" for r, slower, n in
                  (p.by_order[o] for o in ORDERS)]  # fmt: skip
-        lines.append(f"{p.concurrency:>5} {cells[0]:>22} {cells[1]:>22}")
+        lines.append(f"{p.concurrency:>5} {cells[0]:>22} {cells[1]:>22} "
+                     f"{balanced_ratio(p.by_order):>13.3f}")
     return "\n".join(lines)
 
 
@@ -501,7 +512,9 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({
             "runs": [str(p) for p in args.runs], "series": args.series,
             "min_ratio": args.min_ratio, "tpot_within": args.tpot_within,
-            "levels": [{**asdict(p), "worst_ratio": p.worst_ratio} for p in pairs],
+            "levels": [{**asdict(p), "worst_ratio": p.worst_ratio,
+                        "orders_equal_ratio": None if p.by_order is None
+                        else balanced_ratio(p.by_order)} for p in pairs],
             "left_out": missing, "cut": [str(p) for p in cut],
         }, indent=2) + "\n")  # fmt: skip
     return 0

@@ -193,7 +193,7 @@ async def scrub_draft_kv(
     prompts, the same greedy tokens) wrote it, and no skipped draft work would show: sixteenth
     and seventeenth H200 runs, docs/sglang.md. Sent at `depth`, so the draft writes its KV for
     every position; the flush before makes the slots given out start where the arm's will.
-    Returns whether both flushes were answered."""
+    Returns whether its flush was answered (the arm records its own)."""
     s.push_depth(depth)
     await wait_idle(s.server, timeout_s=30.0)
     flushed = await asyncio.to_thread(s.server.flush_cache)

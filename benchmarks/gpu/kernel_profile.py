@@ -74,17 +74,6 @@ def short_name(name: str) -> str:
     return head if len(head) <= NAME_CHARS else head[: NAME_CHARS - 1] + "~"
 
 
-def _union_us(spans: list[tuple[float, float]]) -> float:
-    busy = 0.0
-    end = float("-inf")
-    for start, stop in sorted(spans):
-        if stop <= end:
-            continue
-        busy += stop - max(start, end)
-        end = stop
-    return busy
-
-
 def read_trace(path: Path) -> list[dict[str, Any]]:
     """The events of a Chrome trace as torch.profiler writes it (gzip or plain JSON)."""
     try:
@@ -124,42 +113,6 @@ def _intervals(
     return out
 
 
-def summarize(
-    events: Iterable[dict[str, Any]], steps: int, categories: Sequence[str] = GPU_CATEGORIES
-) -> dict[str, Any]:
-    """Kernel time per iteration over `steps` iterations, from complete ('X') events."""
-    if steps < 1:
-        raise ValueError("steps must be >= 1")
-    rows: dict[str, list[float]] = {}
-    spans: list[tuple[float, float]] = []
-    for start, dur, key in _intervals(events, categories):
-        row = rows.setdefault(key, [0, 0.0])
-        row[0] += 1
-        row[1] += dur
-        spans.append((start, start + dur))
-    kernels = sorted(
-        (KernelRow(name, int(n), us) for name, (n, us) in rows.items()),
-        key=lambda r: -r.total_us,
-    )
-    span = max(e for _, e in spans) - min(s for s, _ in spans)
-    busy = _union_us(spans)
-    return {
-        "steps": steps,
-        "kernel_us_per_step": sum(r.total_us for r in kernels) / steps,
-        "busy_us_per_step": busy / steps,
-        "span_us_per_step": span / steps,
-        "busy_share": busy / span if span > 0 else 1.0,
-        "kernels": [
-            {
-                "name": r.name,
-                "launches_per_step": r.launches / steps,
-                "us_per_step": r.total_us / steps,
-            }
-            for r in kernels
-        ],
-    }
-
-
 @dataclass
 class _Busy:
     """A stretch where some stream runs a kernel; the names are what bound the idle around it."""
@@ -184,6 +137,48 @@ def _busy_stretches(intervals: list[tuple[float, float, str]]) -> list[_Busy]:
     return merged
 
 
+def summarize(
+    events: Iterable[dict[str, Any]], steps: int, categories: Sequence[str] = GPU_CATEGORIES
+) -> dict[str, Any]:
+    """Kernel time per iteration over `steps` iterations, from complete ('X') events."""
+    intervals = _intervals(events, categories)
+    return _summary_of(intervals, _busy_stretches(intervals), steps)
+
+
+def _summary_of(
+    intervals: list[tuple[float, float, str]], stretches: list[_Busy], steps: int
+) -> dict[str, Any]:
+    if steps < 1:
+        raise ValueError("steps must be >= 1")
+    rows: dict[str, list[float]] = {}
+    for _, dur, key in intervals:
+        row = rows.setdefault(key, [0, 0.0])
+        row[0] += 1
+        row[1] += dur
+    kernels = sorted(
+        (KernelRow(name, int(n), us) for name, (n, us) in rows.items()),
+        key=lambda r: -r.total_us,
+    )
+    # Stretches are in time order and the last ends last (a merge only extends an end).
+    span = stretches[-1].end - stretches[0].start
+    busy = sum(b.end - b.start for b in stretches)
+    return {
+        "steps": steps,
+        "kernel_us_per_step": sum(r.total_us for r in kernels) / steps,
+        "busy_us_per_step": busy / steps,
+        "span_us_per_step": span / steps,
+        "busy_share": busy / span if span > 0 else 1.0,
+        "kernels": [
+            {
+                "name": r.name,
+                "launches_per_step": r.launches / steps,
+                "us_per_step": r.total_us / steps,
+            }
+            for r in kernels
+        ],
+    }
+
+
 def _quantile(values: list[float], q: float) -> float:
     return float(np.quantile(values, q)) if values else 0.0
 
@@ -200,9 +195,13 @@ def idle_gaps(
     Idle is time no stream runs anything, so a kernel overlapping another on a second stream
     hides the gap; `idle_us_per_step` counts every gap, the rest only gaps >= `min_gap_us`.
     """
+    return _idle_of(_busy_stretches(_intervals(events, categories)), steps, top, min_gap_us)
+
+
+def _idle_of(stretches: list[_Busy], steps: int, top: int = 10,
+             min_gap_us: float = MIN_GAP_US) -> dict[str, Any]:
     if steps < 1:
         raise ValueError("steps must be >= 1")
-    stretches = _busy_stretches(_intervals(events, categories))
     idle = 0.0
     gaps: list[float] = []
     boundaries: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -399,8 +398,10 @@ def capture(args: argparse.Namespace) -> list[Path]:
                     raise ProfileError(f"{args.url}{error}")
                 trace = _wait_for_trace(trace_dir, prefix, args.trace_wait)
                 events = read_trace(trace)
-                summary = summarize(events, args.steps)
-                summary["idle"] = idle_gaps(events, args.steps)
+                gpu = _intervals(events, GPU_CATEGORIES)  # read once for both summaries
+                stretches = _busy_stretches(gpu)
+                summary = _summary_of(gpu, stretches, args.steps)
+                summary["idle"] = _idle_of(stretches, args.steps)
                 if args.host:
                     for section, categories in HOST_SECTIONS.items():
                         try:

@@ -139,9 +139,7 @@ async def off_spell(
     scrub = scrub_batch(batch, prompts[concurrency:2 * concurrency])
     for arm, first_depth in (("on_throughout", depth), ("off_then_on", 0)):
         scrubbed = await scrub_draft_kv(s, scrub, depth, concurrency)
-        s.push_depth(first_depth)
-        await wait_idle(s.server, timeout_s=30.0)
-        flushed = await asyncio.to_thread(s.server.flush_cache)
+        flushed = await _flushed_at(s, first_depth)
         live = LiveCounters()
         async with make_client(s.url, concurrency) as http:
             task = asyncio.create_task(run_level(
@@ -175,6 +173,13 @@ async def off_spell(
     }
 
 
+async def _flushed_at(s: Session, depth: int) -> bool:
+    """`depth` pushed, the server idle, then SGLang's cache flushed: whether it answered."""
+    s.push_depth(depth)
+    await wait_idle(s.server, timeout_s=30.0)
+    return await asyncio.to_thread(s.server.flush_cache)
+
+
 def scrub_batch(batch: Sequence[Prompt], others: Sequence[Prompt]) -> list[Prompt]:
     """Other prompts, each asking twice as many tokens as the arm's longest request, so that
     after a flush they fill at least the KV slots the arm's requests will be given."""
@@ -194,9 +199,7 @@ async def scrub_draft_kv(
     and seventeenth H200 runs, docs/sglang.md. Sent at `depth`, so the draft writes its KV for
     every position; the flush before makes the slots given out start where the arm's will.
     Returns whether its flush was answered (the arm records its own)."""
-    s.push_depth(depth)
-    await wait_idle(s.server, timeout_s=30.0)
-    flushed = await asyncio.to_thread(s.server.flush_cache)
+    flushed = await _flushed_at(s, depth)
     async with make_client(s.url, concurrency) as http:
         await run_level(
             http, scrub, ClosedLoop(concurrency, once=True),

@@ -271,9 +271,9 @@ def run_policy(spec: RunSpec) -> dict[str, Any]:
                 server.push(single_depth_table(depth, version=state.version + 1))
             else:  # the daemon starts from SGLang's own choice too
                 server.push(None)
-        with ServerClient(spec.url, admin_key) as flusher:  # every policy from the same state
-            result["prefix_cache_flushed"] = flusher.flush_cache()
-        model = (server or ServerClient(spec.url)).model_id() or "default"
+        with ServerClient(spec.url, admin_key) as client:  # the plain server's too
+            result["prefix_cache_flushed"] = client.flush_cache()  # every policy from one state
+            model = client.model_id() or "default"
         total = sum(p.seconds for p in spec.phases)
         if kind == "daemon":
             if not admin_key:

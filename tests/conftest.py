@@ -23,12 +23,12 @@ Every server is stopped at teardown.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from asgi_record import RecordPosts
 
 from sims.http import ServedSimulation
 from sims.profile import load_profile
@@ -44,29 +44,6 @@ class SimHandle:
     server: SimulatedServer
     served: ServedSimulation
     posts: list[tuple[str, Any]] = field(default_factory=list)
-
-
-class _RecordPosts:
-    """ASGI wrapper noting (path, JSON body or None) of every POST, in arrival order."""
-
-    def __init__(self, app: Any, posts: list[tuple[str, Any]]) -> None:
-        self.app, self.posts = app, posts
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope.get("type") != "http" or scope.get("method") != "POST":
-            return await self.app(scope, receive, send)
-        path, at, body = scope["path"], len(self.posts), bytearray()
-        self.posts.append((path, None))  # a route that never reads its body stays None
-
-        async def recording_receive() -> Any:
-            message = await receive()
-            if message["type"] == "http.request":
-                body.extend(message.get("body", b""))
-                if not message.get("more_body") and body:
-                    self.posts[at] = (path, json.loads(body))
-            return message
-
-        return await self.app(scope, recording_receive, send)
 
 
 def _start(
@@ -92,7 +69,7 @@ def _start(
     served = ServedSimulation(server, speedup=speedup)
     posts: list[tuple[str, Any]] = []
     if record:
-        served.uvicorn.config.app = _RecordPosts(served.uvicorn.config.app, posts)
+        served.uvicorn.config.app = RecordPosts(served.uvicorn.config.app, posts)
     return SimHandle(served.start(), server, served, posts)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from asgi_record import RecordPosts
 from fastapi import FastAPI, Request
 
 from benchmarks.gpu import kernel_profile
@@ -85,38 +86,16 @@ def test_unreadable_trace_names_the_file(tmp_path: Path) -> None:
         kernel_profile.read_trace(bad)
 
 
-class _RecordPrompts:
-    """ASGI wrapper noting the head ("Request N:") of every completion's prompt, in order."""
-
-    def __init__(self, app: Any, heads: list[str]) -> None:
-        self.app, self.heads = app, heads
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope.get("path") != "/v1/completions":
-            return await self.app(scope, receive, send)
-        body = bytearray()
-
-        async def recording_receive() -> Any:
-            message = await receive()
-            if message["type"] != "http.request":  # a disconnect after the body
-                return message
-            body.extend(message.get("body", b""))
-            if not message.get("more_body"):
-                self.heads.append(json.loads(body)["prompt"].split(":")[0])
-            return message
-
-        return await self.app(scope, recording_receive, send)
-
-
 def _served(
-    with_profiler: bool, steps_seen: list[dict[str, Any]], heads: list[str] | None = None
+    with_profiler: bool, steps_seen: list[dict[str, Any]],
+    posts: list[tuple[str, Any]] | None = None,
 ) -> ServedSimulation:
     server = SimulatedServer(load_profile("h200-llama8b-eagle3"), Workload.closed(0.0), seed=0)
     served = ServedSimulation(server, speedup=20.0)
     app = served.uvicorn.config.app
     assert isinstance(app, FastAPI)
-    if heads is not None:
-        app.add_middleware(_RecordPrompts, heads=heads)
+    if posts is not None:
+        app.add_middleware(RecordPosts, posts=posts)
     if with_profiler:
 
         async def start_profile(request: Request) -> dict[str, bool]:
@@ -164,11 +143,11 @@ def test_capture_writes_one_summary_per_level(tmp_path: Path) -> None:
 def test_each_level_sends_its_own_prompts(tmp_path: Path) -> None:
     """A level replaying the last one's prompts would profile prefix-cache hits."""
     seen: list[dict[str, Any]] = []
-    heads: list[str] = []
+    posts: list[tuple[str, Any]] = []
     dataset = tmp_path / "prompts.jsonl"
     dataset.write_text("".join(json.dumps({"prompt": f"Request {i}: hello"}) + "\n"
                                for i in range(10_000)))  # fmt: skip
-    served = _served(True, seen, heads)
+    served = _served(True, seen, posts)
     try:
         rc = kernel_profile.main([
             "capture", "--url", served.base_url, "--label", "plain", "--streams", "1,1",
@@ -179,6 +158,7 @@ def test_each_level_sends_its_own_prompts(tmp_path: Path) -> None:
         served.stop()
     assert rc == 0
     # two levels over 10,000 prompts: the first starts at prompt 0, the second at 5,000
+    heads = [body["prompt"].split(":")[0] for path, body in posts if path == "/v1/completions"]
     assert heads[0] == "Request 0" and "Request 5000" in heads
     second = heads.index("Request 5000")
     assert heads[:second] == [f"Request {i}" for i in range(second)]

@@ -21,19 +21,27 @@ from benchmarks.gpu import host_watch, stack_share
 
 DATA = Path(__file__).parent / "data"
 
-BUSY = "import time\nt = time.time()\nwhile time.time() - t < 30: pass\n"
+# Titled as SGLang titles its scheduler (setproctitle sets the command name too).
+BUSY = (
+    "from pathlib import Path\nPath('/proc/self/comm').write_text('sglang::schedul')\n"
+    "import time\nt = time.time()\nwhile time.time() - t < 30: pass\n"
+)
 
 
 @pytest.fixture
 def run_dir(tmp_path: Path, sim_server_factory):
     """A harness run whose 'spec' server is a simulated server (HTTP) and a session of busy
-    processes, one titled like SGLang's scheduler (its /proc counters)."""
+    processes, one titled like SGLang's scheduler (its /proc counters), led by one whose command
+    line names a scheduler flag."""
     sim = sim_server_factory(admin_key="k", speedup=100)
     child = tmp_path / "sglang_scheduler_standin.py"
     child.write_text(BUSY)
+    # The leader's command line holds a flag with "scheduler" in it, as SGLang's launcher's
+    # does with --scheduler-recv-interval: it must not be taken for the scheduler.
     leader = subprocess.Popen(
         [sys.executable, "-c",
-         "import os, subprocess, sys; subprocess.run([sys.executable, os.environ['CHILD']])"],
+         "import os, subprocess, sys; subprocess.run([sys.executable, os.environ['CHILD']])",
+         "--scheduler-recv-interval", "8"],
         start_new_session=True, env={**os.environ, "CHILD": str(child)},
     )  # fmt: skip
     state = {"admin_key": "k", "servers": {"spec": {"pid": leader.pid, "url": sim.base_url}}}

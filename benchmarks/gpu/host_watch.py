@@ -126,9 +126,17 @@ def measure(seconds: float) -> Window:
     return Window(t1 - t0, cpu, change)
 
 
+_SCHED_COMM = "sglang::scheduler"[:15]  # the kernel keeps 15 characters of a name
+
+
 def scheduler_pid(pids: set[int]) -> int | None:
-    """The server's scheduler: SGLang titles it `sglang::scheduler...`."""
-    found = [p for p in pids if "scheduler" in (command_name(p) + " " + cmdline(p)).lower()]
+    """The server's scheduler: SGLang titles it `sglang::scheduler...` (its command line, and
+    its command name cut to 15 characters). The title, not a substring: the launcher's own
+    command line holds `--scheduler-recv-interval` when that flag is set."""
+    found = [
+        p for p in pids
+        if cmdline(p).startswith("sglang::scheduler") or command_name(p).startswith(_SCHED_COMM)
+    ]  # fmt: skip
     return min(found) if found else None
 
 

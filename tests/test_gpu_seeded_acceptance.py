@@ -73,11 +73,18 @@ def test_per_family_depths_and_the_off_spell(sim_server, tmp_path, capsys):
     steps = _steps(sim_server.posts[_last_family_request(sim_server.posts) + 1:],
                    arm_heads={"0", "1", "2", "3"}, scrub_heads={"4", "5", "6", "7"})
     assert [step for step, _ in steps] == [
-        "depth 3", "flush", "scrub", "depth 3", "flush", "arm",
         "depth 3", "flush", "scrub", "depth 0", "flush", "arm",
         "depth 3",  # the off arm back to depth 3 after its first 12 tokens
+        "depth 3", "flush", "scrub", "depth 3", "flush", "arm",
         "depth 3",  # the table live before, pushed back
     ]
+    # Both windows cover the same stretch: the on arm's opens once its requests have decoded
+    # what the off arm decoded at depth 0 (at least the 12 tokens a request the push waited
+    # for), read off the server's counters; one read later at most, a few tokens a request.
+    off_from = spell["off_then_on"]["window_from_token"]
+    on_from = spell["on_throughout"]["window_from_token"]
+    assert 12 <= off_from < arm_tokens
+    assert off_from <= on_from < off_from + 8
     for step, tokens in steps:
         if step in ("scrub", "arm"):
             assert tokens == [2 * arm_tokens if step == "scrub" else arm_tokens] * 4

@@ -10,19 +10,20 @@ verify, the bonus token included; docs/contract.md). From the accept lengths at 
 the acceptance of draft position k given the earlier ones is implied:
 r_k = L_k - L_(k-1) (L_0 = 1) is P(the first k drafts accepted), p_k = r_k / r_(k-1).
 
-`--off-spell N`: the same requests twice, at depth 3 (the deepest of --depths) throughout, and
-at depth 0 for their first N tokens before a push to depth 3; the accept length at depth 3
-after token N is compared. SGLang keeps extending the draft's KV cache at depth 0 unless the
-plugin's off mode skips it (`skip-extend`), and prefills the draft at admission unless the
-plugin's `specctl_skip_draft_prefill` is on (the requests start while depth 0 is live), so the
-difference shows what the draft work skipped while off costs on that server. Before each arm
-the draft's KV is scrubbed: after a flush, as many other prompts run at that depth, asking
-twice the arm's tokens, so the slots the arm is given next hold other requests' draft KV, as
-on a busy server. Then the prefix cache is flushed again (SGLang's `/flush_cache`; each arm
-records both), so the arm finds neither its prompts cached nor its draft KV left in its slots
-by the other arm. Each arm sends its --concurrency requests once, with no replacements as they
-finish (those would start after the off arm's push, never off). The first dataset needs
-twice --concurrency prompts.
+`--off-spell N`: the same requests twice, at depth 0 for their first N tokens before a push to
+depth 3 (the deepest of --depths), and at depth 3 throughout; the accept length at depth 3 is
+compared over the same stretch of the requests: from the tokens the off arm decoded at depth 0
+(N a request, plus what the push's latency added) to their end. SGLang keeps extending the
+draft's KV cache at depth 0 unless the plugin's off mode skips it (`skip-extend`), and prefills
+the draft at admission unless the plugin's `specctl_skip_draft_prefill` is on (the requests
+start while depth 0 is live), so the difference shows what the draft work skipped while off
+costs on that server. Before each arm the draft's KV is scrubbed: after a flush, as many other
+prompts run at that depth, asking twice the arm's tokens, so the slots the arm is given next
+hold other requests' draft KV, as on a busy server. Then the prefix cache is flushed again
+(SGLang's `/flush_cache`; each arm records both), so the arm finds neither its prompts cached
+nor its draft KV left in its slots by the other arm. Each arm sends its --concurrency requests
+once, with no replacements as they finish (those would start after the off arm's push, never
+off). The first dataset needs twice --concurrency prompts.
 The table live before the run is pushed back at the end.
 Works against a real SGLang server with the specctl plugin and against `specctl sim serve`.
 """
@@ -90,10 +91,13 @@ class Session:
         self.version += 1
         self.server.push(single_depth_table(depth, version=self.version))
 
-    async def settled_scrape(self) -> Scrape:
-        await wait_idle(self.server, timeout_s=30.0)
+    def fresh_scrape(self) -> Scrape:
         self.server.state()  # a /server_info read makes the plugin export its counts now
         return self.server.scrape()
+
+    async def settled_scrape(self) -> Scrape:
+        await wait_idle(self.server, timeout_s=30.0)
+        return self.fresh_scrape()
 
 
 async def measure_depth(
@@ -127,7 +131,15 @@ async def measure_depth(
 async def off_spell(
     s: Session, prompts: Sequence[Prompt], off_tokens: int, depth: int, concurrency: int
 ) -> dict[str, Any]:
-    """Depth `depth` after `off_tokens` tokens: preceded by depth 0, or at `depth` all along."""
+    """Depth `depth` after `off_tokens` tokens: preceded by depth 0, or at `depth` all along.
+
+    The off arm runs first. Its depth-`depth` window starts where the push took effect: the
+    tokens its requests decoded at depth 0, the push's latency included. The on arm's window
+    then starts at that many tokens too (read off the server's counters while it runs), so
+    both arms' accept lengths cover the same stretch of their requests. Before, the on arm's
+    window opened on the client's count alone, about 30 tokens a request earlier than the off
+    arm's (eighteenth H200 run), and a request's later tokens need not draft alike.
+    """
     if len(prompts) < 2 * concurrency:
         raise AcceptanceError(
             f"the off spell needs {2 * concurrency} prompts in the first dataset (its requests "
@@ -137,9 +149,11 @@ async def off_spell(
     arms: dict[str, Any] = {}
     batch = [Prompt(p.text, off_tokens + max(p.output_tokens, 32)) for p in prompts[:concurrency]]
     scrub = scrub_batch(batch, prompts[concurrency:2 * concurrency])
-    for arm, first_depth in (("on_throughout", depth), ("off_then_on", 0)):
+    decoded_off = float(off_tokens * len(batch))  # replaced by what the off arm measured
+    for arm, first_depth in (("off_then_on", 0), ("on_throughout", depth)):
         scrubbed = await scrub_draft_kv(s, scrub, depth, concurrency)
         flushed = await _flushed_at(s, first_depth)
+        start = await s.settled_scrape()
         live = LiveCounters()
         async with make_client(s.url, concurrency) as http:
             task = asyncio.create_task(run_level(
@@ -148,19 +162,25 @@ async def off_spell(
                 model=s.model,
                 live=live,
             ))  # fmt: skip
-            while live.tokens < off_tokens * len(batch) and not task.done():
-                await asyncio.sleep(0.01)
             if first_depth != depth:
+                while live.tokens < off_tokens * len(batch) and not task.done():
+                    await asyncio.sleep(0.01)
                 await asyncio.to_thread(s.push_depth, depth)
-            mid = await asyncio.to_thread(lambda: (s.server.state(), s.server.scrape())[1])
+                mid = await asyncio.to_thread(s.fresh_scrape)
+            else:
+                mid = await _scrape_once(s, start, depth, decoded_off, task)
             load = await task
         after = await s.settled_scrape()
+        if first_depth != depth:
+            decoded_off = _work_at(start, after, first_depth).tokens
         work = _work_at(mid, after, depth)
+        before_window = decoded_off if first_depth != depth else _work_at(start, mid, depth).tokens
         arms[arm] = {
             "accept_length": round(work.tokens / work.request_steps, 4)
             if work.request_steps else None,
             "request_steps": work.request_steps,
             "requests": len(load.completed),
+            "window_from_token": round(before_window / len(batch), 1),
             "prefix_cache_flushed": flushed,
             "draft_kv_scrubbed": scrubbed,
         }
@@ -171,6 +191,18 @@ async def off_spell(
         **arms,
         "loss": round(on - off, 4) if on is not None and off is not None else None,
     }
+
+
+async def _scrape_once(
+    s: Session, start: Scrape, depth: int, tokens: float, task: asyncio.Task[Any]
+) -> Scrape:
+    """The first scrape with `tokens` decoded at `depth` since `start` (or the last one, if
+    the requests end first)."""
+    while True:
+        now = await asyncio.to_thread(s.fresh_scrape)
+        if _work_at(start, now, depth).tokens >= tokens or task.done():
+            return now
+        await asyncio.sleep(0.005)
 
 
 async def _flushed_at(s: Session, depth: int) -> bool:
@@ -281,7 +313,8 @@ def render(result: dict[str, Any]) -> str:
             f"\noff spell: depth {spell['depth']} after {spell['off_tokens']} tokens: accept "
             f"length {spell['on_throughout']['accept_length']} at depth {spell['depth']} "
             f"throughout, {spell['off_then_on']['accept_length']} after depth 0 "
-            f"(loss {spell['loss']})"
+            f"(loss {spell['loss']}; from token {spell['off_then_on']['window_from_token']} "
+            f"and {spell['on_throughout']['window_from_token']} a request)"
         )
     return "\n".join(lines)
 

@@ -42,7 +42,9 @@
 # LEVEL_S=30 137-146 s; run 17: setup 387 s (282 s on a second machine), the warm pass and one
 # SERIES=1 LEVEL_S=10 series 190 s, one series without the warm pass about 150 s, offspell
 # (before its slot scrub) 35 s, PROFILE_OUTPUT=1 PROFILE_STEPS=60 profile at 1,4 streams and a
-# PROFILE_STEPS=600 one at 4,16 streams about 150 s together.
+# PROFILE_STEPS=600 one at 4,16 streams about 150 s together; run 18: setup 361-385 s,
+# offspell with the scrub (one round) 24 s, hostwatch at 4,16 streams 50 s, relay with
+# RELAY_ROUNDS=2 at 4,16 streams 250 s.
 # Issue each call as soon as the last returns: the machine is released after 30 s idle, and
 # starting again costs staging and setup. Every call after staging carries
 # .gpu/stage.sh (carry: [".gpu/stage.sh"]) and starts with `source .gpu/stage.sh .gpu env`.
@@ -583,19 +585,25 @@ hostwatch)
 offspell)
     # What a request admitted while off loses in acceptance when drafting resumes, with the
     # draft's prefill skipped at admission (the `specctl serve` default) and with it run:
-    # the same requests at depth 3 throughout, then off for their first 64 tokens and depth 3
-    # after (benchmarks/gpu/seeded/acceptance.py --off-spell, which scrubs the draft's KV
-    # slots and flushes before each arm), once per setting. The skip is left on.
+    # the same requests off for their first 64 tokens and depth 3 after, then at depth 3
+    # throughout, compared over the same tokens (benchmarks/gpu/seeded/acceptance.py
+    # --off-spell, which scrubs the draft's KV slots and flushes before each arm), both
+    # settings in each of OFFSPELL_ROUNDS rounds (default 3; one round of 8 requests resolves
+    # about 0.05), pooled by off_spell_pool. The skip is left on.
     A="$R/acceptance"; mkdir -p "$A"
-    for skip in 1 0; do
-        stamp "off spell of 64 tokens, then depth 3; draft prefill skipped while off: $skip"
-        plugin_setting specctl_skip_draft_prefill "$skip"
-        "$PY" -m benchmarks.gpu.seeded.acceptance --url "$(spec_url)" --admin-key "$(key)" \
-            --dataset "$R/models/seeded/family_a.jsonl" --depths 3 --requests 32 \
-            --concurrency 8 --off-spell 64 --out "$A/prefill_skip_$skip.json" 2>&1 \
-            | tee "$A/prefill_skip_$skip.txt"
+    for i in $(seq 1 "${OFFSPELL_ROUNDS:-3}"); do
+        for skip in 1 0; do
+            stamp "round $i: off spell of 64 tokens, then depth 3; draft prefill skipped while off: $skip"
+            plugin_setting specctl_skip_draft_prefill "$skip"
+            "$PY" -m benchmarks.gpu.seeded.acceptance --url "$(spec_url)" --admin-key "$(key)" \
+                --dataset "$R/models/seeded/family_a.jsonl" --depths 3 --requests 32 \
+                --concurrency 8 --off-spell 64 --out "$A/prefill_skip_${skip}_$i.json" 2>&1 \
+                | tee "$A/prefill_skip_${skip}_$i.txt"
+        done
     done
     plugin_setting specctl_skip_draft_prefill 1
+    "$PY" -m benchmarks.gpu.seeded.off_spell_pool --setting skip1 "$A"/prefill_skip_1_*.json \
+        --setting skip0 "$A"/prefill_skip_0_*.json --json "$A/pooled.json" | tee "$A/pooled.txt"
     ;;
 *)
     echo "unknown step $STEP: setup, measure, traces, parity, profile, long, verify, series, lean, context, trims, hostd1, hostwatch, relay or offspell" >&2

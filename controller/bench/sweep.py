@@ -240,6 +240,10 @@ class LevelResult:
     output_tokens_max: int | None = None
     # Where in the prompt list the level's first request came from: paired levels share it.
     prompt_offset: int | None = None
+    # Wall-clock (Unix) times the measured window opened and closed, to line the level up with
+    # logs kept beside the bench (GPU clocks, server logs).
+    window_start_unix: float | None = None
+    window_end_unix: float | None = None
 
     @property
     def level(self) -> int | float:
@@ -504,6 +508,8 @@ class _WindowScrapes(WindowHooks):
         self.queued: list[float] = []
         self._stop = asyncio.Event()
         self._poller: asyncio.Task[None] | None = None
+        self.opened_unix: float | None = None
+        self.closed_unix: float | None = None
 
     def _keep(self, scrape: Scrape | None) -> None:
         if scrape is not None and RUNNING_GAUGE in scrape.gauges:
@@ -526,6 +532,7 @@ class _WindowScrapes(WindowHooks):
                 self._keep(await self._scrape())
 
     async def window_started(self) -> None:
+        self.opened_unix = time.time()
         self.before = await self._scrape()
         self._keep(self.before)
         self._poller = asyncio.create_task(self._poll())
@@ -534,6 +541,7 @@ class _WindowScrapes(WindowHooks):
         if self._poller is not None:
             self._stop.set()
             await self._poller  # a scrape under way finishes first: never two at once
+        self.closed_unix = time.time()
         self.after = await self._scrape()
         self._keep(self.after)
 
@@ -614,7 +622,10 @@ class _Levels:
             depth, load, scrapes.before, scrapes.after, plan.slo, drained, plan.client_bound_share,
             gauges=(scrapes.running, scrapes.queued),
         )  # fmt: skip
-        return replace(result, prompt_offset=first_prompt)
+        return replace(
+            result, prompt_offset=first_prompt,
+            window_start_unix=scrapes.opened_unix, window_end_unix=scrapes.closed_unix,
+        )  # fmt: skip
 
 
 def _requests(n: float | None) -> str:

@@ -98,6 +98,18 @@ url_of() {  # url_of spec|plain: from the harness's state
 }
 spec_url() { url_of spec; }
 plain_url() { url_of plain; }
+clock_log() {  # GPU clocks, power and temperature every 250 ms into $1 until clock_log_end
+    CLOCK_PID=
+    command -v nvidia-smi >/dev/null || return 0
+    local fields=timestamp,clocks.sm,power.draw,temperature.gpu,utilization.gpu
+    # Why a clock is held down, where this driver names it (older ones call it throttle).
+    nvidia-smi --query-gpu=clocks_event_reasons.active --format=csv,noheader >/dev/null 2>&1 \
+        && fields="$fields,clocks_event_reasons.active"
+    nvidia-smi --query-gpu="$fields" --format=csv,noheader,nounits -lms 250 >>"$1" 2>/dev/null &
+    CLOCK_PID=$!
+}
+clock_log_end() { [ -n "${CLOCK_PID:-}" ] && kill "$CLOCK_PID" 2>/dev/null; CLOCK_PID=; }
+
 stamp() { echo "== $(date +%H:%M:%S) $*"; }
 
 plugin_setting() {  # plugin_setting KEY VALUE: one plugin setting pushed to the spec server
@@ -377,6 +389,8 @@ series)
     streams=(); [ -n "${STREAMS:-}" ] && streams=(--concurrency "$STREAMS")
     first=1
     while [ -e "$S$first" ]; do first=$((first + 1)); done
+    # The GPU's clocks over every level (benchmarks/gpu/gpu_clocks.py reads them by level).
+    clock_log "${S}clocks.csv"; trap clock_log_end EXIT; trap 'exit 143' TERM  # cut by timeout
     for rep in $(seq 0 "${SERIES:-3}"); do
         if [ "$rep" = "$FREEZE_AFTER" ]; then
             stamp "freezing both servers' garbage collectors"
@@ -395,6 +409,9 @@ series)
             | tee "$S$n.txt" | tail -14
         pack  # each series comes back even if the command is cut before the pooled verdict
     done
+    clock_log_end
+    [ -s "${S}clocks.csv" ] && "$PY" -m benchmarks.gpu.gpu_clocks "${S}clocks.csv" "$S"[0-9]*/ \
+        --json "${S}clocks.json" >"${S}clocks.txt" 2>&1
     P="$R/parity${SERIES_TAG:+_$SERIES_TAG}"
     "$PY" -m benchmarks.gpu.parity "$S"[0-9]*/ --json "$P.json" | tee "$P.txt"
     grep -h "LONG GARBAGE\|Freezing GC" "$R"/logs/*.log >"$R/gc_log.txt" 2>/dev/null

@@ -18,7 +18,7 @@ draft's KV cache at depth 0 unless the plugin's off mode skips it (`skip-extend`
 the draft at admission unless the plugin's `specctl_skip_draft_prefill` is on (the requests
 start while depth 0 is live), so the difference shows what the draft work skipped while off
 costs on that server. Before each arm the draft's KV is scrubbed: after a flush, as many other
-prompts run at that depth, asking twice the arm's tokens, so the slots the arm is given next
+prompts run at depth 3, asking twice the arm's tokens, so the slots the arm is given next
 hold other requests' draft KV, as on a busy server. Then the prefix cache is flushed again
 (SGLang's `/flush_cache`; each arm records both), so the arm finds neither its prompts cached
 nor its draft KV left in its slots by the other arm. Each arm sends its --concurrency requests
@@ -168,7 +168,7 @@ async def off_spell(
                 await asyncio.to_thread(s.push_depth, depth)
                 mid = await asyncio.to_thread(s.fresh_scrape)
             else:
-                mid = await _scrape_once(s, start, depth, decoded_off, task)
+                mid = await _scrape_when_decoded(s, start, depth, decoded_off, task)
             load = await task
         after = await s.settled_scrape()
         if first_depth != depth:
@@ -193,7 +193,7 @@ async def off_spell(
     }
 
 
-async def _scrape_once(
+async def _scrape_when_decoded(
     s: Session, start: Scrape, depth: int, tokens: float, task: asyncio.Task[Any]
 ) -> Scrape:
     """The first scrape with `tokens` decoded at `depth` since `start` (or the last one, if

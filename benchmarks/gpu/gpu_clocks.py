@@ -25,11 +25,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gpu.level_windows import WindowError, level_windows
+
 TIME_FORMAT = "%Y/%m/%d %H:%M:%S.%f"
 
 
 class ClockLogError(ValueError):
-    """The log or a bench cannot be read; the message names the file and the fix."""
+    """The log cannot be read; the message names the file and the fix."""
 
 
 @dataclass(frozen=True)
@@ -94,25 +96,13 @@ def _mean(values: list[float | None]) -> float | None:
 
 
 def levels(samples: list[Sample], bench_dir: Path) -> list[LevelClocks]:
-    path = bench_dir / "bench.json"
-    try:
-        rows = json.loads(path.read_text())["results"]
-    except (OSError, json.JSONDecodeError, KeyError) as err:
-        raise ClockLogError(f"{path}: not a bench result ({err})") from None
     out = []
-    for row in rows:
-        start, end = row.get("window_start_unix"), row.get("window_end_unix")
-        if start is None or end is None:
-            raise ClockLogError(
-                f"{path}: its levels carry no window times (benched before specctl recorded "
-                "them); bench again to line it up with a clock log"
-            )
-        inside = [s for s in samples if start <= s.unix <= end]
+    for w in level_windows(bench_dir):
+        inside = [s for s in samples if w.holds(s.unix)]
         temps = [s.temperature_c for s in inside if s.temperature_c is not None]
         out.append(LevelClocks(
-            bench=bench_dir.name, series=row["series"], concurrency=row["concurrency"],
-            samples=len(inside), sm_mhz=_mean([s.sm_mhz for s in inside]),
-            power_w=_mean([s.power_w for s in inside]),
+            bench=w.bench, series=w.series, concurrency=w.concurrency, samples=len(inside),
+            sm_mhz=_mean([s.sm_mhz for s in inside]), power_w=_mean([s.power_w for s in inside]),
             max_temperature_c=max(temps) if temps else None,
         ))  # fmt: skip
     return out
@@ -157,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         samples = read_log(args.log)
         rows = [row for bench in args.benches for row in levels(samples, bench)]
-    except ClockLogError as err:
+    except (ClockLogError, WindowError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(render(rows))

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu.kernel_profile import streams_option
-from benchmarks.gpu.procs import command_name, session_pids
+from benchmarks.gpu.procs import all_cpu_seconds, cmdline, command_name, label_of, session_pids
 from benchmarks.gpu.state import RunState
 from controller.bench.loadgen import (
     ClosedLoop,
@@ -48,36 +48,8 @@ from controller.bench.prompts import DatasetError, read_dataset
 from controller.bench.server_client import ServerClient, ServerError
 from sglang_hooks.contract import single_depth_table
 
-_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 CGROUP_FILES = (Path("/sys/fs/cgroup/cpu.stat"), Path("/sys/fs/cgroup/cpu,cpuacct/cpu.stat"))
 CPU_MAX = (Path("/sys/fs/cgroup/cpu.max"), Path("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us"))
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds of `pid` so far (None: gone)."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = raw.rpartition(")")[2].split()
-    # After the name: state is field 3 of stat, utime and stime fields 14 and 15.
-    return (int(fields[11]) + int(fields[12])) / _TICK
-
-
-def all_cpu_seconds() -> dict[int, float]:
-    out = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit() and (s := cpu_seconds(int(entry.name))) is not None:
-            out[int(entry.name)] = s
-    return out
-
-
-def cmdline(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return ""
-    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
 def cgroup_stat() -> dict[str, int]:
@@ -102,12 +74,6 @@ def cpu_quota() -> str | None:
         except OSError:
             continue
     return None
-
-
-def label_of(pid: int) -> str:
-    line = " ".join(cmdline(pid).split())
-    name = command_name(pid)
-    return f"{name}: {line[:100]}" if line and not line.startswith(name) else line[:100] or name
 
 
 @dataclass

@@ -98,17 +98,30 @@ url_of() {  # url_of spec|plain: from the harness's state
 }
 spec_url() { url_of spec; }
 plain_url() { url_of plain; }
-clock_log() {  # GPU clocks, power and temperature every 250 ms into $1 until clock_log_end
-    CLOCK_PID=
+side_logs() {  # side_logs PREFIX: the GPU's clocks (250 ms) and the CPUs (1 s) until side_logs_end
+    SIDE_PIDS=()
+    "$PY" -m benchmarks.gpu.cpu_log record --out "$1cpus.jsonl" --interval 1 &
+    SIDE_PIDS+=($!)
     command -v nvidia-smi >/dev/null || return 0
     local fields=timestamp,clocks.sm,power.draw,temperature.gpu,utilization.gpu
     # Why a clock is held down, where this driver names it (older ones call it throttle).
     nvidia-smi --query-gpu=clocks_event_reasons.active --format=csv,noheader >/dev/null 2>&1 \
         && fields="$fields,clocks_event_reasons.active"
-    nvidia-smi --query-gpu="$fields" --format=csv,noheader,nounits -lms 250 >>"$1" 2>/dev/null &
-    CLOCK_PID=$!
+    nvidia-smi --query-gpu="$fields" --format=csv,noheader,nounits -lms 250 >>"$1clocks.csv" \
+        2>/dev/null &
+    SIDE_PIDS+=($!)
 }
-clock_log_end() { [ -n "${CLOCK_PID:-}" ] && kill "$CLOCK_PID" 2>/dev/null; CLOCK_PID=; }
+side_logs_end() {  # then cut both by the levels of the benches named
+    local prefix=$1; shift
+    [ "${#SIDE_PIDS[@]}" -gt 0 ] && kill "${SIDE_PIDS[@]}" 2>/dev/null; SIDE_PIDS=()
+    [ $# -gt 0 ] || return 0
+    [ -s "${prefix}clocks.csv" ] && "$PY" -m benchmarks.gpu.gpu_clocks "${prefix}clocks.csv" \
+        "$@" --json "${prefix}clocks.json" >"${prefix}clocks.txt" 2>&1
+    [ -s "${prefix}cpus.jsonl" ] && "$PY" -m benchmarks.gpu.cpu_log levels "${prefix}cpus.jsonl" \
+        "$@" --cores "spec=${SPEC_CPUS:-0-5}" --cores "plain=${PLAIN_CPUS:-6-11}" \
+        --cores "bench=${BENCH_CPUS:-12-15}" --json "${prefix}cpus.json" >"${prefix}cpus.txt" 2>&1
+    return 0
+}
 
 stamp() { echo "== $(date +%H:%M:%S) $*"; }
 
@@ -389,8 +402,9 @@ series)
     streams=(); [ -n "${STREAMS:-}" ] && streams=(--concurrency "$STREAMS")
     first=1
     while [ -e "$S$first" ]; do first=$((first + 1)); done
-    # The GPU's clocks over every level (benchmarks/gpu/gpu_clocks.py reads them by level).
-    clock_log "${S}clocks.csv"; trap clock_log_end EXIT; trap 'exit 143' TERM  # cut by timeout
+    # The GPU's clocks and the machine's CPUs over every level (benchmarks/gpu/gpu_clocks.py
+    # and cpu_log.py cut them by level), stopped however the step ends (a timeout cuts it).
+    side_logs "$S"; trap 'side_logs_end "$S"' EXIT; trap 'exit 143' TERM
     for rep in $(seq 0 "${SERIES:-3}"); do
         if [ "$rep" = "$FREEZE_AFTER" ]; then
             stamp "freezing both servers' garbage collectors"
@@ -409,9 +423,7 @@ series)
             | tee "$S$n.txt" | tail -14
         pack  # each series comes back even if the command is cut before the pooled verdict
     done
-    clock_log_end
-    [ -s "${S}clocks.csv" ] && "$PY" -m benchmarks.gpu.gpu_clocks "${S}clocks.csv" "$S"[0-9]*/ \
-        --json "${S}clocks.json" >"${S}clocks.txt" 2>&1
+    side_logs_end "$S" "$S"[0-9]*/
     P="$R/parity${SERIES_TAG:+_$SERIES_TAG}"
     "$PY" -m benchmarks.gpu.parity "$S"[0-9]*/ --json "$P.json" | tee "$P.txt"
     grep -h "LONG GARBAGE\|Freezing GC" "$R"/logs/*.log >"$R/gc_log.txt" 2>/dev/null

@@ -41,7 +41,7 @@ def test_per_family_depths_and_the_off_spell(sim_server, tmp_path, capsys):
         "--dataset", str(_dataset(tmp_path / "fam_a.jsonl", "the model")),
         "--dataset", str(_dataset(tmp_path / "fam_b.jsonl", "a server")),
         "--depths", "1,2,3", "--concurrency", "4", "--requests", "8", "--off-spell", "12",
-        "--out", str(out),
+        "--off-spell-from", "8", "--out", str(out),
     ])  # fmt: skip
     assert code == 0
     result = json.loads(out.read_text())
@@ -68,10 +68,11 @@ def test_per_family_depths_and_the_off_spell(sim_server, tmp_path, capsys):
     assert spell["off_then_on"]["draft_kv_scrubbed"] is True
     assert sim_server.server.cache_flushes == 4
     # Each arm: a flush, other prompts at depth 3 asking twice the arm's tokens (they fill the
-    # slots the arm is given next), a flush, then the arm's own prompts, each sent once.
+    # slots the arm is given next), a flush, then the arm's own prompts, each sent once: from
+    # the dataset's ninth prompt on (--off-spell-from 8).
     arm_tokens = 12 + 32  # --off-spell 12, then at least 32 (the dataset asks 24)
     steps = _steps(sim_server.posts[_last_family_request(sim_server.posts) + 1:],
-                   arm_heads={"0", "1", "2", "3"}, scrub_heads={"4", "5", "6", "7"})
+                   arm_heads={"8", "9", "10", "11"}, scrub_heads={"12", "13", "14", "15"})
     assert [step for step, _ in steps] == [
         "depth 3", "flush", "scrub", "depth 0", "flush", "arm",
         "depth 3",  # the off arm back to depth 3 after its first 12 tokens
@@ -134,5 +135,12 @@ def test_errors_name_the_option(sim_server, tmp_path, capsys):
                             "--depths", "1", "--requests", "2", "--concurrency", "9",
                             "--off-spell", "4"]) == 2  # fmt: skip
     assert "needs 18 prompts in the first dataset" in capsys.readouterr().err
+    assert acceptance.main(["--url", sim_server.base_url, "--admin-key", "k", "--dataset", data,
+                            "--depths", "1", "--requests", "2", "--concurrency", "4",
+                            "--off-spell", "4", "--off-spell-from", "10"]) == 2  # fmt: skip
+    assert "needs 8 prompts in the first dataset from prompt 10" in capsys.readouterr().err
+    assert acceptance.main(["--url", sim_server.base_url, "--admin-key", "k", "--dataset", data,
+                            "--off-spell", "4", "--off-spell-from", "-1"]) == 2  # fmt: skip
+    assert "--off-spell-from must be >= 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         acceptance.main(["--url", sim_server.base_url, "--dataset", data, "--depths", "0,1"])

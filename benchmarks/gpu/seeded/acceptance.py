@@ -23,7 +23,7 @@ hold other requests' draft KV, as on a busy server. Then the prefix cache is flu
 (SGLang's `/flush_cache`; each arm records both), so the arm finds neither its prompts cached
 nor its draft KV left in its slots by the other arm. Each arm sends its --concurrency requests
 once, with no replacements as they finish (those would start after the off arm's push, never
-off). The first dataset needs twice --concurrency prompts.
+off). The first dataset needs twice --concurrency prompts, from the `--off-spell-from`-th on.
 The table live before the run is pushed back at the end.
 Works against a real SGLang server with the specctl plugin and against `specctl sim serve`.
 """
@@ -129,7 +129,8 @@ async def measure_depth(
 
 
 async def off_spell(
-    s: Session, prompts: Sequence[Prompt], off_tokens: int, depth: int, concurrency: int
+    s: Session, prompts: Sequence[Prompt], off_tokens: int, depth: int, concurrency: int,
+    first_prompt: int = 0,
 ) -> dict[str, Any]:
     """Depth `depth` after `off_tokens` tokens: preceded by depth 0, or at `depth` all along.
 
@@ -140,11 +141,13 @@ async def off_spell(
     window opened on the client's count alone, about 30 tokens a request earlier than the off
     arm's (eighteenth H200 run), and a request's later tokens need not draft alike.
     """
+    prompts = prompts[first_prompt:]
     if len(prompts) < 2 * concurrency:
         raise AcceptanceError(
-            f"the off spell needs {2 * concurrency} prompts in the first dataset (its requests "
-            f"and as many others to scrub the draft's KV with), found {len(prompts)}: give a "
-            "larger dataset or a lower --concurrency"
+            f"the off spell needs {2 * concurrency} prompts in the first dataset from prompt "
+            f"{first_prompt} (its requests and as many others to scrub the draft's KV with), "
+            f"found {len(prompts)}: give a larger dataset, a lower --concurrency or a lower "
+            "--off-spell-from"
         )
     arms: dict[str, Any] = {}
     batch = [Prompt(p.text, off_tokens + max(p.output_tokens, 32)) for p in prompts[:concurrency]]
@@ -250,6 +253,7 @@ async def run(
     concurrency: int,
     requests: int,
     off_tokens: int | None,
+    off_from: int = 0,
 ) -> dict[str, Any]:
     try:
         families = {p.stem: load_dataset(p, default_output_tokens=128) for p in datasets}
@@ -280,7 +284,7 @@ async def run(
             if off_tokens:
                 first = next(iter(families.values()))
                 result["off_spell"] = await off_spell(
-                    s, first, off_tokens, max(depths), concurrency
+                    s, first, off_tokens, max(depths), concurrency, off_from
                 )
         finally:
             _restore(s, before.table)
@@ -339,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=32, help="per family and depth")
     parser.add_argument("--off-spell", type=int, default=None, metavar="N",
                         help="also measure depth 3 after N tokens at depth 0")  # fmt: skip
+    parser.add_argument("--off-spell-from", type=int, default=0, metavar="K",
+                        help="the off spell's prompts start at the first dataset's K-th "
+                        "(another K, other requests: rounds that are not repeats)")  # fmt: skip
     parser.add_argument("--admin-key", default=None, help="or SPECCTL_ADMIN_KEY")
     parser.add_argument("--out", type=Path, default=None, help="write the result as JSON")
     args = parser.parse_args(argv)
@@ -346,10 +353,13 @@ def main(argv: list[str] | None = None) -> int:
                                                       and args.off_spell < 1):  # fmt: skip
         print("error: --concurrency, --requests and --off-spell must be >= 1", file=sys.stderr)
         return 2
+    if args.off_spell_from < 0:
+        print("error: --off-spell-from must be >= 0 (a prompt's index)", file=sys.stderr)
+        return 2
     try:
         result = asyncio.run(run(
             args.url, admin_key_from_env(args.admin_key), args.dataset, args.depths,
-            args.concurrency, args.requests, args.off_spell,
+            args.concurrency, args.requests, args.off_spell, args.off_spell_from,
         ))  # fmt: skip
     except (AcceptanceError, ServerError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -618,7 +618,8 @@ offspell)
     # throughout, compared over the same tokens (benchmarks/gpu/seeded/acceptance.py
     # --off-spell, which scrubs the draft's KV slots and flushes before each arm), both
     # settings in each of OFFSPELL_ROUNDS rounds (default 3; one round of 8 requests resolves
-    # about 0.05), pooled by off_spell_pool. The skip is left on.
+    # about 0.05), each round on 16 prompts of its own (greedy requests repeated would repeat
+    # their accept lengths), pooled by off_spell_pool. The skip is left on.
     A="$R/acceptance"; mkdir -p "$A"
     for i in $(seq 1 "${OFFSPELL_ROUNDS:-3}"); do
         for skip in 1 0; do
@@ -626,7 +627,8 @@ offspell)
             plugin_setting specctl_skip_draft_prefill "$skip"
             "$PY" -m benchmarks.gpu.seeded.acceptance --url "$(spec_url)" --admin-key "$(key)" \
                 --dataset "$R/models/seeded/family_a.jsonl" --depths 3 --requests 32 \
-                --concurrency 8 --off-spell 64 --out "$A/prefill_skip_${skip}_$i.json" 2>&1 \
+                --concurrency 8 --off-spell 64 --off-spell-from $(((i - 1) * 16)) \
+                --out "$A/prefill_skip_${skip}_$i.json" 2>&1 \
                 | tee "$A/prefill_skip_${skip}_$i.txt"
         done
     done

@@ -284,3 +284,43 @@ def test_paired_runs_of_both_orders_split_by_which_server_went_first(tmp_path, c
     assert parity.compare_runs(runs[:2])[0].by_order is None
     assert parity.main([str(r) for r in runs[:2]]) == 0
     assert "by order" not in capsys.readouterr().out
+
+
+def test_the_runs_under_the_target_are_set_beside_the_series_decode_forward(tmp_path, capsys):
+    """Four runs at 128 streams: the two where d0 fell under 0.98 are the two whose own decode
+    forward (step_ms) was longer, while the plain server's passes did not follow the ratio, so
+    the ratio ranks exactly against the decode forward (rho -1) and not with the plain pass.
+    A run without a step is left out of the table's runs; with fewer than three left, none."""
+
+    def run(name, ratio, step, plain_passes):  # type: ignore[no-untyped-def]
+        d0 = {**_row("d0", 128, 10000.0 * ratio, 10.0, 11.0), "step_ms": step,
+              "prefill_passes": 300, "decode_passes": 700}
+        plain = {**_row("no-spec", 128, 10000.0, 10.0, 11.0), "prefill_passes": 300,
+                 "decode_passes": plain_passes - 300}
+        return _bench(tmp_path / name, [d0, plain])
+
+    runs = [run("a", 1.02, 6.9, 1000), run("b", 0.90, 7.6, 1050), run("c", 0.99, 7.0, 1100),
+            run("d", 0.80, 8.4, 1000)]  # fmt: skip
+    (level,) = parity.compare_runs(runs)
+    t = level.tracks
+    assert t is not None and t.runs_below == 2
+    assert (t.decode_ms_below, t.decode_ms_rest) == (8.0, 6.95)
+    # d0's pass is 10 ms in every run (10 s over 1,000 passes): outside = 10 - decode forward
+    assert (t.outside_ms_below, t.outside_ms_rest) == (2.0, 3.05)
+    assert t.rho_decode == -1.0
+    # plain ms per pass 10.0, 9.524, 9.091, 10.0 against ratios ranked 3, 2, 1, 4 (low to high)
+    assert t.rho_plain_pass is not None and abs(t.rho_plain_pass) < 0.5
+    assert parity.main([str(r) for r in runs]) == 0
+    text = capsys.readouterr().out
+    assert "what the runs under 0.98 share" in text
+    row = text.split("what the runs under 0.98 share")[1].splitlines()[2].split()
+    assert row == ["128", "2", "of", "4", "8.00", "/", "6.95", "2.00", "/", "3.05", "-1.00",
+                   row[-1]]
+    # the step missing from two runs: two left, too few to rank
+    for name in ("a", "b"):
+        data = json.loads((tmp_path / name / "bench.json").read_text())
+        del data["results"][0]["step_ms"]
+        (tmp_path / name / "bench.json").write_text(json.dumps(data))
+    assert parity.compare_runs(runs)[0].tracks is None
+    assert parity.main([str(r) for r in runs]) == 0
+    assert "what the runs under" not in capsys.readouterr().out

@@ -20,6 +20,10 @@ it, the spread between runs: each server's lowest and highest ms per forward pas
 series' decode forward on its own (the plugin's GPU timer). Where a level's passes spread far
 wider than its decode forward, the runs differ in time outside the decode forward (prefill
 forwards, host work the overlap scheduler did not hide), not in what speculation-off costs.
+With three runs or more timed and counted, a table says what the runs under the target share:
+the series' decode forward and its time per pass outside it, in them against the rest, and
+the rank correlation of the runs'
+ratios with it and with the plain server's ms per pass.
 Where paired runs of both orders pooled (`specctl bench --paired`, with and without
 `--plain-first`), a table splits each level by which server went first at its load, and
 weighs the two orders equally (the geometric mean of their pooled ratios): with more runs of
@@ -40,7 +44,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
-from scipy.stats import bootstrap
+from scipy.stats import bootstrap, spearmanr
 
 from controller.bench.report import STALL_FACTOR
 
@@ -86,6 +90,8 @@ class Pair:
     # pooled tok/s ratio, the runs where the series' TPOT p50 was above the plain server's,
     # and the runs. None unless both orders ran here.
     by_order: dict[str, tuple[float, int, int]] | None = None
+    # What the runs that lost share (None with fewer than MIN_RUNS runs timed and counted).
+    tracks: Tracks | None = None
 
     @property
     def worst_ratio(self) -> float:
@@ -100,6 +106,23 @@ class TimeSplit:
     decode_ms_per_token: float  # decode-phase GPU time (verify, drafting) over output tokens
     idle_share: float  # of the window, neither prefill nor decode on the GPU
     running: float | None  # mean of SGLang's running-request gauge
+
+
+@dataclass(frozen=True)
+class Tracks:
+    """One concurrency, run by run: whether the series' ratio moved with its own decode forward
+    (the plugin's GPU timer: GPU time per iteration, idle gaps inside the iteration included)
+    or with the plain server's time per forward pass."""
+
+    runs_below: int  # runs whose ratio was under the target
+    decode_ms_below: float | None  # the series' mean decode forward ms in those runs
+    decode_ms_rest: float | None  # ... and in the runs at or above the target
+    # The series' ms per forward pass less its decode forward: prefill forwards and the host
+    # work the overlap scheduler did not hide, in the runs under the target and in the rest.
+    outside_ms_below: float | None
+    outside_ms_rest: float | None
+    rho_decode: float | None  # Spearman rank correlation, ratio against the series' decode ms
+    rho_plain_pass: float | None  # ... ratio against the plain server's ms per forward pass
 
 
 def _seconds(rows: Sequence[dict[str, Any]]) -> float:
@@ -203,7 +226,47 @@ def _stalled(row: dict[str, Any]) -> bool:
     return bool(p50 and p99 and p99 >= STALL_FACTOR * p50)
 
 
-def compare_runs(paths: Sequence[Path], series: str = "d0") -> list[Pair]:
+def _rank_correlation(a: Sequence[float], b: Sequence[float]) -> float | None:
+    """Spearman's rho, None where either side does not vary (no ranking to compare)."""
+    if len(set(a)) < 2 or len(set(b)) < 2:
+        return None
+    return round(float(spearmanr(a, b).statistic), 2)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return round(statistics.fmean(values), 3) if values else None
+
+
+def tracks_of(got: Sequence[tuple[dict[str, Any], dict[str, Any]]], min_ratio: float
+           ) -> Tracks | None:
+    """Run by run, the ratio beside the series' decode forward and the plain server's ms per
+    pass (None unless MIN_RUNS runs or more have both)."""
+    rows = []
+    for s, p in got:
+        decode, own_pass, plain_pass = s.get("step_ms"), _ms_per_pass([s]), _ms_per_pass([p])
+        if isinstance(decode, int | float) and decode > 0 and own_pass is not None \
+                and plain_pass is not None:
+            rows.append((s["output_tok_per_s"] / p["output_tok_per_s"], float(decode),
+                         plain_pass, own_pass - float(decode)))  # fmt: skip
+    if len(rows) < MIN_RUNS:
+        return None
+    ratios, decode, plain, outside = ([r[i] for r in rows] for i in range(4))
+
+    def split(values: list[float], below: bool) -> float | None:
+        return _mean([v for r, v in zip(ratios, values, strict=True)
+                      if (r < min_ratio) == below])  # fmt: skip
+
+    return Tracks(
+        runs_below=sum(r < min_ratio for r in ratios),
+        decode_ms_below=split(decode, True), decode_ms_rest=split(decode, False),
+        outside_ms_below=split(outside, True), outside_ms_rest=split(outside, False),
+        rho_decode=_rank_correlation(ratios, decode),
+        rho_plain_pass=_rank_correlation(ratios, plain),
+    )
+
+
+def compare_runs(paths: Sequence[Path], series: str = "d0", min_ratio: float = 0.98
+                 ) -> list[Pair]:
     """Per concurrency, pooled over the runs that measured it for both the series and the
     plain server (a level too short to finish a request in a run leaves that run out of it),
     so benches of different level sets (1-16 streams, then long 64-128) pool together."""
@@ -249,6 +312,7 @@ def compare_runs(paths: Sequence[Path], series: str = "d0") -> list[Pair]:
             pass_ms_range=_both(_pass_ms_range, series_rows, plain_rows),
             decode_ms_range=_range([r.get("step_ms") for r in series_rows]),
             by_order=_by_order(ordered),
+            tracks=tracks_of(got, min_ratio),
         ))  # fmt: skip
     if not pairs:
         raise ParityError("no concurrency level is measured for both servers in any run")
@@ -329,6 +393,40 @@ def run_by_run_table(pairs: Sequence[Pair], series: str) -> str:
             f"{p.ms_per_pass[0]:.3f} / {p.ms_per_pass[1]:.3f}")
         lines.append(f"{p.concurrency:>5} {f'{p.slower_runs} of {measured}':>17} {ttft:>12} "
                      f"{per_pass:>22}")
+    return "\n".join(lines)
+
+
+def tracks_table(pairs: Sequence[Pair], series: str, min_ratio: float) -> str | None:
+    """Per level: the series' decode forward and its time per pass outside it, in the runs
+    under the target against the rest, and the ratio's rank correlation with the decode
+    forward and with the plain server's ms per pass. A ratio that falls as the series' own
+    decode forward grows (rho near -1) lost inside the series' iterations (a slower GPU, or
+    the host launching late inside them); one that rises with the plain server's ms per pass
+    lost to the plain server's good runs."""
+    rows = [p for p in pairs if p.tracks is not None]
+    if not rows:
+        return None
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.2f}"
+
+    def rho(value: float | None) -> str:
+        return "-" if value is None else f"{value:+.2f}"
+
+    lines = [
+        f"what the runs under {min_ratio:g} share: {series}'s decode forward ms (GPU timer) and "
+        f"its ms per pass outside it, in them / in the rest; the ratio's rank correlation with "
+        f"the decode forward and with the plain server's ms per pass",
+        f"{'conc':>5} {'runs under':>11} {'decode forward ms':>18} {'outside it ms':>14} "
+        f"{'rho decode':>11} {'rho plain pass':>15}",
+    ]
+    for p in rows:
+        t = p.tracks
+        assert t is not None
+        lines.append(f"{p.concurrency:>5} {f'{t.runs_below} of {len(p.ratios)}':>11} "
+                     f"{ms(t.decode_ms_below) + ' / ' + ms(t.decode_ms_rest):>18} "
+                     f"{ms(t.outside_ms_below) + ' / ' + ms(t.outside_ms_rest):>14} "
+                     f"{rho(t.rho_decode):>11} {rho(t.rho_plain_pass):>15}")
     return "\n".join(lines)
 
 
@@ -494,14 +592,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.runs:
             raise ParityError("no bench.json in any folder given")
-        pairs = compare_runs(args.runs, args.series)
+        pairs = compare_runs(args.runs, args.series, args.min_ratio)
     except ParityError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(report(pairs, len(args.runs), args.series, args.min_ratio, args.tpot_within))
     for extra in (time_table(pairs, args.series), passes_line(pairs, args.series),
                   run_by_run_table(pairs, args.series), spread_table(pairs, args.series),
-                  order_table(pairs, args.series)):
+                  order_table(pairs, args.series),
+                  tracks_table(pairs, args.series, args.min_ratio)):
         if extra is not None:
             print(extra)
     missing = left_out(args.runs, pairs)

@@ -58,6 +58,8 @@ def test_levels_see_a_busy_neighbour_on_its_cores(sim_server_factory, tmp_path, 
         # The spinning neighbour holds CPU 0 (shared with whatever else the machine runs there).
         assert 0.5 <= row["busy"]["first"] <= 1.0
         assert row["busy"]["all"] >= row["busy"]["first"]
+        for part in ("irq", "steal"):  # read off this machine: parts of the busy time
+            assert 0.0 <= row[part]["first"] <= row["busy"]["first"]
         assert any("cpu_log_standin" in label and share >= 0.5 for label, share in row["top"])
     assert "| bench | d0 | 1 |" in capsys.readouterr().out
 
@@ -78,3 +80,51 @@ def test_bad_logs_and_options_are_named(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cpu_log.main(["record", "--out", str(log), "--interval", "0"])
     assert "--interval 0.0: give a positive number" in capsys.readouterr().err
+
+
+# /proc/stat as Linux writes it: user nice system idle iowait irq softirq steal guest guest_nice
+STAT_BEFORE = """cpu  400 0 200 1000 0 10 10 40 0 0
+cpu0 100 0 50 500 0 10 10 30 0 0
+cpu1 300 0 150 500 0 0 0 10 50 0
+intr 12345 0 0
+ctxt 999
+"""
+STAT_AFTER = """cpu  620 0 300 1250 0 30 30 100 0 0
+cpu0 150 0 70 540 10 30 30 70 0 0
+cpu1 470 0 230 710 0 0 0 30 90 0
+intr 23456 0 0
+"""
+
+
+def test_interrupt_and_steal_shares_come_apart_from_the_busy_share(tmp_path, capsys):
+    """Two readings of /proc/stat's text: CPU 0 spent 200 jiffies, 40 in interrupts and 40
+    stolen by the hypervisor, 50 idle or waiting; CPU 1's guest time (already in its user time)
+    is not counted twice. A log line of that interval, beside one recorded before the shares
+    existed (busy only: zeros), is cut into a level's row."""
+    before, after = cpu_log.parse_stat(STAT_BEFORE), cpu_log.parse_stat(STAT_AFTER)
+    assert set(after) == {0, 1}
+    assert after[0] == cpu_log.Ticks(busy=350, total=900, irq=60, steal=70)
+    got = cpu_log.shares(before, after)
+    assert got["cpu_busy"][0] == pytest.approx(150 / 200)
+    assert got["cpu_irq"][0] == pytest.approx(40 / 200)
+    assert got["cpu_steal"][0] == pytest.approx(40 / 200)
+    assert got["cpu_busy"][1] == pytest.approx(270 / 480, abs=1e-3)  # 3 decimals; no guest
+    bench = tmp_path / "b"
+    bench.mkdir()
+    (bench / "bench.json").write_text(json.dumps({"results": [{
+        "series": "d0", "concurrency": 128, "window_start_unix": 100.0,
+        "window_end_unix": 104.0, "request_rate": None}]}))  # fmt: skip
+    log = tmp_path / "cpus.jsonl"
+    log.write_text(
+        json.dumps({"unix": 102.0, "seconds": 1.0, **got, "top": [["sglang::scheduler", 1.0]]})
+        + "\n" + json.dumps({"unix": 103.0, "seconds": 1.0, "cpu_busy": {"0": 0.25, "1": 0.5},
+                             "top": []}) + "\n")  # fmt: skip
+    assert cpu_log.main(["levels", str(log), str(bench), "--cores", "spec=0",
+                         "--json", str(tmp_path / "out.json")]) == 0  # fmt: skip
+    (row,) = json.loads((tmp_path / "out.json").read_text())
+    assert row["intervals"] == 2
+    assert row["busy"]["spec"] == pytest.approx((0.75 + 0.25) / 2, abs=0.01)
+    assert row["irq"]["spec"] == pytest.approx(0.2 / 2, abs=0.01)
+    assert row["steal"]["spec"] == pytest.approx(0.2 / 2, abs=0.01)
+    out = capsys.readouterr().out
+    assert "spec busy (irq, steal)" in out and "| 0.5 (0.1, 0.1) |" in out

@@ -5,10 +5,12 @@
         [--cores spec=0-5 --cores plain=6-11] [--json OUT]
 
 `record` reads /proc every `--interval` seconds and writes a JSON line per interval: its end
-(Unix seconds), its length, each CPU's busy share and the busiest processes' CPU shares.
+(Unix seconds), its length, each CPU's busy share, the part of it spent in interrupts and the
+part the hypervisor took for other guests (steal), and the busiest processes' CPU shares.
 `levels` takes the intervals whose middle falls inside each level's measured window
 (bench.json's `window_start_unix`, `window_end_unix`) and gives the busy cores of each
-`--cores` group and the busiest processes over the window.
+`--cores` group, with their interrupt and steal time, and the busiest processes over the
+window.
 
 Why: on the H200, depth 0's 128-stream level ran at 0.6-0.67 of the plain server's tok/s in
 some benches and at 0.96-1.16 in others, on the same servers, with its pass slower both inside
@@ -27,28 +29,58 @@ import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from benchmarks.gpu.level_windows import WindowError, level_windows
 from benchmarks.gpu.procs import all_cpu_seconds, cmdline, command_name
 
 TOP = 6  # processes kept per interval
+SHARE_KEYS = ("cpu_busy", "cpu_irq", "cpu_steal")
 
 
 class CpuLogError(ValueError):
     """The log or an option cannot be read; the message names it and the fix."""
 
 
-def cpu_jiffies() -> dict[int, tuple[int, int]]:
-    """cpu -> (busy, total) jiffies since boot, from /proc/stat."""
+class Ticks(NamedTuple):
+    """One CPU's jiffies since boot (/proc/stat)."""
+
+    busy: int  # everything but idle and iowait
+    total: int
+    irq: int  # hard and soft interrupts: a device's work landing on this core
+    steal: int  # time the hypervisor gave this virtual CPU's turn to another guest
+
+
+def parse_stat(text: str) -> dict[int, Ticks]:
+    """cpu -> Ticks from /proc/stat's text. Guest time is already inside user and nice, so only
+    the first eight fields count (user nice system idle iowait irq softirq steal)."""
     out = {}
-    for line in Path("/proc/stat").read_text().splitlines():
+    for line in text.splitlines():
         name, *values = line.split()
         if not name.startswith("cpu") or name == "cpu":
             continue
-        ticks = [int(v) for v in values]
-        idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-        out[int(name[3:])] = (sum(ticks) - idle, sum(ticks))
+        ticks = ([int(v) for v in values[:8]] + [0] * 8)[:8]
+        total = sum(ticks)
+        out[int(name[3:])] = Ticks(total - ticks[3] - ticks[4], total, ticks[5] + ticks[6],
+                                   ticks[7])  # fmt: skip
+    return out
+
+
+def cpu_jiffies() -> dict[int, Ticks]:
+    return parse_stat(Path("/proc/stat").read_text())
+
+
+def shares(before: dict[int, Ticks], after: dict[int, Ticks]) -> dict[str, dict[int, float]]:
+    """Each CPU's busy, interrupt and steal share of the interval between two readings."""
+    out: dict[str, dict[int, float]] = {"cpu_busy": {}, "cpu_irq": {}, "cpu_steal": {}}
+    for cpu, b in after.items():
+        a = before.get(cpu)
+        if a is None:
+            continue
+        total = max(b.total - a.total, 1)
+        out["cpu_busy"][cpu] = round((b.busy - a.busy) / total, 3)
+        out["cpu_irq"][cpu] = round((b.irq - a.irq) / total, 3)
+        out["cpu_steal"][cpu] = round((b.steal - a.steal) / total, 3)
     return out
 
 
@@ -60,15 +92,11 @@ def record(out: Path, interval: float, stop: threading.Event) -> int:
         while not stop.wait(interval):
             cpus1, procs1, t1 = cpu_jiffies(), all_cpu_seconds(), time.time()
             seconds = t1 - t0
-            busy = {
-                cpu: round((b1 - cpus0[cpu][0]) / max(total1 - cpus0[cpu][1], 1), 3)
-                for cpu, (b1, total1) in cpus1.items() if cpu in cpus0
-            }  # fmt: skip
             used = {pid: s - procs0.get(pid, 0.0) for pid, s in procs1.items()}
             busiest = sorted(used.items(), key=lambda kv: -kv[1])[:TOP]
             top = [[short_label(pid), round(s / seconds, 3)] for pid, s in busiest if s > 0]
             f.write(json.dumps({"unix": round(t1, 3), "seconds": round(seconds, 3),
-                                "cpu_busy": busy, "top": top}) + "\n")  # fmt: skip
+                                **shares(cpus0, cpus1), "top": top}) + "\n")  # fmt: skip
             f.flush()
             written += 1
             cpus0, procs0, t0 = cpus1, procs1, t1
@@ -93,6 +121,8 @@ class LevelCpus:
     concurrency: int
     intervals: int
     busy: dict[str, float]  # group -> busy cores, mean over the intervals
+    irq: dict[str, float]  # group -> cores' worth of interrupt handling (in busy)
+    steal: dict[str, float]  # group -> cores' worth of time the hypervisor took (in busy)
     top: list[tuple[str, float]]  # (process, CPU share) over the window, busiest first
 
 
@@ -105,9 +135,14 @@ def read_log(path: Path) -> list[dict[str, Any]]:
     for n, line in enumerate(lines, 1):
         try:
             entry = json.loads(line)
-            entries.append({"unix": float(entry["unix"]), "seconds": float(entry["seconds"]),
-                            "cpu_busy": {int(k): float(v) for k, v in entry["cpu_busy"].items()},
-                            "top": [(str(a), float(b)) for a, b in entry["top"]]})  # fmt: skip
+            if not entry["cpu_busy"]:
+                raise KeyError("cpu_busy")
+            entries.append({
+                "unix": float(entry["unix"]), "seconds": float(entry["seconds"]),
+                # Logs recorded before the interrupt and steal shares lack them: zeros.
+                **{key: {int(k): float(v) for k, v in entry.get(key, {}).items()}
+                   for key in SHARE_KEYS},
+                "top": [(str(a), float(b)) for a, b in entry["top"]]})  # fmt: skip
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             raise CpuLogError(
                 f"{path}, line {n}: not a line `cpu_log record` writes; record the log again"
@@ -135,17 +170,22 @@ def core_groups(specs: list[str]) -> dict[str, set[int]]:
     return groups
 
 
+def _group_cores(inside: list[dict[str, Any]], key: str,
+                 groups: dict[str, set[int]]) -> dict[str, float]:
+    """Per group, its cores' `key` shares summed, the mean over the intervals."""
+    return {
+        name: round(sum(sum(e[key].get(c, 0.0) for c in members) for e in inside)
+                    / len(inside), 2) if inside else 0.0
+        for name, members in groups.items()
+    }  # fmt: skip
+
+
 def levels(entries: list[dict[str, Any]], bench_dir: Path,
            groups: dict[str, set[int]]) -> list[LevelCpus]:  # fmt: skip
     out = []
     for w in level_windows(bench_dir):
         # An interval counts for the window that holds its middle: one level's at most.
         inside = [e for e in entries if w.holds(e["unix"] - e["seconds"] / 2)]
-        busy = {
-            name: round(sum(sum(e["cpu_busy"].get(c, 0.0) for c in cores) for e in inside)
-                        / len(inside), 2) if inside else 0.0
-            for name, cores in groups.items()
-        }  # fmt: skip
         seconds = sum(e["seconds"] for e in inside)
         by_process: dict[str, float] = defaultdict(float)
         for e in inside:
@@ -153,19 +193,22 @@ def levels(entries: list[dict[str, Any]], bench_dir: Path,
                 by_process[label] += share * e["seconds"]
         top = sorted(((k, round(v / seconds, 2)) for k, v in by_process.items()),
                      key=lambda kv: -kv[1])[:3] if seconds else []  # fmt: skip
-        out.append(LevelCpus(w.bench, w.series, w.concurrency, len(inside), busy, top))
+        busy, irq, steal = (_group_cores(inside, key, groups) for key in SHARE_KEYS)
+        out.append(LevelCpus(w.bench, w.series, w.concurrency, len(inside), busy, irq, steal,
+                             top))
     return out
 
 
 def render(rows: list[LevelCpus], groups: dict[str, set[int]]) -> str:
     names = list(groups)
-    head = ["bench", "series", "streams", "intervals", *(f"{n} busy" for n in names),
-            "busiest processes (CPUs)"]  # fmt: skip
+    head = ["bench", "series", "streams", "intervals",
+            *(f"{n} busy (irq, steal)" for n in names), "busiest processes (CPUs)"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         top = "; ".join(f"{label} {share:g}" for label, share in r.top)
         cells = [r.bench, r.series, str(r.concurrency), str(r.intervals),
-                 *(f"{r.busy[n]:g}" for n in names), top]  # fmt: skip
+                 *(f"{r.busy[n]:g} ({r.irq[n]:g}, {r.steal[n]:g})" for n in names),
+                 top]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

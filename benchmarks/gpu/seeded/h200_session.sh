@@ -96,6 +96,17 @@ url_of() {  # url_of spec|plain: from the harness's state
     "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['servers'][sys.argv[2]]['url'])" \
         "$R/state.json" "$1"
 }
+pid_of() {  # pid_of spec|plain: the server's session leader, from the harness's state
+    "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['servers'][sys.argv[2]]['pid'])" \
+        "$R/state.json" "$1"
+}
+# The cores each server runs on now (SWAP_CORES trades them for a series step).
+SPEC_CORES=${SPEC_CPUS:-0-5}; PLAIN_CORES=${PLAIN_CPUS:-6-11}
+swap_cores() {  # swap_cores SPEC PLAIN: move the running servers (no restart) to those cores
+    "$PY" -m benchmarks.gpu.cpus repin "$(pid_of spec)" "$1" \
+        && "$PY" -m benchmarks.gpu.cpus repin "$(pid_of plain)" "$2" \
+        && SPEC_CORES=$1 PLAIN_CORES=$2
+}
 spec_url() { url_of spec; }
 plain_url() { url_of plain; }
 side_logs() {  # side_logs PREFIX: the GPU's clocks (250 ms) and the CPUs (1 s) until side_logs_end
@@ -118,12 +129,16 @@ side_logs_end() {  # then cut both by the levels of the benches named
     [ -s "${prefix}clocks.csv" ] && "$PY" -m benchmarks.gpu.gpu_clocks "${prefix}clocks.csv" \
         "$@" --json "${prefix}clocks.json" >"${prefix}clocks.txt" 2>&1
     [ -s "${prefix}cpus.jsonl" ] && "$PY" -m benchmarks.gpu.cpu_log levels "${prefix}cpus.jsonl" \
-        "$@" --cores "spec=${SPEC_CPUS:-0-5}" --cores "plain=${PLAIN_CPUS:-6-11}" \
+        "$@" --cores "spec=$SPEC_CORES" --cores "plain=$PLAIN_CORES" \
         --cores "bench=${BENCH_CPUS:-12-15}" --json "${prefix}cpus.json" >"${prefix}cpus.txt" 2>&1
     return 0
 }
 
 stamp() { echo "== $(date +%H:%M:%S) $*"; }
+cores_back() {  # after SWAP_CORES: each server back on the cores it started on
+    [ "$SPEC_CORES" = "${SPEC_CPUS:-0-5}" ] && return 0
+    swap_cores "$SPEC_CPUS" "$PLAIN_CPUS"
+}
 
 plugin_setting() {  # plugin_setting KEY VALUE: one plugin setting pushed to the spec server
     curl -sS -X POST "$(spec_url)/set_internal_state" -H "Authorization: Bearer $(key)" \
@@ -389,11 +404,23 @@ series)
     # ORDER=alternate (default): odd series run d0 first at each load, even ones the plain
     # server first (`--plain-first`), so parity.py can tell an order effect from a gap between
     # the servers; ORDER=spec-first or plain-first for one order throughout.
+    # SWAP_CORES=1 (with SPEC_CPUS and PLAIN_CPUS, and a SERIES_TAG to keep them apart): the
+    # running servers trade cores for these series (`benchmarks.gpu.cpus repin`, every thread
+    # of each server's session, no restart) and trade them back when the step ends: whether a
+    # slow depth-0 level follows the speculative server or the cores it ran on.
     FREEZE_AFTER=${FREEZE_AFTER:-0}
     case "${ORDER:=alternate}" in  # checked before the warm pass spends the device's time
         alternate|spec-first|plain-first) ;;
         *) echo "ORDER: expected alternate, spec-first or plain-first, got $ORDER" >&2; exit 2 ;;
     esac
+    if [ "${SWAP_CORES:-0}" = 1 ]; then
+        if [ -z "${SPEC_CPUS:-}" ] || [ -z "${PLAIN_CPUS:-}" ]; then
+            echo "SWAP_CORES=1: set SPEC_CPUS and PLAIN_CPUS, the cores the servers started on" >&2
+            exit 2
+        fi
+        stamp "the servers trade cores: spec on $PLAIN_CPUS, plain on $SPEC_CPUS"
+        swap_cores "$PLAIN_CPUS" "$SPEC_CPUS" || exit 1
+    fi
     S="$R/series_${SERIES_TAG:+${SERIES_TAG}_}"  # SERIES_TAG=timed: series_timed_1, ... apart
     # With SPREAD, the warm pass and every series draw their own fresh prompts (seed 1000 and
     # the series' number, or the next seed no earlier bench of $R used: `fresh_seed`; the
@@ -404,7 +431,7 @@ series)
     while [ -e "$S$first" ]; do first=$((first + 1)); done
     # The GPU's clocks and the machine's CPUs over every level (benchmarks/gpu/gpu_clocks.py
     # and cpu_log.py cut them by level), stopped however the step ends (a timeout cuts it).
-    side_logs "$S"; trap 'side_logs_end "$S"' EXIT; trap 'exit 143' TERM
+    side_logs "$S"; trap 'side_logs_end "$S"; cores_back' EXIT; trap 'exit 143' TERM
     for rep in $(seq 0 "${SERIES:-3}"); do
         if [ "$rep" = "$FREEZE_AFTER" ]; then
             stamp "freezing both servers' garbage collectors"
@@ -424,6 +451,7 @@ series)
         pack  # each series comes back even if the command is cut before the pooled verdict
     done
     side_logs_end "$S" "$S"[0-9]*/
+    cores_back
     P="$R/parity${SERIES_TAG:+_$SERIES_TAG}"
     "$PY" -m benchmarks.gpu.parity "$S"[0-9]*/ --json "$P.json" | tee "$P.txt"
     grep -h "LONG GARBAGE\|Freezing GC" "$R"/logs/*.log >"$R/gc_log.txt" 2>/dev/null

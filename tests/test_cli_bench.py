@@ -200,6 +200,13 @@ def test_clear_errors_for_key_depth_and_url(sim_server, tmp_path: Path) -> None:
     assert "cannot reach http://127.0.0.1:9" in flat(unreachable.output)
     assert state_of(url)["source"] == "none"  # nothing was left behind
     assert not list(tmp_path.iterdir())  # and no report of a sweep that never ran
+    # Forced depths skip nothing: the server is reached before the --out folder is made.
+    folder = tmp_path / "never"
+    forced = runner.invoke(app, ["bench", "--url", "http://127.0.0.1:9", "--admin-key", KEY,
+                                 "--depths", "0", "--concurrency", "1", "--out", str(folder),
+                                 *FAST])  # fmt: skip
+    assert forced.exit_code == 2 and "cannot reach http://127.0.0.1:9" in flat(forced.output)
+    assert not folder.exists()
 
 
 @pytest.mark.parametrize("sim_server", [{"admin_key": KEY}], indirect=True)

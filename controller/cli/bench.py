@@ -314,12 +314,14 @@ def bench(
     else:
         duration_s = duration_per_level or DEFAULT_DURATION_S
         stop = StopRule(duration_s=duration_s, warmup_s=warmup_per_level)
+    # Reached before anything is written: an unreachable --url leaves no empty --out folder.
+    try:
+        with ServerClient(url, admin_key=admin_key) as probe:
+            captured = probe.state().captured_depths
+    except ServerError as err:
+        raise fail(str(err)) from None
     if forced is None:
-        try:
-            with ServerClient(url) as probe:
-                forced = probe.state().captured_depths
-        except ServerError as err:
-            raise fail(str(err)) from None
+        forced = captured
     out_dir = out or Path(f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
     # Before the first push: a sweep whose results cannot be written is time lost.
     problem = prepare_out_dir(out_dir)

@@ -549,7 +549,7 @@ profile)
     DATASET="$R/models/seeded/family_a.jsonl"; spread_outputs "$(fresh_seed 2000)"
     KP=(--dataset "$DATASET" --output-tokens "${PROFILE_OUTPUT:-128}"
         --steps "${PROFILE_STEPS:-60}" --out "$P" --trace-dir "$TR" --admin-key "$(key)"
-        ${HOST:+--host})
+        $([ "${HOST:-0}" = 1 ] && echo --host))
     tag=${PROFILE_TAG:+_$PROFILE_TAG}
     "$PY" -m benchmarks.gpu.kernel_profile capture --url "$(spec_url)" --depth 0 \
         --label "d0$tag" "${KP[@]}" --streams "$STREAMS" 2>&1 | tee -a "$P/capture.txt"
@@ -665,7 +665,7 @@ offspell)
         --setting skip0 "$A"/prefill_skip_0_*.json --json "$A/pooled.json" | tee "$A/pooled.txt"
     ;;
 *)
-    echo "unknown step $STEP: setup, measure, traces, parity, profile, long, verify, series, lean, context, trims, hostd1, hostwatch, relay or offspell" >&2
+    echo "unknown step $STEP: setup, restart, measure, traces, parity, profile, long, verify, series, lean, context, trims, hostd1, hostwatch, relay or offspell" >&2
     exit 2 ;;
 esac
 pack

@@ -16,9 +16,10 @@ Policy table
 Admin RPC
     SGLang's `POST /set_internal_state` body is `{"server_args": {key: number}}`: SGLang 0.5.23
     types `SetInternalStateReq.server_args` as `Dict[str, Union[int, float]]` and its HTTP layer
-    rejects anything else with 422. So a table travels as flat numeric keys under the
-    `specctl_` prefix (see `encode_table` / `decode_table`). The live table is read back from
-    `/server_info` -> `internal_states[i]["specctl"]` (free-form JSON, see `server_state`).
+    rejects anything else with 400 (its validation handler, not FastAPI's 422). So a table
+    travels as flat numeric keys under the `specctl_` prefix (see `encode_table` /
+    `decode_table`). The live table is read back from `/server_info` ->
+    `internal_states[i]["specctl"]` (free-form JSON, see `server_state`).
 
 Metrics
     Counters per (depth, batch-size bucket) on the server's own `/metrics`; tok/s, step time and

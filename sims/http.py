@@ -256,7 +256,7 @@ def create_app(server: SimulatedServer) -> FastAPI:
         path = request.url.path
         if request.method == "OPTIONS" or path.startswith(_OPEN_PATHS):
             return await call_next(request)
-        if path in ("/set_internal_state", "/freeze_gc"):
+        if path in ("/set_internal_state", "/freeze_gc", "/flush_cache"):
             return await call_next(request)  # ADMIN_OPTIONAL: checked by the endpoint
         if not server.authorize("normal", request.headers.get("authorization")):
             return JSONResponse(status_code=401, content={"error": "Unauthorized"})

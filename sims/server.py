@@ -238,7 +238,7 @@ class SimulatedServer:
                 if reason is not None:
                     # SGLang refuses the whole request when one key is refused; so do we.
                     log.warning(reason)
-                    if ours:
+                    if ours or settings:  # as the plugin: a specctl key in it was refused too
                         self._last_rejection = reason
                     return 200, [False]
             if asked.off_mode is not None:

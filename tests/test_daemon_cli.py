@@ -31,6 +31,24 @@ def test_bad_learner_override_names_the_field(tmp_path):
     result = CliRunner().invoke(app, ["daemon", "--config", str(cfg)])
     assert result.exit_code == 2
     assert "learner.exploration_cap" in result.output
+    cfg.write_text(cfg.read_text().replace("exploration_cap: 2.0", "exploraton_cap: 0.1"))
+    typo = CliRunner().invoke(app, ["daemon", "--config", str(cfg)])
+    assert typo.exit_code == 2
+    assert "learner.exploraton_cap: unknown field (check the spelling" in typo.output
+
+
+def test_a_missing_key_variable_is_named_before_the_store_is_made(tmp_path):
+    cfg = tmp_path / "controller.yaml"
+    db = tmp_path / "s.sqlite"
+    cfg.write_text(
+        "targets: [{name: a, url: 'http://127.0.0.1:9', admin_key_env: SPECCTL_TEST_NO_SUCH}]\n"
+        f"store: {{path: '{db}'}}\nmetrics: {{enabled: false}}\n"
+    )
+    result = CliRunner().invoke(app, ["daemon", "--config", str(cfg)],
+                                env={"SPECCTL_TEST_NO_SUCH": None})  # fmt: skip
+    assert result.exit_code == 2
+    assert "admin_key_env: environment variable SPECCTL_TEST_NO_SUCH is not set" in result.output
+    assert not db.exists()
 
 
 def _simulated_config(tmp_path):  # type: ignore[no-untyped-def]

@@ -88,6 +88,10 @@ def test_http_auth_and_errors(sim_server):
         assert (r.status_code, r.json()) == (200, [False])
         r = client.post("/set_internal_state", json=good, headers=adm)
         assert (r.status_code, r.json()) == (200, [True])
+        # SGLang's maintenance endpoints are admin-optional: the admin key opens them.
+        for path in ("/freeze_gc", "/flush_cache"):
+            assert client.post(path, headers=adm).status_code == 200
+            assert client.post(path, headers=api).status_code == 401
 
 
 @pytest.mark.parametrize("sim_server", [{"speedup": 100}], indirect=True)

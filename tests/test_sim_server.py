@@ -174,6 +174,13 @@ def test_unknown_sglang_key_is_false_and_known_key_true(kimi):
     assert server.set_internal_state(mixed, None) == (200, [False])
     state = read_server_state(server.server_info())[0]
     assert state["version"] == 0 and "no_such_knob" in state["last_rejection"]
+    # A plugin setting beside a refused key: refused whole, and recorded as the plugin does.
+    fresh = _server(kimi)
+    before = read_server_state(fresh.server_info())[0]["off_mode"]
+    setting = {"server_args": {"specctl_off_mode": 2, "other_knob": 1}}
+    assert fresh.set_internal_state(setting, None) == (200, [False])
+    state = read_server_state(fresh.server_info())[0]
+    assert "other_knob" in state["last_rejection"] and state["off_mode"] == before
 
 
 def test_auth_admin_optional(kimi):

@@ -64,6 +64,8 @@ def open_controller(
     if problem:
         raise fail(problem)
     try:
+        for target in cfg.targets:  # a missing *_env variable, named before any file is made
+            target.resolved_admin_key()
         transports, sims = build_transports(cfg)
         store = Store(cfg.store.resolved_path())
         metrics = DaemonMetrics()

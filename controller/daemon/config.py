@@ -107,7 +107,8 @@ class TargetConfig(_Strict):
             found = os.environ.get(env)
             if found is None:
                 raise ConfigError(
-                    f"target '{self.name}' {field}_env: environment variable {env} is not set"
+                    f"target '{self.name}' {field}_env: environment variable {env} is not set; "
+                    f"export it where the daemon starts, or set {field} instead"
                 )
             return found
         return value
@@ -271,7 +272,7 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
 
 
 def explain(err: ValidationError) -> str:
-    """One line per problem, `targets[0].url: <what is wrong>`."""
+    """Every problem on one line, `targets[0].urll: <what is wrong>; ...`."""
     lines = []
     for e in err.errors():
         loc = _format_loc(tuple(e["loc"]))

@@ -97,7 +97,10 @@ def validate_learner_overrides(overrides: dict[str, Any]) -> str | None:
         parts = []
         for e in err.errors():
             loc = ".".join(str(x) for x in e["loc"])
-            parts.append(f"learner.{loc}: {e['msg']}")
+            msg = e["msg"].removeprefix("Value error, ")
+            if e["type"] == "extra_forbidden":  # worded as the rest of the config's typos
+                msg = "unknown field (check the spelling; docs/daemon.md lists every field)"
+            parts.append(f"learner.{loc}: {msg}")
         return "; ".join(parts)
     return None
 

@@ -35,7 +35,7 @@ from controller.evaluation.sim_loop import run_learner_loop, run_static
 from controller.evaluation.synthetic import SyntheticServer, sweep_samples
 from models.acceptance import AcceptanceModel
 from models.evidence import aggregate, sample_arrays
-from models.learner import Learner
+from models.learner import Learner, LearnerConfig
 from models.samples import Sample
 from models.step_model import (
     IsotonicStepModel,
@@ -53,6 +53,15 @@ from sims.workload import Scenario, load_scenario
 SWEEP_BATCHES = [1, 2, 3, 4, 6, 8, 12, 16, 20, 24, 32, 40, 48, 64]
 FAMILIES: list[type] = [RooflineStepModel, PerDepthLinearStepModel, IsotonicStepModel]
 RESOLUTION = 0.01  # runs that win by less are ties (the learner's explore_margin)
+
+
+def learner_acceptance(depths: list[int]) -> AcceptanceModel:
+    """An acceptance model with the learner's default prior, as the daemon fits it."""
+    c = LearnerConfig()
+    return AcceptanceModel(depths, prior_rate=c.acceptance_prior_rate,
+                           prior_decay=c.acceptance_prior_decay,
+                           prior_strength=c.acceptance_prior_strength,
+                           dispersion=c.acceptance_dispersion)
 
 
 def resolved_crossovers(
@@ -150,7 +159,7 @@ def part1(out: list[str]) -> None:
                 arrays = sample_arrays(samples)
                 now = float(arrays["t_end"].max())
                 cells = aggregate(arrays, now, 86400.0)
-                acc = AcceptanceModel(profile.captured_depths)
+                acc = learner_acceptance(profile.captured_depths)
                 acc.fit(aggregate(arrays, now, 1e9))
                 for family in FAMILIES:
                     model = family()

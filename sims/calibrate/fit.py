@@ -443,7 +443,10 @@ def main(argv: list[str] | None = None) -> int:
     base = load_profile(args.profile)
     points = load_points([args.data / f"steps_{args.preset}.csv"])
     meta = json.loads((args.data / "meta.json").read_text())
-    ceilings = meta["ceilings"]
+    ceilings = meta.get("ceilings")
+    if not ceilings:  # a run with --skip-ceilings, or on a CPU: no bandwidth to read weights at
+        ap.error(f"{args.data / 'meta.json'} has no memory ceilings (the benchmark ran with "
+                 "--skip-ceilings or without a GPU); run sims.calibrate.bench again without it")
     bandwidth = max(ceilings["copy_tb_s"], ceilings["read_tb_s"])
     shape = PRESETS[args.preset].target
     weight_ms = shape.dense_bytes() / (bandwidth * 1e12) * 1000.0

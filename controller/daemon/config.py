@@ -2,7 +2,8 @@
 
 Every field has a default and a description; docs/daemon.md lists them all (a test checks that
 the docs, the commented `controller.yaml` and this schema agree). A typo or a bad value is
-reported as `targets[0].url: ...` with the fix, never as a traceback.
+reported by its path (`targets[0].urll: unknown field ...`, `targets[0]: url ...` for a check
+on the whole target) with the fix, never as a traceback.
 """
 
 from __future__ import annotations

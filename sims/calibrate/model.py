@@ -255,10 +255,12 @@ def moe_ffn(h: torch.Tensor, w: Weights, top_k: int) -> torch.Tensor:
 
 
 def reference_moe_ffn(h: torch.Tensor, w: Weights, top_k: int) -> torch.Tensor:
-    """`moe_ffn` one token at a time in float32 (for checks only)."""
+    """`moe_ffn` one token at a time in float32 (for checks only). The experts are the ones
+    `moe_ffn`'s own router picks: a float32 router can rank two near-tied experts the other
+    way round, which would be a different token route, not an error in the grouped FFN."""
     ffn = w["w_down"].shape[2]
-    top_logits, ids = F.linear(h.float(), w["router"].float()).topk(top_k, dim=-1)
-    topw = top_logits.softmax(dim=-1)
+    top_logits, ids = F.linear(h, w["router"]).topk(top_k, dim=-1)
+    topw = top_logits.float().softmax(dim=-1)
     out = torch.zeros_like(h, dtype=torch.float32)
     for i in range(h.shape[0]):
         for j in range(top_k):

@@ -72,15 +72,15 @@ def cpu_jiffies() -> dict[int, Ticks]:
 
 def shares(before: dict[int, Ticks], after: dict[int, Ticks]) -> dict[str, dict[int, float]]:
     """Each CPU's busy, interrupt and steal share of the interval between two readings."""
-    out: dict[str, dict[int, float]] = {"cpu_busy": {}, "cpu_irq": {}, "cpu_steal": {}}
+    out: dict[str, dict[int, float]] = {key: {} for key in SHARE_KEYS}
     for cpu, b in after.items():
         a = before.get(cpu)
         if a is None:
             continue
         total = max(b.total - a.total, 1)
-        out["cpu_busy"][cpu] = round((b.busy - a.busy) / total, 3)
-        out["cpu_irq"][cpu] = round((b.irq - a.irq) / total, 3)
-        out["cpu_steal"][cpu] = round((b.steal - a.steal) / total, 3)
+        for key, now, then in zip(SHARE_KEYS, (b.busy, b.irq, b.steal), (a.busy, a.irq, a.steal),
+                                  strict=True):  # fmt: skip
+            out[key][cpu] = round((now - then) / total, 3)
     return out
 
 

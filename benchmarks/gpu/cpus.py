@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-from benchmarks.gpu.procs import session_pids
+from benchmarks.gpu.procs import pid_alive, session_pids
 
 
 class CpuListError(ValueError):
@@ -99,7 +98,7 @@ def _repin(args: list[str]) -> int:
     except CpuListError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if not Path(f"/proc/{session}").exists():
+    if not pid_alive(session):
         print(f"error: no process {session}; give a running server's pid (state.json)",
               file=sys.stderr)
         return 2

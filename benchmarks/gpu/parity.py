@@ -22,8 +22,7 @@ wider than its decode forward, the runs differ in time outside the decode forwar
 forwards, host work the overlap scheduler did not hide), not in what speculation-off costs.
 With three runs or more timed and counted, a table says what the runs under the target share:
 the series' decode forward and its time per pass outside it, in them against the rest, and
-the rank correlation of the runs'
-ratios with it and with the plain server's ms per pass.
+the rank correlation of the runs' ratios with it and with the plain server's ms per pass.
 Where paired runs of both orders pooled (`specctl bench --paired`, with and without
 `--plain-first`), a table splits each level by which server went first at its load, and
 weighs the two orders equally (the geometric mean of their pooled ratios): with more runs of

@@ -272,11 +272,12 @@ def _format_loc(loc: tuple[Any, ...]) -> str:
     return out or "(top level)"
 
 
-def explain(err: ValidationError) -> str:
-    """Every problem on one line, `targets[0].urll: <what is wrong>; ...`."""
+def explain(err: ValidationError, root: tuple[Any, ...] = ()) -> str:
+    """Every problem on one line, `targets[0].urll: <what is wrong>; ...`; `root` is where the
+    validated value sits in the file (`("learner",)` for the learner's overrides)."""
     lines = []
     for e in err.errors():
-        loc = _format_loc(tuple(e["loc"]))
+        loc = _format_loc(root + tuple(e["loc"]))
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
             msg = "unknown field (check the spelling; docs/daemon.md lists every field)"

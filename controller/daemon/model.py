@@ -94,14 +94,9 @@ def validate_learner_overrides(overrides: dict[str, Any]) -> str | None:
     try:
         LearnerConfig.model_validate(overrides)
     except ValidationError as err:
-        parts = []
-        for e in err.errors():
-            loc = ".".join(str(x) for x in e["loc"])
-            msg = e["msg"].removeprefix("Value error, ")
-            if e["type"] == "extra_forbidden":  # worded as the rest of the config's typos
-                msg = "unknown field (check the spelling; docs/daemon.md lists every field)"
-            parts.append(f"learner.{loc}: {msg}")
-        return "; ".join(parts)
+        from controller.daemon.config import explain  # worded as the rest of the config's
+
+        return explain(err, ("learner",))
     return None
 
 

@@ -92,14 +92,12 @@ HARNESS_OPTS=(--run-dir "$R" --models seeded --depths 0,1,3 --bench-duration "$L
 [ -n "${PLAIN_CPUS+x}" ] && HARNESS_OPTS+=(--plain-cpus "$PLAIN_CPUS")
 
 key() { "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['admin_key'])" "$R/state.json"; }
-url_of() {  # url_of spec|plain: from the harness's state
-    "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['servers'][sys.argv[2]]['url'])" \
-        "$R/state.json" "$1"
+server_field() {  # server_field spec|plain FIELD: from the harness's state
+    "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['servers'][sys.argv[2]][sys.argv[3]])" \
+        "$R/state.json" "$1" "$2"
 }
-pid_of() {  # pid_of spec|plain: the server's session leader, from the harness's state
-    "$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['servers'][sys.argv[2]]['pid'])" \
-        "$R/state.json" "$1"
-}
+url_of() { server_field "$1" url; }
+pid_of() { server_field "$1" pid; }  # the server's session leader
 # The cores each server runs on now (SWAP_CORES trades them for a series step).
 SPEC_CORES=${SPEC_CPUS:-0-5}; PLAIN_CORES=${PLAIN_CPUS:-6-11}
 swap_cores() {  # swap_cores SPEC PLAIN: move the running servers (no restart) to those cores

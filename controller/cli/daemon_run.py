@@ -66,6 +66,7 @@ def open_controller(
     try:
         for target in cfg.targets:  # a missing *_env variable, named before any file is made
             target.resolved_admin_key()
+            target.resolved_api_key()
         transports, sims = build_transports(cfg)
         store = Store(cfg.store.resolved_path())
         metrics = DaemonMetrics()

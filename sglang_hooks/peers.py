@@ -1,9 +1,12 @@
 """Agreement between the tensor-parallel ranks of one server before any table takes control.
 
 Every TP rank runs its own copy of the plugin. A rank where the plugin is not loaded (not
-installed on that node, refused by the version guard) or that started with another start-up
-table, other captured depths or another off mode would run other depths than its peers, and
-the ranks of one forward pass would hang in their collectives. So, before a table steers:
+installed on that node, refused by the version guard) or that started with other settings
+would run other work than its peers, and the ranks of one forward pass would hang in their
+collectives. What must match (the fingerprint `hooks.py` publishes): the SGLang adapter, the
+depths a table may use, the start-up table, the off mode, the host-work trims, the depth-0
+relay trims, the draft-prefill skip and SGLang's own skip-extend variable. So, before a table
+steers:
 
 1. at start-up (when SGLang has built its adaptive states), every plugin rank writes
    `specctl/rank/<rank>` = its fingerprint into torch.distributed's default store, the

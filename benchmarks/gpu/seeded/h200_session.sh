@@ -65,6 +65,12 @@
 # SGLang must be importable: docs/sglang.md "Getting SGLang onto a machine without network"
 # (`source .gpu/stage.sh .gpu env`, after benchmarks/gpu/staging/pack.sh).
 set -uo pipefail
+# A step goes on past a command that fails inside it, so that what the rest measures still comes
+# back, but it exits 1 at the end (after packing), naming each failure on stderr as it happens:
+# a caller's `&&` or exit status then tells a step that lost part of its work from a clean one.
+failed=0
+set -E
+trap 'rc=$?; failed=1; echo "h200_session.sh: failed (exit $rc) at line $LINENO: $BASH_COMMAND" >&2' ERR
 
 STEP=${1:?usage: h200_session.sh setup|restart|measure|traces|parity|profile|long|verify|series|lean|context|trims|hostd1|hostwatch|relay|offspell OUT [POLICIES] [final]}
 OUT=${2:?give the folder to pack the results into}
@@ -122,7 +128,7 @@ side_logs() {  # side_logs PREFIX: the GPU's clocks (250 ms) and the CPUs (1 s) 
 }
 side_logs_end() {  # then cut both by the levels of the benches named
     local prefix=$1; shift
-    [ "${#SIDE_PIDS[@]}" -gt 0 ] && kill "${SIDE_PIDS[@]}" 2>/dev/null; SIDE_PIDS=()
+    [ "${#SIDE_PIDS[@]}" -gt 0 ] && { kill "${SIDE_PIDS[@]}" 2>/dev/null || true; }; SIDE_PIDS=()
     [ $# -gt 0 ] || return 0
     [ -s "${prefix}clocks.csv" ] && "$PY" -m benchmarks.gpu.gpu_clocks "${prefix}clocks.csv" \
         "$@" --json "${prefix}clocks.json" >"${prefix}clocks.txt" 2>&1
@@ -220,7 +226,7 @@ case "$STEP" in
 setup)
     stamp "models and servers"
     "$PY" -m benchmarks.gpu.harness models start "${HARNESS_OPTS[@]}" --budget 430
-    [ "${ACCEPTANCE:-1}" = 0 ] && { pack; exit 0; }
+    [ "${ACCEPTANCE:-1}" = 0 ] && { pack; exit "$failed"; }
     stamp "acceptance per family and depth, then the off spell in each off mode"
     A="$R/acceptance"; mkdir -p "$A"
     DS=(--dataset "$R/models/seeded/family_a.jsonl" --dataset "$R/models/seeded/family_b.jsonl")
@@ -296,7 +302,7 @@ verify)
     # A spec server started with SPECCTL_VERIFY_SCHEDULE=1 (depth-0 verify with the decode's FA3
     # scheduling, sglang_hooks/verify_schedule.py): outputs first, then depth 0 against the
     # plain server at 1-16 streams twice, 64 and 128 streams in long levels, and the kernels.
-    grep -h "flashattention_backend\|verify graphs get\|verify keeps" "$R"/logs/spec*.log | head -5
+    grep -h "flashattention_backend\|verify graphs get\|verify keeps" "$R"/logs/spec*.log | head -5 || true
     stamp "1,000 on/off switches under load, greedy after"
     "$PY" -m benchmarks.gpu.harness switch "${HARNESS_OPTS[@]}" --budget 200
     for rep in 1 2; do
@@ -452,8 +458,8 @@ series)
     cores_back
     P="$R/parity${SERIES_TAG:+_$SERIES_TAG}"
     "$PY" -m benchmarks.gpu.parity "$S"[0-9]*/ --json "$P.json" | tee "$P.txt"
-    grep -h "LONG GARBAGE\|Freezing GC" "$R"/logs/*.log >"$R/gc_log.txt" 2>/dev/null
-    echo "$(grep -c "LONG GARBAGE" "$R/gc_log.txt") long collections logged"
+    grep -h "LONG GARBAGE\|Freezing GC" "$R"/logs/*.log >"$R/gc_log.txt" 2>/dev/null || true
+    echo "$(grep -c "LONG GARBAGE" "$R/gc_log.txt" || true) long collections logged"
     pack
     ;;
 lean)
@@ -618,7 +624,10 @@ hostwatch)
     # Host time under load, depth 0 against the plain server (benchmarks/gpu/host_watch.py): CPU
     # per process of the machine, the cgroup's throttling, and with PYSPY=path the scheduler's
     # stacks, whose shares `stack_share compare` puts side by side. HOST_STREAMS (default 1,4,128),
-    # WATCH_S seconds a level (default 8); with SPREAD the spread dataset.
+    # WATCH_S seconds a level (default 8); with SPREAD the spread dataset. A warm pass first
+    # (WARM=0: none), or Triton compiles a large batch's kernels inside depth 0's window (run 19:
+    # SGLang's slot-assignment kernel for 128 requests, 5.5% of its 128-stream samples).
+    [ "${WARM:-1}" = 1 ] && { spread_outputs "$(fresh_seed 1000)"; warm_d0_plain "$(fresh_dir "$R/host_warm")"; }
     spread_outputs
     H="$R/host"; mkdir -p "$H"
     STREAMS=${HOST_STREAMS:-1,4,128}
@@ -667,3 +676,4 @@ offspell)
     exit 2 ;;
 esac
 pack
+exit "$failed"

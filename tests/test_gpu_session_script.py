@@ -1,0 +1,41 @@
+"""benchmarks/gpu/seeded/h200_session.sh run for real (bash and this Python) where no server
+runs: every command of a step that needs one fails, and the step must say so and exit 1 rather
+than pack what it has and exit 0, so that a caller chaining steps sees the loss."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu" / "seeded" / "h200_session.sh"
+
+
+def _step(tmp_path: Path, step: str, **env: str) -> subprocess.CompletedProcess[str]:
+    out = tmp_path / "out"
+    out.mkdir(exist_ok=True)
+    full_env = {
+        **os.environ, "R": str(tmp_path / "run"), "PY": sys.executable,
+        "PYTHONPATH": str(ROOT), **env,
+    }
+    return subprocess.run(
+        ["bash", str(SCRIPT), step, str(out)], cwd=ROOT, env=full_env,
+        capture_output=True, text=True, timeout=120,
+    )
+
+
+def test_a_step_whose_commands_fail_exits_1_and_names_each_failure(tmp_path: Path) -> None:
+    done = _step(tmp_path, "hostwatch", WARM="0", HOST_STREAMS="4")
+    assert done.returncode == 1, done.stdout + done.stderr
+    failures = [line for line in done.stderr.splitlines()
+                if line.startswith("h200_session.sh: failed (exit 1) at line ")]
+    assert len(failures) == 2, done.stderr  # host_watch of depth 0, then of the plain server
+
+
+def test_a_bad_setting_is_refused_before_any_work(tmp_path: Path) -> None:
+    done = _step(tmp_path, "series", ORDER="sideways")
+    assert done.returncode == 2
+    assert "ORDER: expected alternate, spec-first or plain-first, got sideways" in done.stderr
+    assert not (tmp_path / "run").exists()

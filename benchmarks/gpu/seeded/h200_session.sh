@@ -44,7 +44,9 @@
 # (before its slot scrub) 35 s, PROFILE_OUTPUT=1 PROFILE_STEPS=60 profile at 1,4 streams and a
 # PROFILE_STEPS=600 one at 4,16 streams about 150 s together; run 18: setup 361-385 s,
 # offspell with the scrub (one round) 24 s, hostwatch at 4,16 streams 50 s, relay with
-# RELAY_ROUNDS=2 at 4,16 streams 250 s.
+# RELAY_ROUNDS=2 at 4,16 streams 250 s; run 19: setup 296-310 s, OFFSPELL_ROUNDS=3 offspell about
+# 70 s, hostwatch at 4,128 streams (no warm pass then) about 55 s, the warm pass and three
+# SERIES=3 LEVEL_S=10 series 450 s, the warm pass and one SWAP_CORES=1 series 175 s.
 # Issue each call as soon as the last returns: the machine is released after 30 s idle, and
 # starting again costs staging and setup. Every call after staging carries
 # .gpu/stage.sh (carry: [".gpu/stage.sh"]) and starts with `source .gpu/stage.sh .gpu env`.

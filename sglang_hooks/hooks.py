@@ -32,7 +32,7 @@ from sglang_hooks.contract import (
 from sglang_hooks.gpu_timer import make_timer
 from sglang_hooks.peers import default_peer_check, fingerprint
 from sglang_hooks.policy_file import load_policy_file, policy_file_from_env, table_fingerprint
-from sglang_hooks.runtime import SchedulerRuntime, validate_change
+from sglang_hooks.runtime import NOT_STARTED, SchedulerRuntime, validate_change
 
 logger = logging.getLogger("specctl")
 
@@ -491,13 +491,29 @@ def set_internal_state(original: Callable[..., Any], owner: Any, recv_req: Any, 
     return _output(True)
 
 
+def _config_reason(owner: Any) -> str | None:
+    """Why this server's configuration keeps the plugin from steering (what a push's 400 says,
+    from the same server arguments), read off the scheduler; None when nothing is found."""
+    if owner is None or ADAPTER is None:
+        return None
+    try:
+        return unsupported_config_reason(ADAPTER.scheduler_of(owner).server_args)
+    except Exception:
+        return None
+
+
 def get_internal_state(ret: Any, owner: Any, *args: Any, **kwargs: Any) -> Any:
     """AFTER the scheduler's get_internal_state: report the live table under "specctl".
 
     Also exports the counts still pending: after the last decode result before an idle
     spell nothing else would (admin requests are off the per-iteration path)."""
     try:
-        ret.internal_state["specctl"] = RUNTIME.report()
+        report = RUNTIME.report()
+        if RUNTIME.inactive_reason == NOT_STARTED:
+            reason = _config_reason(owner)
+            if reason is not None:
+                report["inactive_reason"] = reason
+        ret.internal_state["specctl"] = report
     except Exception:
         _log_failure_once("get_internal_state")
     RUNTIME.flush()

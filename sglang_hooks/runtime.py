@@ -75,12 +75,15 @@ def skippable_tiers(table: PolicyTable | None, mode: str) -> tuple[bool, ...]:
     )
 
 
+NOT_STARTED = "the adaptive speculative controller has not started"
+
+
 class SchedulerRuntime:
     """State of one scheduler process. `active` once the adaptive controller is built."""
 
     def __init__(self, timer: LaunchTimer | None = None, seed: int = 0) -> None:
         self.active = False
-        self.inactive_reason: str | None = "the adaptive speculative controller has not started"
+        self.inactive_reason: str | None = NOT_STARTED
         self.captured_depths: frozenset[int] = frozenset()
         self.selector: TierSelector | None = None
         self.source = SOURCE_NONE

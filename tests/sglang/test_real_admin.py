@@ -132,6 +132,45 @@ def test_state_report_lands_in_the_real_output_message(runtime: SchedulerRuntime
     assert PolicyTable.build(TABLE.tiers, 5).to_json() == state["table"]
 
 
+def _owner(**server_args: Any) -> Any:
+    """What the get_internal_state hook receives: the Scheduler (0.5.17) or the internal-state
+    controller holding it (0.5.23); either way only its real `ServerArgs` is read (0.5.23
+    builds them unresolved, so no model needs to exist)."""
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(model_path="unused", speculative_algorithm="EAGLE3",
+                      speculative_eagle_topk=1, **server_args)
+    return SimpleNamespace(server_args=args, scheduler=SimpleNamespace(server_args=args))
+
+
+def test_server_info_names_why_the_controller_never_started(runtime: SchedulerRuntime) -> None:
+    """The push's 400 and /server_info give the same reason; before, /server_info said only
+    that the controller had not started."""
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+
+    off = hooks.get_internal_state(GetInternalStateReqOutput(internal_state={}),
+                                   _owner(speculative_adaptive=False))
+    state = off.internal_state["specctl"]
+    assert state["active"] is False
+    assert state["inactive_reason"].startswith("speculative_adaptive is off")
+    assert state["inactive_reason"] == hooks.unsupported_config_reason(
+        _owner(speculative_adaptive=False).server_args)
+
+    pp = hooks.get_internal_state(GetInternalStateReqOutput(internal_state={}),
+                                  _owner(speculative_adaptive=True, pp_size=2))
+    assert "pp_size=2" in pp.internal_state["specctl"]["inactive_reason"]
+
+
+def test_a_started_controller_reports_no_reason(runtime: SchedulerRuntime) -> None:
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+
+    runtime.activate({0, 1, 3}, None)
+    out = hooks.get_internal_state(GetInternalStateReqOutput(internal_state={}),
+                                   _owner(speculative_adaptive=False))
+    state = out.internal_state["specctl"]
+    assert state["active"] is True and state["inactive_reason"] is None
+
+
 class _Scheduler017:
     """0.5.17's Scheduler.set_internal_state, reduced to its whitelist (see module doc)."""
 

@@ -148,13 +148,12 @@ def test_server_info_names_why_the_controller_never_started(runtime: SchedulerRu
     that the controller had not started."""
     from sglang.srt.managers.io_struct import GetInternalStateReqOutput
 
-    off = hooks.get_internal_state(GetInternalStateReqOutput(internal_state={}),
-                                   _owner(speculative_adaptive=False))
+    owner = _owner(speculative_adaptive=False)
+    off = hooks.get_internal_state(GetInternalStateReqOutput(internal_state={}), owner)
     state = off.internal_state["specctl"]
     assert state["active"] is False
     assert state["inactive_reason"].startswith("speculative_adaptive is off")
-    assert state["inactive_reason"] == hooks.unsupported_config_reason(
-        _owner(speculative_adaptive=False).server_args)
+    assert state["inactive_reason"] == hooks.unsupported_config_reason(owner.server_args)
 
     pp = hooks.get_internal_state(GetInternalStateReqOutput(internal_state={}),
                                   _owner(speculative_adaptive=True, pp_size=2))

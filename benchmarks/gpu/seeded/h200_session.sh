@@ -207,6 +207,12 @@ warm_d0_plain() {  # warm_d0_plain DIR: an unreported pass of d0 and plain at ev
         --warmup-per-level 0.5 --client-processes 4 >"$1.txt" 2>&1
 }
 
+warm_pass() {  # warm_pass DIR: warm_d0_plain on a fresh draw of prompts (seeds from 1000 on),
+    # unless WARM=0 (a later call on servers already warm)
+    [ "${WARM:-1}" = 1 ] || return 0
+    spread_outputs "$(fresh_seed 1000)"; warm_d0_plain "$1"
+}
+
 fresh_dir() {  # fresh_dir PATH: PATH, or PATH_2, PATH_3... when a bench already wrote there
     local dir=$1 n=2
     while [ -e "$dir" ]; do dir="$1_$n"; n=$((n + 1)); done
@@ -431,7 +437,7 @@ series)
     # With SPREAD, the warm pass and every series draw their own fresh prompts (seed 1000 and
     # the series' number, or the next seed no earlier bench of $R used: `fresh_seed`; the
     # harness's seeded datasets are seed 0).
-    [ "${WARM:-1}" = 1 ] && { spread_outputs "$(fresh_seed 1000)"; warm_d0_plain "${S}warm"; }
+    warm_pass "${S}warm"
     streams=(); [ -n "${STREAMS:-}" ] && streams=(--concurrency "$STREAMS")
     first=1
     while [ -e "$S$first" ]; do first=$((first + 1)); done
@@ -629,7 +635,7 @@ hostwatch)
     # WATCH_S seconds a level (default 8); with SPREAD the spread dataset. A warm pass first
     # (WARM=0: none), or Triton compiles a large batch's kernels inside depth 0's window (run 19:
     # SGLang's slot-assignment kernel for 128 requests, 5.5% of its 128-stream samples).
-    [ "${WARM:-1}" = 1 ] && { spread_outputs "$(fresh_seed 1000)"; warm_d0_plain "$(fresh_dir "$R/host_warm")"; }
+    warm_pass "$(fresh_dir "$R/host_warm")"
     spread_outputs
     H="$R/host"; mkdir -p "$H"
     STREAMS=${HOST_STREAMS:-1,4,128}

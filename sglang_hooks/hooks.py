@@ -20,6 +20,7 @@ from sglang_hooks import (
     lean_relay,
     off_mode,
     override_log,
+    plain_decode,
     verify_schedule,
 )
 from sglang_hooks.adapters.base import Adapter
@@ -404,6 +405,50 @@ def verify_as_decode(original: Callable[..., Any], backend: Any, *args: Any,
     if redirect:
         return backend.forward_decode(*args, **kwargs)
     return original(backend, *args, **kwargs)
+
+
+def plain_decode_build(ret: Any, worker: Any, *args: Any, **kwargs: Any) -> Any:
+    """AFTER EAGLEWorkerV2.init_cuda_graphs: the DECODE-mode target graphs for depth 0
+    (plain_decode.py; SPECCTL_PLAIN_DECODE). A failed capture leaves depth 0 on the verify."""
+    try:
+        import torch
+        from sglang.srt.utils import get_available_gpu_memory
+
+        device, gpu_id = worker.device, getattr(worker, "gpu_id", 0)
+        cuda = torch.cuda.is_available()
+        plain_decode.build(worker, gpu_free_gb=(
+            (lambda: float(get_available_gpu_memory(device, gpu_id, empty_cache=False)))
+            if cuda else None))
+    except Exception as err:
+        _log_failure_once("plain_decode_build")
+        plain_decode.disable(worker, f"capturing the DECODE graphs failed: {err}")
+    return ret
+
+
+def plain_decode_verify(original: Callable[..., Any], worker: Any, batch: Any, *args: Any,
+                        **kwargs: Any) -> Any:
+    """AROUND EAGLEWorkerV2.verify: a depth-0 decode batch on the target's DECODE graphs,
+    its result shaped like the verify's (plain_decode.py)."""
+    try:
+        reason = plain_decode.batch_reason(worker, batch)
+    except Exception:
+        _log_failure_once("plain_decode_verify")
+        reason = "error"
+    if reason is None:
+        try:
+            result = plain_decode.decode(worker, batch)
+        except Exception as err:  # the batch was restored: the verify runs it
+            _log_failure_once("plain_decode_verify")
+            plain_decode.disable(worker, f"a plain decode failed: {err}")
+            result = None
+        if result is not None:
+            plain_decode.STATS.launches += 1
+            return result
+        reason = "no DECODE graph for this batch size"
+    if reason != plain_decode.NOT_DEPTH_0:
+        plain_decode.STATS.fallbacks += 1
+        plain_decode.STATS.last_fallback = reason
+    return original(worker, batch, *args, **kwargs)
 
 
 def emitted(reqs: Sequence[Any], runs: Any) -> tuple[int, int] | None:

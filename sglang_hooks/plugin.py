@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 from sglang_hooks import guard
 
 if TYPE_CHECKING:
+    from sglang_hooks.adapters.base import Adapter, HookSpec
     from sglang_hooks.deferred import DeferredHooks
 
 logger = logging.getLogger("specctl")
@@ -34,11 +35,10 @@ def register() -> bool:
     if result.adapter is None:
         logger.warning("specctl: plugin disabled, SGLang left unmodified: %s", result.reason)
         return False
-    from sglang_hooks import deferred, hooks, verify_schedule
+    from sglang_hooks import deferred, hooks
 
     hooks.bind(result.adapter, result.version)
-    wanted = [spec for spec in result.adapter.hooks
-              if verify_schedule.ENABLED or spec.hook not in verify_schedule.HOOKS]
+    wanted = wanted_hooks(result.adapter)
     DEFERRED = deferred.install(
         [deferred.PendingHook(spec.target, getattr(hooks, spec.hook), spec.kind,
                               in_module="" if spec.symbol.cls else spec.symbol.module)
@@ -48,6 +48,15 @@ def register() -> bool:
     logger.info("specctl: %d hooks for SGLang %s (%s), applied as their modules are imported",
                 len(wanted), result.version, result.adapter.name)
     return True
+
+
+def wanted_hooks(adapter: Adapter) -> list[HookSpec]:
+    """The adapter's hooks, less those of switches the server's environment leaves off."""
+    from sglang_hooks import plain_decode, verify_schedule
+
+    return [spec for spec in adapter.hooks
+            if (verify_schedule.ENABLED or spec.hook not in verify_schedule.HOOKS)
+            and (plain_decode.ENABLED or spec.hook not in plain_decode.HOOKS)]
 
 
 def _plugin_source() -> object:

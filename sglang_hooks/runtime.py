@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_hooks import off_mode, verify_schedule
+from sglang_hooks import off_mode, plain_decode, verify_schedule
 from sglang_hooks.contract import (
     PolicyError,
     PolicyTable,
@@ -275,6 +275,7 @@ class SchedulerRuntime:
         state["skipped_draft_extends"] = self.skipped_extends
         state["verify_schedule"] = verify_schedule.ENABLED
         state["verify_schedule_backends"] = verify_schedule.STATS.backends
+        state["plain_decode"] = plain_decode.state_report()
         state["unemitted_rows"] = self.unemitted_rows
         state["empty_results"] = self.empty_results
         state["tp_ranks_checked"] = None if self.peers is None else self.peers.world_size

@@ -17,6 +17,10 @@ from sglang_hooks.adapters.common import COMMON_HOOKS, COMMON_READS
 _SCHED = "sglang.srt.managers.scheduler"
 _ALLOC = "sglang.srt.mem_cache.allocation"
 _OVERLAP = "sglang.srt.managers.overlap_utils"
+_WORKER = "sglang.srt.speculative.eagle_worker_v2"
+_RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
+_MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
+_FORWARD = "sglang.srt.model_executor.forward_batch_info"
 
 
 def _tokens(result: Any, batch_size: int) -> int:
@@ -42,6 +46,12 @@ ADAPTER = Adapter(
         HookSpec(f"{_ALLOC}.alloc_for_spec_decode", AROUND, "lean_kv_lens",
                  SymbolSpec(_ALLOC, "", "alloc_for_spec_decode",
                             ("tree_cache", "nxt_kv_lens_cpu"))),
+        # depth 0 as a plain decode (plain_decode.py), registered only with
+        # SPECCTL_PLAIN_DECODE: the capture after the adaptive states, and the verify it replaces
+        HookSpec(f"{_WORKER}.EAGLEWorkerV2.init_cuda_graphs", AFTER, "plain_decode_build",
+                 SymbolSpec(_WORKER, "EAGLEWorkerV2", "init_cuda_graphs")),
+        HookSpec(f"{_WORKER}.EAGLEWorkerV2.verify", AROUND, "plain_decode_verify",
+                 SymbolSpec(_WORKER, "EAGLEWorkerV2", "verify", ("batch", "grammar_barrier"))),
     ),
     reads=(
         *COMMON_READS,
@@ -51,6 +61,26 @@ ADAPTER = Adapter(
                    "war_fastpath_runner"),
         SymbolSpec(_OVERLAP, "FutureMap", "_forward_buf_initialized", instance=True),
         SymbolSpec(_OVERLAP, "FutureMap", "output_tokens_buf", instance=True),
+        # depth 0 as a plain decode: what builds its runner and what it calls per batch
+        SymbolSpec(_WORKER, "EAGLEWorkerV2", "_override_worker_state",
+                   ("speculative_num_steps", "speculative_num_draft_tokens")),
+        # where the worker's req_to_token_pool is set
+        SymbolSpec("sglang.srt.speculative.base_spec_worker", "BaseSpecWorker",
+                   "alloc_memory_pool", ("memory_pool_config", "req_to_token_pool")),
+        SymbolSpec(_RUNNER, "DecodeCudaGraphRunner", "__init__",
+                   ("model_runner",)),  # then keyword-only: attn_backend, the two widths
+        SymbolSpec(_RUNNER, "DecodeCudaGraphRunner", "capture"),
+        SymbolSpec(_RUNNER, "DecodeCudaGraphRunner", "get_spec_info", ("num_tokens",)),
+        SymbolSpec(_RUNNER, "DecodeCudaGraphRunner", "can_run_graph", ("forward_batch",)),
+        SymbolSpec(_MODEL_RUNNER, "ModelRunner", "_get_attention_backend",
+                   ("init_new_workspace",)),
+        SymbolSpec(_MODEL_RUNNER, "ModelRunner", "init_new_workspace", instance=True),
+        SymbolSpec(_FORWARD, "ForwardBatch", "init_new",
+                   ("batch", "model_runner")),
+        SymbolSpec("sglang.srt.managers.tp_worker", "TpModelWorker", "forward_batch_generation",
+                   ("batch", "forward_batch")),
+        SymbolSpec("sglang.srt.speculative.spec_utils", "", "record_stream_for_v2_verify",
+                   ("batch", "verify_input", "fwd_stream")),
     ),
     scheduler_of=lambda scheduler: scheduler,
     tokens_of=_tokens,

@@ -20,6 +20,9 @@
 #   PYSPY=path bash benchmarks/gpu/seeded/h200_session.sh hostwatch OUT  # host CPU, d0 vs plain
 #   bash benchmarks/gpu/seeded/h200_session.sh relay OUT     # relay trims off/on; RELAY_PART=check
 #   bash benchmarks/gpu/seeded/h200_session.sh offspell OUT  # acceptance after off, prefill skip on/off
+#   SPECCTL_PLAIN_DECODE=1 ACCEPTANCE=0 bash benchmarks/gpu/seeded/h200_session.sh setup OUT
+#   TAG=after bash benchmarks/gpu/seeded/h200_session.sh plainstate OUT  # what depth 0's plain
+#                                  # decode path did (sglang_hooks/plain_decode.py)
 #
 # Measured on the H200: setup with ACCEPTANCE=0 330-370 s; series with SERIES=3 LEVEL_S=8
 # 358 s; parity 319 s; verify 225 s; profile about 100 s. context: two benches of 20 levels,
@@ -74,7 +77,7 @@ failed=0
 set -E
 trap 'rc=$?; failed=1; echo "h200_session.sh: failed (exit $rc) at line $LINENO: $BASH_COMMAND" >&2' ERR
 
-STEP=${1:?usage: h200_session.sh setup|restart|measure|traces|parity|profile|long|verify|series|lean|context|trims|hostd1|hostwatch|relay|offspell OUT [POLICIES] [final]}
+STEP=${1:?usage: h200_session.sh setup|restart|measure|traces|parity|profile|long|verify|series|lean|context|trims|hostd1|hostwatch|relay|offspell|plainstate OUT [POLICIES] [final]}
 OUT=${2:?give the folder to pack the results into}
 R=${R:-/tmp/gpu-run}
 PY=${PY:-python3}
@@ -231,6 +234,22 @@ pack() {
 }
 
 case "$STEP" in
+plainstate)
+    # The spec server's /server_info (as server_info_spec_TAG.json) and, per scheduler, what
+    # depth 0's plain decode path did: its runner's capture time and GPU memory, the depth-0
+    # batches it ran and those that kept the verify; with SGLang's start-up time and memory.
+    info="$R/server_info_spec_${TAG:-now}.json"
+    curl -sS "$(spec_url)/server_info" -H "Authorization: Bearer $(key)" >"$info"
+    "$PY" - "$info" <<'PY' | tee "$R/plain_decode_${TAG:-now}.txt"
+import json, sys
+info = json.load(open(sys.argv[1]))
+for i, state in enumerate(info.get("internal_states") or []):
+    print(f"scheduler {i}: plain_decode {json.dumps((state.get('specctl') or {}).get('plain_decode'))}")
+    print(f"  startup_time {json.dumps(state.get('startup_time'))}")
+    print(f"  memory_usage {json.dumps(state.get('memory_usage'))}")
+PY
+    pack
+    ;;
 setup)
     stamp "models and servers"
     "$PY" -m benchmarks.gpu.harness models start "${HARNESS_OPTS[@]}" --budget 430

@@ -1,0 +1,447 @@
+"""Depth 0 as a plain decode (sglang_hooks/plain_decode.py).
+
+Real: SGLang 0.5.23's `DecodeCudaGraphRunner` class (the plugin's runner subclasses it; its
+constructor's capture-mode choice is read in the 0.5.17 and 0.5.23 sources), `ForwardMode`,
+`CaptureHiddenMode`, `EagleDraftInput`, `GenerationBatchResult`, and
+`SchedulerBatchResultProcessor._resolve_spec_v2_tokens`, which the plain result goes through
+as a verify's does. Stand-ins (no CUDA graph or model runs on a CPU): the speculative worker
+(its target worker's forward adds one to each input id, so a result can be traced to the
+tokens the forward saw), the model runner, the graph runner's `can_run_graph`, the batch
+(the fields the path reads and writes) and `ForwardBatch.init_new` (records the batch as the
+forward sees it). The H200 run checks the real path end to end: greedy outputs against the
+plain server and 1,000 switches (benchmarks/results/gpu/).
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace as NS
+from typing import Any
+
+import pytest
+import torch
+
+from sglang_hooks import hooks, plain_decode
+
+RUNNER_FILE = "srt/model_executor/runner/decode_cuda_graph_runner.py"
+
+
+def _sglang23_root() -> Path:
+    import sglang
+
+    return Path(sglang.__file__).parent
+
+
+def _method(root: Path, name: str) -> ast.FunctionDef:
+    tree = ast.parse((root / RUNNER_FILE).read_text(encoding="utf-8"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef)
+               and n.name == "DecodeCudaGraphRunner")
+    return next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == name)
+
+
+def _assigned(node: ast.AST, attr: str) -> list[int]:
+    return [n.lineno for n in ast.walk(node) if isinstance(n, ast.Assign)
+            and any(isinstance(t, ast.Attribute) and t.attr == attr for t in n.targets)]
+
+
+@pytest.mark.parametrize("release", ["0.5.17", "0.5.23"])
+def test_sglang_chooses_the_capture_mode_before_the_capture_the_runner_overrides(
+    release: str, sglang17_root: Path,
+) -> None:
+    """The subclass sets DECODE at the start of `capture()`: right only while SGLang picks the
+    mode in its constructor before calling `capture()`, and picks it nowhere in the capture."""
+    root = sglang17_root if release == "0.5.17" else _sglang23_root()
+    init = _method(root, "__init__")
+    capture_calls = [n.lineno for n in ast.walk(init) if isinstance(n, ast.Call)
+                     and isinstance(n.func, ast.Attribute) and n.func.attr == "capture"]
+    mode_sets = _assigned(init, "capture_forward_mode")
+    assert capture_calls and mode_sets and max(mode_sets) < min(capture_calls)
+    for name in ("capture", "capture_one_shape", "capture_prepare", "_capture_one_stream"):
+        assert not _assigned(_method(root, name), "capture_forward_mode"), name
+    # the spec input of a capture comes from get_spec_info, which the subclass empties
+    assert "get_spec_info" in ast.unparse(_method(root, "capture_prepare"))
+
+
+def test_the_runner_captures_decode_with_full_hidden_states_and_no_spec_input(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """SGLang's capture itself needs a GPU: replaced here by one that records the modes."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import (
+        DecodeCudaGraphRunner,
+    )
+
+    seen: list[tuple[Any, Any, bool]] = []
+    monkeypatch.setattr(DecodeCudaGraphRunner, "capture", lambda self: seen.append(
+        (self.capture_forward_mode, self.capture_hidden_mode, self.ragged_verify_mode)))
+    runner = plain_decode.runner_class().__new__(plain_decode.runner_class())
+    runner.capture_forward_mode = ForwardMode.TARGET_VERIFY  # what SGLang's constructor chose
+    runner.capture_hidden_mode = CaptureHiddenMode.NULL
+    runner.ragged_verify_mode = True
+    runner.capture()
+    assert seen == [(ForwardMode.DECODE, CaptureHiddenMode.FULL, False)]
+    assert runner.get_spec_info(8) is None
+
+
+# ----------------------------------------------------------------------------- per batch
+
+REQ_TO_TOKEN = torch.arange(4 * 16, dtype=torch.int32).reshape(4, 16) + 1000
+
+
+class Runner:
+    def __init__(self, max_bs: int = 8) -> None:
+        self.max_bs = max_bs
+
+    def can_run_graph(self, forward_batch: Any) -> bool:
+        return bool(forward_batch.batch_size <= self.max_bs)
+
+
+class TargetWorker:
+    """Its forward returns input id + 1 per request and records what it ran on."""
+
+    def __init__(self, model_runner: Any, fail: bool = False) -> None:
+        self.model_runner = model_runner
+        self.fail = fail
+        self.seen: list[dict[str, Any]] = []
+
+    def forward_batch_generation(self, batch: Any, forward_batch: Any = None) -> Any:
+        assert batch is None
+        mr = self.model_runner
+        self.seen.append({**forward_batch.__dict__, "runner": mr.decode_cuda_graph_runner,
+                          "backend": mr.attn_backend})
+        if self.fail:
+            raise RuntimeError("replay failed")
+        ids = forward_batch.input_ids.to(torch.int64) + 1
+        hidden = torch.ones(len(ids), 12)
+        return NS(next_token_ids=ids, can_run_cuda_graph=True,
+                  logits_output=NS(hidden_states=hidden), routed_experts_output=None,
+                  indexer_topk_output=None)
+
+
+def _parts() -> plain_decode.SglangParts:
+    from sglang.srt.managers.utils import GenerationBatchResult
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+    from sglang.srt.speculative.eagle_info import EagleDraftInput
+
+    def forward_batch(batch: Any, model_runner: Any, *, capture_hidden_mode: Any,
+                      return_hidden_states_before_norm: bool) -> Any:
+        return NS(batch_size=len(batch.reqs), forward_mode=batch.forward_mode,
+                  spec_info=batch.spec_info, input_ids=batch.input_ids,
+                  out_cache_loc=batch.out_cache_loc, seq_lens=batch.seq_lens.clone(),
+                  capture_hidden_mode=capture_hidden_mode,
+                  attn_backend_at_init=model_runner.attn_backend)
+
+    return plain_decode.SglangParts(ForwardMode, CaptureHiddenMode, forward_batch,
+                                    GenerationBatchResult, EagleDraftInput,
+                                    lambda batch, verify_input: None)
+
+
+def _worker(bs_limit: int = 8, fail: bool = False, steps: int = 0) -> Any:
+    verify_runner, verify_backend = object(), object()
+    mr = NS(decode_cuda_graph_runner=verify_runner, attn_backend=verify_backend)
+    worker = NS(_target_worker=TargetWorker(mr, fail), speculative_num_steps=steps,
+                req_to_token_pool=NS(req_to_token=REQ_TO_TOKEN))
+    plain = plain_decode.PlainDecode(runner=Runner(bs_limit), backend=object())
+    worker.__dict__[plain_decode._ATTR] = plain
+    worker.verify_runner, worker.verify_backend = verify_runner, verify_backend
+    return worker
+
+
+def _batch(bs: int = 3, **overrides: Any) -> Any:
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    verify_input = NS(draft_token=torch.tensor([7, 8, 9, 10][:bs], dtype=torch.int32),
+                      draft_token_num=1)
+    fields = dict(forward_mode=ForwardMode.DECODE, spec_info=verify_input, input_ids=None,
+                  out_cache_loc=None, seq_lens=torch.tensor([5, 9, 3, 4][:bs]),
+                  seq_lens_cpu=None, seq_lens_sum=None,
+                  req_pool_indices=torch.tensor([2, 0, 3, 1][:bs]), reqs=[object()] * bs,
+                  has_grammar=False, return_logprob=False)
+    fields.update(overrides)
+    return NS(**fields)
+
+
+@pytest.fixture
+def stats() -> Iterator[plain_decode._Stats]:
+    saved = plain_decode.STATS
+    plain_decode.STATS = plain_decode._Stats()
+    yield plain_decode.STATS
+    plain_decode.STATS = saved
+
+
+def test_a_depth_0_batch_decodes_on_the_reserved_slot_with_the_lengths_a_plain_decode_uses(
+) -> None:
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+
+    worker, batch = _worker(), _batch()
+    verify_input, seq_lens = batch.spec_info, batch.seq_lens
+    result = plain_decode.decode(worker, batch, _parts())
+    assert result is not None
+    [seen] = worker._target_worker.seen
+    # the slot spec-v2 reserved for the token: req_to_token[request, spec-v2's length]
+    slots = REQ_TO_TOKEN[torch.tensor([2, 0, 3]), torch.tensor([5, 9, 3])].to(torch.int64)
+    assert torch.equal(seen["out_cache_loc"], slots)
+    assert seen["forward_mode"] == ForwardMode.DECODE and seen["spec_info"] is None
+    assert torch.equal(seen["input_ids"], verify_input.draft_token)
+    assert torch.equal(seen["seq_lens"], seq_lens + 1)
+    assert seen["capture_hidden_mode"] == CaptureHiddenMode.FULL
+    plain = worker.__dict__[plain_decode._ATTR]
+    assert seen["runner"] is plain.runner and seen["backend"] is plain.backend
+    assert seen["attn_backend_at_init"] is plain.backend
+    # the model runner is the verify's again
+    mr = worker._target_worker.model_runner
+    assert mr.decode_cuda_graph_runner is worker.verify_runner
+    assert mr.attn_backend is worker.verify_backend
+    # the batch as a one-token verify leaves it, for the draft extend and the hand-over
+    assert batch.seq_lens is seq_lens and batch.spec_info is verify_input
+    assert batch.forward_mode == ForwardMode.TARGET_VERIFY
+    assert torch.equal(batch.out_cache_loc, slots)
+    assert batch.input_ids is verify_input.draft_token
+    # a one-token verify's result
+    assert result.next_token_ids.tolist() == [8, 9, 10]
+    assert result.accept_lens.tolist() == [1, 1, 1] and result.accept_lens.dtype == torch.int32
+    assert result.new_seq_lens.tolist() == [6, 10, 4]
+    assert result.speculative_num_draft_tokens == 1
+    bonus = result.next_draft_input.bonus_tokens
+    assert bonus.tolist() == [8, 9, 10] and bonus.dtype == torch.int32
+    assert result.logits_output.hidden_states.shape == (3, 12)
+
+
+def test_host_lengths_when_the_backend_keeps_them_count_the_new_token() -> None:
+    worker = _worker()
+    batch = _batch(seq_lens_cpu=torch.tensor([5, 9, 3]), seq_lens_sum=17)
+    captured: dict[str, Any] = {}
+    parts = _parts()
+    inner = parts.forward_batch
+
+    def forward_batch(batch: Any, model_runner: Any, **kw: Any) -> Any:
+        captured.update(cpu=batch.seq_lens_cpu.tolist(), total=batch.seq_lens_sum)
+        return inner(batch, model_runner, **kw)
+
+    parts.forward_batch = forward_batch
+    plain_decode.decode(worker, batch, parts)
+    assert captured == {"cpu": [6, 10, 4], "total": 20}
+    assert batch.seq_lens_cpu.tolist() == [5, 9, 3] and batch.seq_lens_sum == 17
+
+
+def test_the_result_goes_through_sglangs_result_processing_as_one_token_per_request(
+    runtime: Any,
+) -> None:
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.managers.scheduler_components.batch_result_processor import (
+        SchedulerBatchResultProcessor,
+    )
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    reqs = []
+    for rid in "abc":
+        req = Req(rid, "hi", [1, 2, 3], SamplingParams(max_new_tokens=64))
+        if getattr(req, "kv", None) is None:
+            req.kv = NS(kv_committed_len=3, kv_allocated_len=8)
+        reqs.append(req)
+    result = plain_decode.decode(_worker(), _batch(), _parts())
+    assert result is not None
+    feedback: list[Any] = []
+    fake = NS(metrics_reporter=NS(snapshot_spec_decode_metrics=lambda batch, result: None),
+              model_worker=NS(on_verify_complete_cpu=lambda *a, **k: feedback.append(a)))
+    fake.advance_grammar_fsm = lambda result, batch: \
+        SchedulerBatchResultProcessor.advance_grammar_fsm(fake, result, batch)
+    runs = SchedulerBatchResultProcessor._resolve_spec_v2_tokens(
+        fake, result, NS(reqs=reqs, has_grammar=False))
+    assert runs == [[8], [9], [10]]
+    assert result.num_correct_drafts == 0
+    assert feedback and list(feedback[0][0]) == [0, 0, 0]  # SGLang's adaptive feedback
+
+
+def test_no_graph_for_the_batch_size_leaves_the_batch_and_the_runner_untouched() -> None:
+    worker, batch = _worker(bs_limit=2), _batch()
+    before = dict(batch.__dict__)
+    assert plain_decode.decode(worker, batch, _parts()) is None
+    assert batch.__dict__ == before
+    assert worker._target_worker.seen == []
+    assert worker._target_worker.model_runner.decode_cuda_graph_runner is worker.verify_runner
+
+
+def test_a_failed_forward_restores_the_batch_and_the_runner() -> None:
+    worker, batch = _worker(fail=True), _batch()
+    before = dict(batch.__dict__)
+    with pytest.raises(RuntimeError, match="replay failed"):
+        plain_decode.decode(worker, batch, _parts())
+    assert batch.__dict__ == before
+    mr = worker._target_worker.model_runner
+    assert mr.decode_cuda_graph_runner is worker.verify_runner
+    assert mr.attn_backend is worker.verify_backend
+
+
+@pytest.mark.parametrize(("overrides", "worker_kw", "reason"), [
+    ({}, {"steps": 2}, plain_decode.NOT_DEPTH_0),
+    ({"has_grammar": True}, {}, "a grammar-constrained request"),
+    ({"return_logprob": True}, {}, "a request asking for logprobs"),
+    ({"spec_info": NS(draft_token=torch.tensor([1]), draft_token_num=4)}, {},
+     "not a one-token verify"),
+    ({}, {}, None),
+])
+def test_which_batches_keep_the_verify(overrides: dict[str, Any], worker_kw: dict[str, Any],
+                                       reason: str | None) -> None:
+    assert plain_decode.batch_reason(_worker(**worker_kw), _batch(**overrides)) == reason
+
+
+def test_an_idle_batch_keeps_the_verify() -> None:
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    batch = _batch(forward_mode=ForwardMode.IDLE)
+    assert plain_decode.batch_reason(_worker(), batch) == "an idle batch"
+
+
+def _verify(worker: Any, batch: Any) -> Any:
+    return ("verify", batch)
+
+
+def test_the_hook_counts_plain_decodes_and_sends_the_rest_to_the_verify(
+    stats: plain_decode._Stats, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(plain_decode, "_PARTS", _parts())
+    worker = _worker(bs_limit=2)
+    assert hooks.plain_decode_verify(_verify, worker, _batch(bs=2)).accept_lens.tolist() == [1, 1]
+    assert hooks.plain_decode_verify(_verify, worker, _batch(bs=3))[0] == "verify"
+    assert hooks.plain_decode_verify(_verify, worker, _batch(has_grammar=True))[0] == "verify"
+    worker.speculative_num_steps = 3
+    assert hooks.plain_decode_verify(_verify, worker, _batch(bs=2))[0] == "verify"
+    assert (stats.launches, stats.fallbacks) == (1, 2)  # a positive depth is not a fallback
+    assert stats.last_fallback == "a grammar-constrained request"
+
+
+def test_a_failing_plain_decode_turns_the_path_off_for_that_worker(
+    stats: plain_decode._Stats, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(plain_decode, "_PARTS", _parts())
+    worker = _worker(fail=True)
+    batch = _batch()
+    assert hooks.plain_decode_verify(_verify, worker, batch) == ("verify", batch)
+    assert batch.forward_mode.is_decode() and batch.seq_lens.tolist() == [5, 9, 3]
+    worker._target_worker.fail = False
+    assert hooks.plain_decode_verify(_verify, worker, _batch())[0] == "verify"
+    assert len(worker._target_worker.seen) == 1  # not tried again
+    report = plain_decode.state_report()
+    assert report["runners"] == 0 and report["launches"] == 0
+    assert "a plain decode failed: replay failed" in str(
+        worker.__dict__[plain_decode._ATTR].reason)
+
+
+# ----------------------------------------------------------------------------- start-up
+
+
+class ModelRunner:
+    def __init__(self, **server: Any) -> None:
+        self.server_args = NS(**server)
+        self.attn_backend = NS(fa_impl_ver=3, use_mla=False)
+        self.init_new_workspace = False
+        self.backends: list[Any] = []
+
+    def _get_attention_backend(self, init_new_workspace: bool = False) -> Any:
+        self.init_new_workspace = init_new_workspace  # as SGLang's backend factory leaves it
+        backend = NS(new_workspace=init_new_workspace, spec=dict(SPEC))
+        self.backends.append(backend)
+        return backend
+
+
+SPEC = {"steps": 3, "draft_tokens": 4}
+
+
+def _start_worker(topk: int = 1, **server: Any) -> Any:
+    worker = NS(topk=topk, _target_worker=NS(model_runner=ModelRunner(**server)))
+
+    @contextlib.contextmanager
+    def override(steps: int, draft_tokens: int) -> Iterator[None]:
+        saved = dict(SPEC)
+        SPEC.update(steps=steps, draft_tokens=draft_tokens)
+        try:
+            yield
+        finally:
+            SPEC.update(saved)
+
+    worker._override_worker_state = override
+    return worker
+
+
+def test_the_runner_is_built_once_on_a_fresh_backend_sized_for_one_token(
+    stats: plain_decode._Stats,
+) -> None:
+    made: list[dict[str, Any]] = []
+
+    def make_runner(model_runner: Any, **kw: Any) -> Any:
+        made.append({**kw, "spec": dict(SPEC)})
+        return NS(kind="runner")
+
+    worker = _start_worker()
+    ticks = iter([10.0, 12.5])
+    free = iter([40.0, 38.75])
+    plain = plain_decode.build(worker, make_runner=make_runner, clock=lambda: next(ticks),
+                               gpu_free_gb=lambda: next(free))
+    mr = worker._target_worker.model_runner
+    [backend] = mr.backends
+    assert backend.new_workspace and backend.spec == {"steps": 0, "draft_tokens": 1}
+    assert mr.init_new_workspace is False and SPEC == {"steps": 3, "draft_tokens": 4}
+    assert made == [{"attn_backend": backend, "speculative_num_steps": 0,
+                     "speculative_num_draft_tokens": 1, "spec": {"steps": 0, "draft_tokens": 1}}]
+    assert plain.runner.kind == "runner" and plain.reason is None
+    assert (plain.build_s, plain.memory_gb) == (2.5, 1.25)
+    assert plain_decode.build(worker, make_runner=make_runner) is plain and len(made) == 1
+    report = plain_decode.state_report()
+    assert (report["runners"], report["build_s"], report["memory_gb"]) == (1, 2.5, 1.25)
+
+
+@pytest.mark.parametrize(("topk", "server", "backend", "reason"), [
+    (4, {}, {}, "top-k above 1 (tree verify)"),
+    (1, {}, {"fa_impl_ver": 4}, "the target's attention backend is not FlashAttention 3"),
+    (1, {"enable_dp_attention": True}, {}, "DP attention"),
+    (1, {"disable_cuda_graph": True}, {}, "CUDA graphs are off"),
+    (1, {"pp_size": 2}, {}, "pipeline parallelism"),
+])
+def test_servers_the_path_does_not_cover_keep_the_verify_and_say_why(
+    stats: plain_decode._Stats, topk: int, server: dict[str, Any], backend: dict[str, Any],
+    reason: str,
+) -> None:
+    worker = _start_worker(topk, **server)
+    worker._target_worker.model_runner.attn_backend.__dict__.update(backend)
+    plain = plain_decode.build(worker, make_runner=lambda *a, **k: pytest.fail("built"))
+    assert plain.runner is None and plain.reason == reason
+    assert plain_decode.state_report()["unbuilt_reasons"] == [reason]
+    assert plain_decode.batch_reason(worker, _batch()) == plain_decode.NOT_DEPTH_0
+
+
+def test_a_failed_capture_leaves_depth_0_on_the_verify(stats: plain_decode._Stats) -> None:
+    worker = _start_worker()
+    worker.device = "cpu"
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("out of memory")
+
+    plain_decode.runner_class()  # the real class exists; the hook builds with it
+    saved = plain_decode._RUNNER_CLASS
+    plain_decode._RUNNER_CLASS = broken
+    try:
+        assert hooks.plain_decode_build("ret", worker) == "ret"
+    finally:
+        plain_decode._RUNNER_CLASS = saved
+    plain = worker.__dict__[plain_decode._ATTR]
+    assert "capturing the DECODE graphs failed: out of memory" in str(plain.reason)
+    assert plain_decode.batch_reason(worker, _batch()) == plain_decode.NOT_DEPTH_0
+    assert SPEC == {"steps": 3, "draft_tokens": 4}  # the override was undone
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_the_hooks_are_registered_only_with_the_switch_on(
+    enabled: bool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sglang_hooks import plugin
+    from sglang_hooks.adapters import v0_5_17, v0_5_23
+
+    monkeypatch.setattr(plain_decode, "ENABLED", enabled)
+    names = {spec.hook for spec in plugin.wanted_hooks(v0_5_17.ADAPTER)}
+    assert (set(plain_decode.HOOKS) <= names) is enabled
+    assert not set(plain_decode.HOOKS) & {s.hook for s in plugin.wanted_hooks(v0_5_23.ADAPTER)}
+    assert all(callable(getattr(hooks, name)) for name in plain_decode.HOOKS)

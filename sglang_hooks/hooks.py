@@ -160,6 +160,8 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
         rt.skip_draft_prefill, prefill_error = draft_prefill.from_env()
         if prefill_error is not None:
             logger.error("specctl: %s", prefill_error)
+        if plain_decode.ENV_ERROR is not None:
+            logger.error("specctl: %s", plain_decode.ENV_ERROR)
         startup = None
         path = policy_file_from_env()
         if path is not None:
@@ -185,6 +187,7 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
                 "startup": table_fingerprint(startup), "off_mode": mode,
                 "lean_host": rt.lean_host, "lean_relay": rt.lean_relay,
                 "skip_draft_prefill": rt.skip_draft_prefill,
+                "plain_decode": plain_decode.ENABLED,
                 SKIP_EXTEND_ENV: os.environ.get(SKIP_EXTEND_ENV, ""),
             }))
         rt.activate(usable, startup, peers)

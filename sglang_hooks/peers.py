@@ -5,7 +5,8 @@ installed on that node, refused by the version guard) or that started with other
 would run other work than its peers, and the ranks of one forward pass would hang in their
 collectives. What must match (the fingerprint `hooks.py` publishes): the SGLang adapter, the
 depths a table may use, the start-up table, the off mode, the host-work trims, the depth-0
-relay trims, the draft-prefill skip and SGLang's own skip-extend variable. So, before a table
+relay trims, the draft-prefill skip, depth 0's plain decode path and SGLang's own skip-extend
+variable. So, before a table
 steers:
 
 1. at start-up (when SGLang has built its adaptive states), every plugin rank writes

@@ -445,3 +445,26 @@ def test_the_hooks_are_registered_only_with_the_switch_on(
     assert (set(plain_decode.HOOKS) <= names) is enabled
     assert not set(plain_decode.HOOKS) & {s.hook for s in plugin.wanted_hooks(v0_5_23.ADAPTER)}
     assert all(callable(getattr(hooks, name)) for name in plain_decode.HOOKS)
+
+
+@pytest.mark.parametrize("enabled", [False, True])
+def test_tp_ranks_compare_the_switch_before_a_table_steers(
+    enabled: bool, runtime: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rank on the plain path samples where its peers verify: the ranks must agree on it.
+    The peer check is a recorder here (test_real_peers.py runs the real one)."""
+    published: list[str] = []
+
+    class Peers:
+        world_size = 2
+
+        def publish(self, mine: str) -> None:
+            published.append(mine)
+
+    monkeypatch.setattr(plain_decode, "ENABLED", enabled)
+    monkeypatch.setattr(hooks, "default_peer_check", lambda: Peers())
+    params = NS(candidate_steps=[0, 3], cuda_graph_bs_for_step=lambda step: [1, 2])
+    controller = NS(params=params, worker=NS(speculative_num_steps=3))
+    hooks.on_states_built(None, controller, [1, 2])
+    [mine] = published
+    assert f'"plain_decode":{str(enabled).lower()}' in mine

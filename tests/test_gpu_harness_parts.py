@@ -212,8 +212,8 @@ def test_the_device_timer_switch_is_part_of_each_sglang_launch(tmp_path, monkeyp
 
     models = build_dummy_folders(tmp_path, TINY)
     opts = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1, plain_port=2)
-    monkeypatch.delenv(servers.DEVICE_TIMER_ENV, raising=False)
-    monkeypatch.delenv(servers.COARSE_WAR_BARRIER_ENV, raising=False)
+    for name in (*servers.SGLANG_LAUNCH_SWITCHES, *servers.PLUGIN_LAUNCH_SWITCHES):
+        monkeypatch.delenv(name, raising=False)
     without = {p.role: p.env for p in servers.plans(models, opts, tmp_path)}
     assert without == {"spec": {}, "plain": servers.NO_PLUGINS}
     monkeypatch.setenv(servers.DEVICE_TIMER_ENV, "1")
@@ -229,7 +229,8 @@ def test_the_coarse_barrier_switch_is_part_of_each_sglang_launch(tmp_path, monke
 
     models = build_dummy_folders(tmp_path, TINY)
     opts = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1, plain_port=2)
-    monkeypatch.delenv(servers.DEVICE_TIMER_ENV, raising=False)
+    for name in (*servers.SGLANG_LAUNCH_SWITCHES, *servers.PLUGIN_LAUNCH_SWITCHES):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(servers.COARSE_WAR_BARRIER_ENV, "1")
     coarse = {p.role: p.env for p in servers.plans(models, opts, tmp_path)}
     assert coarse == {"spec": {servers.COARSE_WAR_BARRIER_ENV: "1"},
@@ -237,6 +238,27 @@ def test_the_coarse_barrier_switch_is_part_of_each_sglang_launch(tmp_path, monke
     sim = servers.ServerOptions(backend="sim", admin_key="k", spec_port=1, plain_port=2)
     assert all(servers.COARSE_WAR_BARRIER_ENV not in p.env
                for p in servers.plans(models, sim, tmp_path))
+
+
+def test_the_plugins_start_up_switches_are_part_of_the_speculative_launch(tmp_path, monkeypatch):
+    """The plugin reads these once, at start-up: a start with another value restarts the
+    speculative server instead of reusing it (run 20 reused one whose SPECCTL_PLAIN_DECODE had
+    changed). The plain server runs without the plugin, so its launch does not carry them."""
+    from benchmarks.gpu.model_folders import TINY, build_dummy_folders
+    from sglang_hooks import plain_decode, verify_schedule
+
+    models = build_dummy_folders(tmp_path, TINY)
+    opts = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1, plain_port=2)
+    for name in (*servers.SGLANG_LAUNCH_SWITCHES, *servers.PLUGIN_LAUNCH_SWITCHES):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(plain_decode.ENV, "1")
+    monkeypatch.setenv(verify_schedule.ENV, "0")
+    env = {p.role: p.env for p in servers.plans(models, opts, tmp_path)}
+    assert env == {"spec": {plain_decode.ENV: "1", verify_schedule.ENV: "0"},
+                   "plain": servers.NO_PLUGINS}
+    monkeypatch.setenv(plain_decode.ENV, "0")
+    again = {p.role: p.env for p in servers.plans(models, opts, tmp_path)}
+    assert again["spec"] != env["spec"] and again["plain"] == env["plain"]
 
 
 def test_sim_stand_ins_follow_sglangs_device_timer_switch(tmp_path, monkeypatch):

@@ -24,6 +24,14 @@ import httpx
 from benchmarks.gpu.cpus import pinned_argv
 from benchmarks.gpu.model_folders import ModelFolders
 from benchmarks.gpu.procs import pid_alive, session_pids
+from sglang_hooks import (
+    draft_prefill,
+    lean_host,
+    lean_relay,
+    off_mode,
+    plain_decode,
+    verify_schedule,
+)
 
 SPEC, PLAIN = "spec", "plain"
 # What the H200 runs needed (docs/sglang.md, "GPU end-to-end harness").
@@ -98,7 +106,8 @@ def plans(models: ModelFolders | None, opts: ServerOptions, log_dir: Path) -> li
         if opts.backend != "sim":
             # Part of the launch, so that a server started with another setting is restarted
             # rather than reused (the stand-ins carry the timer in their argv).
-            env |= {name: value for name in SGLANG_LAUNCH_SWITCHES
+            switches = SGLANG_LAUNCH_SWITCHES + (PLUGIN_LAUNCH_SWITCHES if role == SPEC else ())
+            env |= {name: value for name in switches
                     if (value := os.environ.get(name)) is not None}  # fmt: skip
         out.append(LaunchPlan(role, f"http://127.0.0.1:{port}", argv, log_dir / f"{role}.log",
                               env))
@@ -127,6 +136,10 @@ DEVICE_TIMER_ENV = "SGLANG_ENABLE_METRICS_DEVICE_TIMER"
 COARSE_WAR_BARRIER_ENV = "SGLANG_FORCE_COARSE_WAR_BARRIER"
 # SGLang's environment switches the harness carries into both servers' launches.
 SGLANG_LAUNCH_SWITCHES = (DEVICE_TIMER_ENV, COARSE_WAR_BARRIER_ENV)
+# The plugin's start-up switches, carried into the speculative server's launch: a server
+# started with another value of one is restarted, not reused (the plain server has no plugin).
+PLUGIN_LAUNCH_SWITCHES = (plain_decode.ENV, verify_schedule.ENV, lean_host.ENV, lean_relay.ENV,
+                          draft_prefill.ENV, off_mode.OFF_MODE_ENV)
 
 
 def _sim_argv(role: str, port: int, opts: ServerOptions) -> list[str]:

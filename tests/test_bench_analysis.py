@@ -221,6 +221,22 @@ def test_chunked_streams_are_named_beside_the_itl_columns() -> None:
     assert stream_interval_hint({"spec": plain, "no_spec": server_facts({})}) is None
 
 
+def test_the_facts_say_whether_depth_0_ran_as_a_plain_decode() -> None:
+    """Read from the /server_info bodies of the H200 run that ran depth 0 both ways: one
+    DECODE runner with SPECCTL_PLAIN_DECODE=1, none without; a server without the plugin (or
+    an older plugin) says nothing."""
+    from controller.bench.server_facts import server_facts
+
+    run = Path(__file__).parents[1] / "benchmarks/results/gpu/h200-sglang-0.5.17-seeded-8b-run20"
+    on = server_facts(json.loads((run / "server_info_spec_series.json").read_text()))
+    off = server_facts(json.loads((run / "server_info_spec_off.json").read_text()))
+    plain = server_facts(json.loads((run / "server_info_plain.json").read_text()))
+    assert (on["plain_decode_runners"], off["plain_decode_runners"]) == (1, 0)
+    assert plain["plain_decode_runners"] is None
+    assert server_facts({"internal_states": [{"specctl": {"plain_decode": {"runners": True}}}]})[
+        "plain_decode_runners"] is None
+
+
 def test_prompts_that_came_round_within_the_kv_pool_are_flagged() -> None:
     """512 prompts of about 160 tokens with their outputs fit a 266,246-token pool: once a
     server took more than 512 requests, its cache could hold repeats whole. The hint names the

@@ -145,7 +145,7 @@ def phase_start(run: Run) -> dict[str, Any]:
 # The plugin's state in the summary: whether it steers, and what its off path skipped.
 PLUGIN_STATE_FIELDS = ("active", "inactive_reason", "captured_depths", "source", "off_mode",
                        "lean_host", "skip_draft_prefill", "skipped_draft_extends",
-                       "skipped_draft_prefills")
+                       "skipped_draft_prefills", "plain_decode")
 
 
 def record_server_info(run: Run) -> dict[str, Any]:

@@ -48,9 +48,9 @@ def server_facts(info: dict[str, Any]) -> dict[str, Any]:
 
     `effective_max_running_requests_per_dp` is the running-request cap SGLang actually applies
     (rank 0), which differs from `max_running_requests` when SGLang chose or lowered it.
-    `captured_depths`, `off_mode`, `verify_schedule_backends`, `lean_host`, `lean_relay` and
-    `skip_draft_prefill` come from the specctl plugin's state; `simulated` (profile, speedup)
-    only from `specctl sim serve`.
+    `captured_depths`, `off_mode`, `verify_schedule_backends`, `plain_decode_runners`,
+    `lean_host`, `lean_relay` and `skip_draft_prefill` come from the specctl plugin's state;
+    `simulated` (profile, speedup) only from `specctl sim serve`.
     """
     out: dict[str, Any] = {}
     for key in FACT_KEYS:
@@ -72,6 +72,12 @@ def server_facts(info: dict[str, Any]) -> dict[str, Any]:
     # Whether depth 0's verify ran with the decode's FA3 scheduling (its GPU cost differs).
     served = specctl.get("verify_schedule_backends") if isinstance(specctl, dict) else None
     out["verify_schedule_backends"] = served if isinstance(served, int) else None
+    # Whether depth 0 ran as a plain decode (SPECCTL_PLAIN_DECODE) rather than through the verify.
+    plain = specctl.get("plain_decode") if isinstance(specctl, dict) else None
+    runners = plain.get("runners") if isinstance(plain, dict) else None
+    out["plain_decode_runners"] = (
+        runners if isinstance(runners, int) and not isinstance(runners, bool) else None
+    )
     # Whether the plugin's host-work trims ran (they shorten depth 0's iteration at high load).
     # ... and whether requests admitted at depth 0 skipped the draft's prefill.
     for trims in ("lean_host", "lean_relay", "skip_draft_prefill"):  # as they ran

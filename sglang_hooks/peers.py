@@ -6,8 +6,7 @@ would run other work than its peers, and the ranks of one forward pass would han
 collectives. What must match (the fingerprint `hooks.py` publishes): the SGLang adapter, the
 depths a table may use, the start-up table, the off mode, the host-work trims, the depth-0
 relay trims, the draft-prefill skip, depth 0's plain decode path and SGLang's own skip-extend
-variable. So, before a table
-steers:
+variable. So, before a table steers:
 
 1. at start-up (when SGLang has built its adaptive states), every plugin rank writes
    `specctl/rank/<rank>` = its fingerprint into torch.distributed's default store, the

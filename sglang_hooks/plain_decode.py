@@ -65,6 +65,11 @@ class PlainDecode:
     build_s: float = 0.0
     memory_gb: float | None = None  # GPU memory the runner took at capture
 
+    @property
+    def ready(self) -> bool:
+        """Captured, and not turned off since by a failure."""
+        return self.runner is not None and self.reason is None
+
 
 @dataclass
 class _Stats:
@@ -80,7 +85,7 @@ STATS = _Stats()
 
 
 def state_report() -> dict[str, Any]:
-    built = [w for w in STATS.workers if w.runner is not None and w.reason is None]
+    built = [w for w in STATS.workers if w.ready]
     reasons = sorted({w.reason for w in STATS.workers if w.reason})
     return {
         "enabled": ENABLED,
@@ -194,8 +199,7 @@ NOT_DEPTH_0 = "not a depth-0 batch on a worker with a DECODE runner"
 def batch_reason(worker: Any, batch: Any) -> str | None:
     """Why this decode batch keeps the verify, or None (checked before anything changes)."""
     plain = worker.__dict__.get(_ATTR)
-    if plain is None or plain.runner is None or plain.reason is not None \
-            or getattr(worker, "speculative_num_steps", None) != 0:
+    if plain is None or not plain.ready or getattr(worker, "speculative_num_steps", None) != 0:
         return NOT_DEPTH_0
     if batch.forward_mode.is_idle():
         return "an idle batch"

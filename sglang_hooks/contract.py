@@ -590,7 +590,11 @@ LEAN_HOST_KEY = "specctl_lean_host"
 LEAN_RELAY_KEY = "specctl_lean_relay"
 # The draft's prefill at admission skipped while off (sglang_hooks/draft_prefill.py): 0 or 1.
 SKIP_DRAFT_PREFILL_KEY = "specctl_skip_draft_prefill"
-SETTING_KEYS = frozenset({OFF_MODE_KEY, LEAN_HOST_KEY, LEAN_RELAY_KEY, SKIP_DRAFT_PREFILL_KEY})
+# Depth-0 batches on the target's DECODE graphs, where the server captured them at start-up
+# (sglang_hooks/plain_decode.py): 0 or 1.
+PLAIN_DECODE_KEY = "specctl_plain_decode"
+SETTING_KEYS = frozenset({OFF_MODE_KEY, LEAN_HOST_KEY, LEAN_RELAY_KEY, SKIP_DRAFT_PREFILL_KEY,
+                          PLAIN_DECODE_KEY})
 
 
 def decode_off_mode(value: Any) -> str:
@@ -628,6 +632,13 @@ def decode_skip_draft_prefill(value: Any) -> bool:
                           "skipped while off")
 
 
+def decode_plain_decode(value: Any) -> bool:
+    """Whether a `specctl_plain_decode` value sends depth-0 batches to the DECODE graphs.
+    Raises PolicyError naming the key."""
+    return _decode_switch(PLAIN_DECODE_KEY, value, "SGLang's one-token verify",
+                          "the DECODE graphs captured at start-up")
+
+
 @dataclass(frozen=True)
 class Settings:
     """The plugin settings a request asks for; None where its key is absent."""
@@ -636,6 +647,7 @@ class Settings:
     lean_host: bool | None = None
     lean_relay: bool | None = None
     skip_draft_prefill: bool | None = None
+    plain_decode: bool | None = None
 
 
 def decode_settings(settings: Mapping[str, Any]) -> Settings:
@@ -648,6 +660,8 @@ def decode_settings(settings: Mapping[str, Any]) -> Settings:
         else None,
         skip_draft_prefill=decode_skip_draft_prefill(settings[SKIP_DRAFT_PREFILL_KEY])
         if SKIP_DRAFT_PREFILL_KEY in settings else None,
+        plain_decode=decode_plain_decode(settings[PLAIN_DECODE_KEY])
+        if PLAIN_DECODE_KEY in settings else None,
     )
 
 

@@ -25,6 +25,7 @@ from sglang_hooks import (
 )
 from sglang_hooks.adapters.base import Adapter
 from sglang_hooks.contract import (
+    PLAIN_DECODE_KEY,
     PolicyError,
     has_policy_keys,
     read_server_state,
@@ -33,7 +34,7 @@ from sglang_hooks.contract import (
 from sglang_hooks.gpu_timer import make_timer
 from sglang_hooks.peers import default_peer_check, fingerprint
 from sglang_hooks.policy_file import load_policy_file, policy_file_from_env, table_fingerprint
-from sglang_hooks.runtime import NOT_STARTED, SchedulerRuntime, validate_change
+from sglang_hooks.runtime import NOT_STARTED, Change, SchedulerRuntime, validate_change
 
 logger = logging.getLogger("specctl")
 
@@ -448,7 +449,7 @@ def plain_decode_verify(original: Callable[..., Any], worker: Any, batch: Any, *
             plain_decode.STATS.launches += 1
             return result
         reason = "no DECODE graph for this batch size"
-    if reason != plain_decode.NOT_DEPTH_0:
+    if reason not in (plain_decode.NOT_DEPTH_0, plain_decode.SWITCHED_OFF):
         plain_decode.STATS.fallbacks += 1
         plain_decode.STATS.last_fallback = reason
     return original(worker, batch, *args, **kwargs)
@@ -595,14 +596,30 @@ def _bad_request(err: PolicyError) -> Exception:
     return HTTPException(status_code=400, detail=json.dumps(err.to_json()))
 
 
-async def _live_captured_depths(manager: Any) -> frozenset[int]:
+async def _live_states(manager: Any) -> list[dict[str, Any]]:
+    """Every scheduler's plugin state; raises PolicyError if the plugin is inactive on one."""
     states = read_server_state({"internal_states": await manager.get_internal_state()})
     for state in states:
         if not state.get("active", True):
             raise PolicyError("specctl", f"the plugin is inactive on a scheduler: "
                               f"{state.get('inactive_reason')}")
-    depth_sets = [frozenset(s.get("captured_depths", ())) for s in states]
-    return frozenset.intersection(*depth_sets)
+    return states
+
+
+def captured_everywhere(states: Sequence[Mapping[str, Any]]) -> frozenset[int]:
+    """The depths every scheduler captured."""
+    return frozenset.intersection(*(frozenset(s.get("captured_depths", ())) for s in states))
+
+
+def check_plain_decode(change: Change, states: Sequence[Mapping[str, Any]]) -> None:
+    """A push that turns depth 0's plain decode on needs the DECODE graphs on every
+    scheduler. Raises PolicyError naming the key."""
+    if not change.plain_decode:
+        return
+    for state in states:
+        why = plain_decode.unavailable(dict(state.get("plain_decode") or {}))
+        if why is not None:
+            raise PolicyError(PLAIN_DECODE_KEY, why)
 
 
 async def validate_push(original: Callable[..., Any], manager: Any, obj: Any, *args: Any,
@@ -615,7 +632,8 @@ async def validate_push(original: Callable[..., Any], manager: Any, obj: Any, *a
                 raise PolicyError("specctl", f"the plugin is inactive on this server: "
                                   f"{HTTP.inactive_reason}")
             validate_change(requested, None)  # shape first: no scheduler round trip for a typo
-            validate_change(requested, await _live_captured_depths(manager))
+            states = await _live_states(manager)
+            check_plain_decode(validate_change(requested, captured_everywhere(states)), states)
         except PolicyError as err:
             raise _bad_request(err) from None
     return await original(manager, obj, *args, **kwargs)

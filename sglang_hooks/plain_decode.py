@@ -82,6 +82,31 @@ class _Stats:
 
 
 STATS = _Stats()
+# Whether depth-0 batches take the DECODE graphs where they were captured: the admin key
+# `specctl_plain_decode` switches it at run time, so one server start can be measured both ways.
+_LIVE = [True]
+
+
+def set_live(on: bool) -> None:
+    if on != _LIVE[0]:
+        logger.info("specctl: depth 0 %s", "on the DECODE graphs" if on else "back on the verify")
+    _LIVE[0] = on
+
+
+def live() -> bool:
+    return _LIVE[0]
+
+
+def unavailable(report: dict[str, Any]) -> str | None:
+    """Why a push of `specctl_plain_decode` 1 cannot take effect on the scheduler whose
+    `state_report` this is, or None."""
+    if report.get("runners"):
+        return None
+    if not report.get("enabled"):
+        return (f"1 needs the DECODE graphs, captured at start-up: start the server with "
+                f"{ENV}=1")
+    reasons = ", ".join(report.get("unbuilt_reasons") or []) or "none was built"
+    return f"1 needs the DECODE graphs, and this server has none: {reasons}"
 
 
 def state_report() -> dict[str, Any]:
@@ -90,6 +115,7 @@ def state_report() -> dict[str, Any]:
     return {
         "enabled": ENABLED,
         "env_error": ENV_ERROR,
+        "live": live(),
         "runners": len(built),
         "unbuilt_reasons": reasons,
         "build_s": round(sum(w.build_s for w in built), 2),
@@ -194,6 +220,7 @@ def build(worker: Any, *, make_runner: Callable[..., Any] | None = None,
 
 
 NOT_DEPTH_0 = "not a depth-0 batch on a worker with a DECODE runner"
+SWITCHED_OFF = "switched off (specctl_plain_decode 0)"
 
 
 def batch_reason(worker: Any, batch: Any) -> str | None:
@@ -201,6 +228,8 @@ def batch_reason(worker: Any, batch: Any) -> str | None:
     plain = worker.__dict__.get(_ATTR)
     if plain is None or not plain.ready or getattr(worker, "speculative_num_steps", None) != 0:
         return NOT_DEPTH_0
+    if not live():
+        return SWITCHED_OFF
     if batch.forward_mode.is_idle():
         return "an idle batch"
     if batch.has_grammar:

@@ -21,6 +21,7 @@ from typing import Any
 
 from sglang_hooks import off_mode, plain_decode, verify_schedule
 from sglang_hooks.contract import (
+    PLAIN_DECODE_KEY,
     PolicyError,
     PolicyTable,
     TierSelector,
@@ -57,6 +58,7 @@ class Change:
     lean_host: bool | None = None  # the host-work trims (lean_host.py), if the request says
     lean_relay: bool | None = None  # the depth-0 relay trims (lean_relay.py), likewise
     skip_draft_prefill: bool | None = None  # the draft's prefill while off (draft_prefill.py)
+    plain_decode: bool | None = None  # depth 0 on the DECODE graphs (plain_decode.py)
 
 
 def skippable_tiers(table: PolicyTable | None, mode: str) -> tuple[bool, ...]:
@@ -186,7 +188,12 @@ class SchedulerRuntime:
         if not self.active:
             raise PolicyError("specctl", f"the plugin is inactive on this server: "
                               f"{self.inactive_reason}")
-        return validate_change(server_args, self.captured_depths)
+        change = validate_change(server_args, self.captured_depths)
+        if change.plain_decode:
+            why = plain_decode.unavailable(plain_decode.state_report())
+            if why is not None:
+                raise PolicyError(PLAIN_DECODE_KEY, why)
+        return change
 
     def reject(self, err: PolicyError) -> None:
         self.last_rejection = f"{err.field}: {err.message}"
@@ -214,6 +221,8 @@ class SchedulerRuntime:
             self.skip_draft_prefill = self._switched(
                 "draft prefill skipped while off", self.skip_draft_prefill,
                 change.skip_draft_prefill)
+        if change.plain_decode is not None:
+            plain_decode.set_live(change.plain_decode)
         if change.table_given:
             if change.table is None:
                 self.selector = None
@@ -377,4 +386,4 @@ def validate_change(server_args: Mapping[str, Any], captured_depths: Iterable[in
         table = decode_table(table_keys, captured_depths=captured_depths)
     return Change(table=table, table_given=given, off_mode=asked.off_mode,
                   lean_host=asked.lean_host, lean_relay=asked.lean_relay,
-                  skip_draft_prefill=asked.skip_draft_prefill)
+                  skip_draft_prefill=asked.skip_draft_prefill, plain_decode=asked.plain_decode)

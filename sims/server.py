@@ -39,6 +39,8 @@ class _SetInternalStateBody(BaseModel):
 
 
 _BODY = TypeAdapter(_SetInternalStateBody)
+# The plugin's plain decode path for depth 0 (sglang_hooks/plain_decode.py) is not modelled.
+_NO_DECODE_GRAPHS = "the simulator runs depth 0 through the verify (docs/simulator.md)"
 
 
 class SimulatedServer:
@@ -85,6 +87,7 @@ class SimulatedServer:
         # The draft prefill skip as pushed; as in the plugin (sglang_hooks/draft_prefill.py)
         # it acts only under a table and outside the `sglang` off mode.
         self._skip_draft_prefill = self.engine.skip_draft_prefill
+        self._plain_decode = True  # as the plugin starts; no DECODE graphs here either way
         self._applied_iteration: int | None = None
         self._live_version = 0
         # Of finished streaming requests: tokens, requests, TTFT seconds, latency seconds.
@@ -222,6 +225,9 @@ class SimulatedServer:
             settings, args = contract.split_settings(req.server_args)
             try:
                 asked = contract.decode_settings(settings)
+                if asked.plain_decode:  # as a real server started without the DECODE graphs
+                    raise PolicyError(contract.PLAIN_DECODE_KEY, f"1 needs the DECODE graphs, "
+                                      f"and this server has none: {_NO_DECODE_GRAPHS}")
             except PolicyError as err:
                 return 400, contract.rejection_body(err)
             ours, rest = contract.split_policy_keys(args)
@@ -250,6 +256,8 @@ class SimulatedServer:
                 self._lean_relay = asked.lean_relay
             if asked.skip_draft_prefill is not None:
                 self._skip_draft_prefill = asked.skip_draft_prefill
+            if asked.plain_decode is not None:
+                self._plain_decode = asked.plain_decode
             if ours:
                 self._install(table)
             self._apply_prefill_skip()  # changes what an admission costs
@@ -324,6 +332,10 @@ class SimulatedServer:
                 state["lean_relay"] = self._lean_relay
                 state["skip_draft_prefill"] = self._skip_draft_prefill
                 state["skipped_draft_prefills"] = self.engine.skipped_draft_prefills
+                state["plain_decode"] = {
+                    "enabled": False, "env_error": None, "live": self._plain_decode,
+                    "runners": 0, "unbuilt_reasons": [_NO_DECODE_GRAPHS], "build_s": 0.0,
+                    "memory_gb": None, "launches": 0, "fallbacks": 0, "last_fallback": None}
             return state
 
     # ------------------------------------------------------------------ readback

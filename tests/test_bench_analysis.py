@@ -235,6 +235,9 @@ def test_the_facts_say_whether_depth_0_ran_as_a_plain_decode() -> None:
     assert plain["plain_decode_runners"] is None
     assert server_facts({"internal_states": [{"specctl": {"plain_decode": {"runners": True}}}]})[
         "plain_decode_runners"] is None
+    switched_off = {"internal_states": [{"specctl": {"plain_decode": {"runners": 1,
+                                                                      "live": False}}}]}
+    assert server_facts(switched_off)["plain_decode_runners"] == 0
 
 
 def test_prompts_that_came_round_within_the_kv_pool_are_flagged() -> None:

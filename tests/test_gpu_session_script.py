@@ -39,3 +39,10 @@ def test_a_bad_setting_is_refused_before_any_work(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "ORDER: expected alternate, spec-first or plain-first, got sideways" in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_the_plain_decode_ab_needs_the_graphs_captured_at_start_up(tmp_path: Path) -> None:
+    done = _step(tmp_path, "plainab", SPECCTL_PLAIN_DECODE="0")
+    assert done.returncode == 2
+    assert "plainab: start the spec server with SPECCTL_PLAIN_DECODE=1" in done.stderr
+    assert not (tmp_path / "run").exists()

@@ -144,6 +144,22 @@ def test_the_off_mode_key_is_answered_as_the_plugin_answers_it(kimi):
     assert status == 400 and rejection is not None and rejection.field == "specctl_lean_host"
 
 
+def test_the_plain_decode_switch_is_answered_as_a_server_without_decode_graphs(kimi):
+    """The simulator runs depth 0 through the verify: 0 is accepted and read back, 1 is the
+    400 a real server started without SPECCTL_PLAIN_DECODE gives, naming the key."""
+    server = _server(kimi)
+    assert read_server_state(server.server_info())[0]["plain_decode"]["live"] is True
+    assert server.set_internal_state({"server_args": {"specctl_plain_decode": 0}}, None) == \
+        (200, [True])
+    state = read_server_state(server.server_info())[0]["plain_decode"]
+    assert state["live"] is False and state["runners"] == 0
+    status, err = server.set_internal_state({"server_args": {"specctl_plain_decode": 1}}, None)
+    rejection = parse_rejection(err)
+    assert status == 400 and rejection is not None
+    assert rejection.field == "specctl_plain_decode" and "DECODE graphs" in rejection.message
+    assert read_server_state(server.server_info())[0]["plain_decode"]["live"] is False
+
+
 @pytest.mark.parametrize(
     "body, field",
     [

@@ -72,12 +72,14 @@ def server_facts(info: dict[str, Any]) -> dict[str, Any]:
     # Whether depth 0's verify ran with the decode's FA3 scheduling (its GPU cost differs).
     served = specctl.get("verify_schedule_backends") if isinstance(specctl, dict) else None
     out["verify_schedule_backends"] = served if isinstance(served, int) else None
-    # Whether depth 0 ran as a plain decode (SPECCTL_PLAIN_DECODE) rather than through the verify.
+    # Whether depth 0 ran as a plain decode (SPECCTL_PLAIN_DECODE) rather than through the verify:
+    # the runners it ran on, 0 while `specctl_plain_decode` has switched them off.
     plain = specctl.get("plain_decode") if isinstance(specctl, dict) else None
     runners = plain.get("runners") if isinstance(plain, dict) else None
-    out["plain_decode_runners"] = (
-        runners if isinstance(runners, int) and not isinstance(runners, bool) else None
-    )
+    if isinstance(plain, dict) and isinstance(runners, int) and not isinstance(runners, bool):
+        out["plain_decode_runners"] = 0 if plain.get("live") is False else runners
+    else:
+        out["plain_decode_runners"] = None
     # Whether the plugin's host-work trims ran (they shorten depth 0's iteration at high load).
     # ... and whether requests admitted at depth 0 skipped the draft's prefill.
     for trims in ("lean_host", "lean_relay", "skip_draft_prefill"):  # as they ran

@@ -111,6 +111,23 @@ def test_the_relay_trims_switch_through_the_controller(controller: Any,
     assert "specctl_lean_relay" in (runtime.last_rejection or "")
 
 
+def test_the_plain_decode_switch_goes_through_the_controller(controller: Any,
+                                                           runtime: SchedulerRuntime) -> None:
+    """No DECODE graphs were captured in this process: 1 is refused naming the key and how to
+    get them, 0 is applied."""
+    from sglang_hooks import plain_decode
+
+    saved = plain_decode._LIVE[0]
+    try:
+        out = controller.set_internal_state(_req({"specctl_plain_decode": 1}))
+        assert out.updated is False and plain_decode.live()
+        assert (runtime.last_rejection or "").startswith("specctl_plain_decode: 1 needs")
+        assert controller.set_internal_state(_req({"specctl_plain_decode": 0})).updated
+        assert runtime.report()["plain_decode"]["live"] is False
+    finally:
+        plain_decode._LIVE[0] = saved
+
+
 def test_the_draft_prefill_skip_switches_through_the_controller(
     controller: Any, runtime: SchedulerRuntime,
 ) -> None:

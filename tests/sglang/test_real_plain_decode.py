@@ -331,6 +331,55 @@ def test_a_failing_plain_decode_turns_the_path_off_for_that_worker(
         worker.__dict__[plain_decode._ATTR].reason)
 
 
+@pytest.fixture
+def live() -> Iterator[None]:
+    saved = plain_decode._LIVE[0]
+    yield
+    plain_decode._LIVE[0] = saved
+
+
+def test_the_admin_switch_sends_depth_0_back_to_the_verify_without_a_restart(
+    stats: plain_decode._Stats, live: None, runtime: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(plain_decode, "_PARTS", _parts())
+    worker = _worker()
+    stats.workers.append(worker.__dict__[plain_decode._ATTR])  # as `build` registers it
+    runtime.activate({0, 1, 3}, None)
+    runtime.commit(runtime.apply_request({"specctl_plain_decode": 0}))
+    assert plain_decode.state_report()["live"] is False
+    assert plain_decode.batch_reason(worker, _batch()) == plain_decode.SWITCHED_OFF
+    assert hooks.plain_decode_verify(_verify, worker, _batch())[0] == "verify"
+    assert (stats.launches, stats.fallbacks) == (0, 0)  # switched off is not a fallback
+    runtime.commit(runtime.apply_request({"specctl_plain_decode": 1}))
+    assert hooks.plain_decode_verify(_verify, worker, _batch()).accept_lens.tolist() == [1, 1, 1]
+    assert (stats.launches, stats.fallbacks) == (1, 0)
+    assert plain_decode.state_report()["live"] is True
+
+
+@pytest.mark.parametrize(("report", "says"), [
+    ({"enabled": False, "runners": 0}, "SPECCTL_PLAIN_DECODE=1"),
+    ({"enabled": True, "runners": 0, "unbuilt_reasons": ["MLA attention"]}, "MLA attention"),
+])
+def test_turning_the_path_on_where_no_graphs_were_captured_is_refused_naming_the_key(
+    stats: plain_decode._Stats, live: None, runtime: Any, report: dict[str, Any], says: str,
+) -> None:
+    from sglang_hooks.contract import PolicyError
+    from sglang_hooks.runtime import validate_change
+
+    runtime.activate({0, 1, 3}, None)
+    with pytest.raises(PolicyError) as err:  # this scheduler: nothing built
+        runtime.apply_request({"specctl_plain_decode": 1})
+    assert err.value.field == "specctl_plain_decode"
+    assert plain_decode.live()
+    change = validate_change({"specctl_plain_decode": 1}, None)
+    with pytest.raises(PolicyError, match=says) as err:  # the HTTP side, from the live states
+        hooks.check_plain_decode(change, [{"plain_decode": {"runners": 1}},
+                                          {"plain_decode": report}])
+    assert err.value.field == "specctl_plain_decode"
+    hooks.check_plain_decode(validate_change({"specctl_plain_decode": 0}, None),
+                             [{"plain_decode": report}])  # turning it off needs nothing
+
+
 # ----------------------------------------------------------------------------- start-up
 
 

@@ -23,6 +23,7 @@
 #   SPECCTL_PLAIN_DECODE=1 ACCEPTANCE=0 bash benchmarks/gpu/seeded/h200_session.sh setup OUT
 #   TAG=after bash benchmarks/gpu/seeded/h200_session.sh plainstate OUT  # what depth 0's plain
 #                                  # decode path did (sglang_hooks/plain_decode.py)
+#   bash benchmarks/gpu/seeded/h200_session.sh plainab OUT   # that path on and off, one start
 #
 # Measured on the H200: setup with ACCEPTANCE=0 330-370 s; series with SERIES=3 LEVEL_S=8
 # 358 s; parity 319 s; verify 225 s; profile about 100 s. context: two benches of 20 levels,
@@ -159,7 +160,10 @@ plugin_setting() {  # plugin_setting KEY VALUE: one plugin setting pushed to the
 off_mode() { plugin_setting specctl_off_mode "$1"; }  # 0 = sglang, 1 = skip-extend (default)
 lean_host() { plugin_setting specctl_lean_host "$1"; }  # 0|1: host-work trims (lean_host.py)
 
-OUTPUT_TOKENS=(--output-tokens 128)  # every request's length, unless a step spreads them
+# every request's length, unless a step spreads them. OUTPUT_LEN=N sets it: with N beyond what a
+# level's window decodes (2048 at LEVEL_S=6: under 1,000 tokens a stream at 128 streams), no
+# request ends and none is admitted inside the window, so a level times decode iterations alone
+OUTPUT_TOKENS=(--output-tokens "${OUTPUT_LEN:-128}")
 bench() {  # bench OUTDIR EXTRA...: the harness bench's workload (family a, 128-token outputs)
     # BENCH_TIMEOUT=S: SIGTERM after S seconds (the bench then restores the table and writes
     # the levels it finished, marked interrupted).
@@ -250,6 +254,42 @@ for i, state in enumerate(info.get("internal_states") or []):
     print(f"  startup_time {json.dumps(state.get('startup_time'))}")
     print(f"  memory_usage {json.dumps(state.get('memory_usage'))}")
 PY
+    pack
+    ;;
+plainab)
+    # Depth 0 with its plain decode path on and off, each against the plain server, on one
+    # start of the spec server (which needs SPECCTL_PLAIN_DECODE=1: the DECODE graphs are
+    # captured at start-up; the admin key `specctl_plain_decode` switches the path between
+    # benches). AB_ROUNDS rounds (default 3), each a paired bench with the path on and one
+    # with it off, which goes first alternating between rounds (and within each pair, which
+    # server goes first), after a warm pass and /freeze_gc on both servers; judged pooled per
+    # arm (benchmarks/gpu/parity.py: parity_plain_on.txt, parity_plain_off.txt). STREAMS
+    # (default 16,64,128), LEVEL_S and SPREAD as in `series`; each bench draws fresh prompts.
+    # The path is left on.
+    if [ "${SPECCTL_PLAIN_DECODE:-0}" != 1 ]; then
+        echo "plainab: start the spec server with SPECCTL_PLAIN_DECODE=1" >&2; exit 2
+    fi
+    warm_pass "$R/plainab_warm"
+    freeze_gc spec; freeze_gc plain
+    for i in $(seq 1 "${AB_ROUNDS:-3}"); do
+        arms=(1 0); order_flag=(); [ $((i % 2)) = 0 ] && { arms=(0 1); order_flag=(--plain-first); }
+        for on in "${arms[@]}"; do
+            arm=off; [ "$on" = 1 ] && arm=on
+            stamp "round $i: depth 0 with the plain decode path $arm, and the plain server"
+            plugin_setting specctl_plain_decode "$on"
+            spread_outputs "$(fresh_seed 3000)"
+            bench "$R/plainab_${arm}_$i" --depths 0 --no-spec-url "$(plain_url)" --paired \
+                "${order_flag[@]}" --client-processes 4 --warmup-per-level 2 \
+                --concurrency "${STREAMS:-16,64,128}" 2>&1 | tee "$R/plainab_${arm}_$i.txt" \
+                | tail -8
+            pack
+        done
+    done
+    plugin_setting specctl_plain_decode 1
+    for arm in on off; do
+        "$PY" -m benchmarks.gpu.parity "$R"/plainab_"$arm"_[0-9]*/ \
+            --json "$R/parity_plain_$arm.json" | tee "$R/parity_plain_$arm.txt"
+    done
     pack
     ;;
 setup)
@@ -653,7 +693,8 @@ hostwatch)
     # Host time under load, depth 0 against the plain server (benchmarks/gpu/host_watch.py): CPU
     # per process of the machine, the cgroup's throttling, and with PYSPY=path the scheduler's
     # stacks, whose shares `stack_share compare` puts side by side. HOST_STREAMS (default 1,4,128),
-    # WATCH_S seconds a level (default 8); with SPREAD the spread dataset. A warm pass first
+    # WATCH_S seconds a level (default 8); with SPREAD the spread dataset, else OUTPUT_LEN tokens
+    # a request (default 128; one beyond what a level decodes keeps admissions out). A warm pass first
     # (WARM=0: none), or Triton compiles a large batch's kernels inside depth 0's window (run 19:
     # SGLang's slot-assignment kernel for 128 requests, 5.5% of its 128-stream samples).
     warm_pass "$(fresh_dir "$R/host_warm")"
@@ -662,7 +703,7 @@ hostwatch)
     STREAMS=${HOST_STREAMS:-1,4,128}
     HW=(--run-dir "$R" --dataset "${DATASET:-$R/models/seeded/family_a.jsonl}" --out "$H"
         --seconds "${WATCH_S:-8}" --streams "$STREAMS" ${PYSPY:+--py-spy "$PYSPY"})
-    [ -z "${SPREAD:-}" ] && HW+=(--output-tokens 128)
+    [ -z "${SPREAD:-}" ] && HW+=(--output-tokens "${OUTPUT_LEN:-128}")
     "$PY" -m benchmarks.gpu.host_watch --server spec --depth 0 "${HW[@]}" 2>&1 | tee -a "$H/watch.txt"
     "$PY" -m benchmarks.gpu.host_watch --server plain "${HW[@]}" 2>&1 | tee -a "$H/watch.txt"
     for c in ${STREAMS//,/ }; do

@@ -324,3 +324,45 @@ def test_the_runs_under_the_target_are_set_beside_the_series_decode_forward(tmp_
     assert parity.compare_runs(runs)[0].tracks is None
     assert parity.main([str(r) for r in runs]) == 0
     assert "what the runs under" not in capsys.readouterr().out
+
+
+def _decode_row(series: str, c: int, tok_s: float, elapsed: float, passes: int, itl: float,
+                prefills: int = 0):
+    return {**_row(series, c, tok_s, elapsed, 0.0), "tpot_p50_ms": None, "too_short": True,
+            "prefill_passes": prefills, "decode_passes": passes, "server_itl_ms": itl}
+
+
+def test_decode_only_levels_pool_tok_s_passes_and_sglangs_itl(tmp_path, capsys):
+    a = _bench(tmp_path / "a", [_decode_row("d0", 128, 990.0, 10.0, 700, 8.7),
+                                _decode_row("no-spec", 128, 1000.0, 10.0, 705, 8.6)])
+    b = _bench(tmp_path / "b", [_decode_row("d0", 128, 1000.0, 30.0, 2100, 8.5),
+                                _decode_row("no-spec", 128, 1000.0, 30.0, 2100, 8.5)])
+    with pytest.raises(parity.ParityError):
+        parity.compare_runs([a, b])  # no TPOT anywhere: nothing the usual verdict can judge
+    (p,) = parity.compare_decode_only([a, b])
+    assert p.ratios == [0.99, 1.0]
+    assert p.pooled_ratio == pytest.approx((9900 + 30000) / (10000 + 30000), abs=1e-4)
+    assert p.passes_per_s == (70.0, 70.1) and p.itl_ms == (8.55, 8.525)
+    assert parity.main([str(a), str(b), "--decode-only"]) == 0
+    out = capsys.readouterr().out
+    assert "70.0 / 70.1" in out and "at every level: yes" in out
+
+
+def test_decode_only_refuses_a_window_that_admitted_requests(tmp_path, capsys):
+    a = _bench(tmp_path / "a", [_decode_row("d0", 16, 990.0, 10.0, 700, 8.7, prefills=3),
+                                _decode_row("no-spec", 16, 1000.0, 10.0, 705, 8.6)])
+    assert parity.main([str(a), "--decode-only"]) == 2
+    err = capsys.readouterr().err
+    assert "d0 at c=16 ran 3 prefill passes in its window" in err and "--decode-only" in err
+
+
+def test_the_h200_decode_only_series_read_at_parity() -> None:
+    """The twenty-first run's two decode-only series at 64 and 128 streams, as checked in."""
+    from pathlib import Path
+
+    run = Path(__file__).parents[1] / "benchmarks/results/gpu/h200-sglang-0.5.17-seeded-8b-run21"
+    pairs = parity.compare_decode_only([run / "series_decode_1", run / "series_decode_2"])
+    assert [p.concurrency for p in pairs] == [64, 128]
+    for p in pairs:  # the two servers iterate at the same rate when nothing is admitted
+        assert p.pooled_ratio == pytest.approx(1.0, abs=0.005)
+        assert p.passes_per_s[0] == pytest.approx(p.passes_per_s[1], rel=0.005)

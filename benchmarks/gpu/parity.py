@@ -28,6 +28,12 @@ Where paired runs of both orders pooled (`specctl bench --paired`, with and with
 weighs the two orders equally (the geometric mean of their pooled ratios): with more runs of
 one order than the other, the pooled ratio carries the order's own effect.
 A folder without bench.json (a bench cut before it wrote it) is left out, with a note.
+
+`--decode-only` judges benches whose levels admitted nothing inside the window (every request
+longer than a level decodes: h200_session.sh's OUTPUT_LEN), where no request finishes and so
+no TPOT is measured: per level, the pooled tok/s ratio and each run's, both servers' decode
+passes per second in the window and SGLang's own inter-token latency (its histogram's mean over
+the window), pooled the same way. A level with a prefill pass in its window is refused there.
 """
 
 from __future__ import annotations
@@ -574,6 +580,86 @@ def report(
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class DecodeOnlyPair:
+    """One concurrency of decode-only benches: the series beside the plain server."""
+
+    concurrency: int
+    ratios: list[float]
+    pooled_ratio: float
+    interval: tuple[float, float] | None
+    passes_per_s: tuple[float, float]  # decode passes a second in the window (series, plain)
+    itl_ms: tuple[float | None, float | None]  # SGLang's own inter-token latency, mean
+
+
+def _decode_only_rows(path: Path) -> dict[tuple[str, int], dict[str, Any]]:
+    rows = _rows(path, measured_only=False)
+    out = {}
+    for r in rows:
+        if not all(isinstance(r.get(k), int | float) for k in ("output_tok_per_s", "elapsed_s")):
+            continue
+        if r.get("prefill_passes") != 0 or not r.get("decode_passes"):
+            raise ParityError(
+                f"{path}: {r.get('series')} at c={r.get('concurrency')} ran "
+                f"{r.get('prefill_passes')} prefill passes in its window: not decode-only "
+                f"(give every request more tokens than a level decodes, or drop --decode-only)")
+        out[(str(r.get("series")), int(r.get("concurrency") or 0))] = r
+    return out
+
+
+def _mean_itl(rows: list[dict[str, Any]]) -> float | None:
+    got = [(r["server_itl_ms"], r["elapsed_s"]) for r in rows
+           if isinstance(r.get("server_itl_ms"), int | float)]  # fmt: skip
+    return round(sum(v * w for v, w in got) / sum(w for _, w in got), 3) if got else None
+
+
+def compare_decode_only(paths: Sequence[Path], series: str = "d0") -> list[DecodeOnlyPair]:
+    runs = [_decode_only_rows(p) for p in paths]
+    levels = sorted({c for by in runs for s, c in by if s == series and (PLAIN, c) in by})
+    if not levels:
+        raise ParityError("no decode-only level measured for both servers in any run")
+    pairs = []
+    for c in levels:
+        got = [(by[(series, c)], by[(PLAIN, c)]) for by in runs
+               if (series, c) in by and (PLAIN, c) in by]
+        own, plain = [s for s, _ in got], [p for _, p in got]
+        pairs.append(DecodeOnlyPair(
+            concurrency=c,
+            ratios=[round(s["output_tok_per_s"] / p["output_tok_per_s"], 4) for s, p in got],
+            pooled_ratio=round(_pooled_tok_s(own) / _pooled_tok_s(plain), 4),
+            interval=pooled_interval(got),
+            passes_per_s=tuple(  # type: ignore[arg-type]
+                round(sum(r["decode_passes"] for r in rows) / _seconds(rows), 1)
+                for rows in (own, plain)),
+            itl_ms=(_mean_itl(own), _mean_itl(plain)),
+        ))  # fmt: skip
+    return pairs
+
+
+def decode_only_report(pairs: Sequence[DecodeOnlyPair], runs: int, series: str,
+                       min_ratio: float) -> str:
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    lines = [
+        f"{series} against the plain server, decode-only levels (no admission in the window), "
+        f"over {runs} bench runs",
+        f"{'conc':>5} {'pooled':>7} {f'{INTERVAL:.0%} interval':>13} {'per run':<20} "
+        f"{'passes/s ' + series + ' / plain':>24} {'ITL ms ' + series + ' / plain':>22}",
+    ]
+    for p in pairs:
+        interval = "-" if p.interval is None else f"{p.interval[0]:.3f}-{p.interval[1]:.3f}"
+        lines.append(
+            f"{p.concurrency:>5} {p.pooled_ratio:>7.3f} {interval:>13} "
+            f"{' '.join(f'{r:.3f}' for r in p.ratios):<20} "
+            f"{f'{p.passes_per_s[0]:.1f} / {p.passes_per_s[1]:.1f}':>24} "
+            f"{ms(p.itl_ms[0]) + ' / ' + ms(p.itl_ms[1]):>22}")
+    failed = [p.concurrency for p in pairs if p.pooled_ratio < min_ratio]
+    lines.append(f"pooled tok/s >= {min_ratio:g} of plain at every level: "
+                 + ("yes" if not failed else f"no (c={', '.join(map(str, failed))})"))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.gpu.parity", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -582,6 +668,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--min-ratio", type=float, default=0.98, help="tok/s share to meet (0.98)")
     ap.add_argument("--tpot-within", type=float, default=0.03, help="TPOT p50 change (0.03)")
     ap.add_argument("--json", type=Path, help="also write the comparison as one JSON object")
+    ap.add_argument("--decode-only", action="store_true",
+                    help="benches whose windows admitted nothing (see above)")
     args = ap.parse_args(argv)
     cut = [p for p in args.runs if p.is_dir() and not (p / "bench.json").exists()]
     for path in cut:
@@ -591,10 +679,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.runs:
             raise ParityError("no bench.json in any folder given")
-        pairs = compare_runs(args.runs, args.series, args.min_ratio)
+        if args.decode_only:
+            decode_pairs = compare_decode_only(args.runs, args.series)
+        else:
+            pairs = compare_runs(args.runs, args.series, args.min_ratio)
     except ParityError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if args.decode_only:
+        print(decode_only_report(decode_pairs, len(args.runs), args.series, args.min_ratio))
+        if args.json:
+            args.json.write_text(json.dumps({
+                "runs": [str(p) for p in args.runs], "series": args.series, "decode_only": True,
+                "min_ratio": args.min_ratio, "levels": [asdict(p) for p in decode_pairs],
+            }, indent=2) + "\n")  # fmt: skip
+        return 0
     print(report(pairs, len(args.runs), args.series, args.min_ratio, args.tpot_within))
     for extra in (time_table(pairs, args.series), passes_line(pairs, args.series),
                   run_by_run_table(pairs, args.series), spread_table(pairs, args.series),

@@ -470,6 +470,8 @@ series)
     # numbered on from the last one in $R and pooled with them.
     # SPREAD=LOW:HIGH: output lengths drawn over LOW..HIGH instead of all 128, so requests end
     # one by one rather than in waves (the 128-stream levels were bimodal with equal lengths).
+    # OUTPUT_LEN=N (no SPREAD): every request N tokens, more than a level decodes, so its
+    # window admits nothing and times decode iterations alone (parity.py --decode-only).
     # STREAMS=128 (comma list) benches those levels only, e.g. long ones (LEVEL_S=60) where
     # short series leave the ratio's interval wide; they pool with the full series by level.
     # SERIES_TAG=NAME keeps these series apart (series_NAME_1, ..., parity_NAME.txt), e.g. those
@@ -526,7 +528,9 @@ series)
     side_logs_end "$S" "$S"[0-9]*/
     cores_back
     P="$R/parity${SERIES_TAG:+_$SERIES_TAG}"
-    "$PY" -m benchmarks.gpu.parity "$S"[0-9]*/ --json "$P.json" | tee "$P.txt"
+    # OUTPUT_LEN series admit nothing inside their windows: judged on tok/s alone
+    "$PY" -m benchmarks.gpu.parity "$S"[0-9]*/ ${OUTPUT_LEN:+--decode-only} --json "$P.json" \
+        | tee "$P.txt"
     grep -h "LONG GARBAGE\|Freezing GC" "$R"/logs/*.log >"$R/gc_log.txt" 2>/dev/null || true
     echo "$(grep -c "LONG GARBAGE" "$R/gc_log.txt" || true) long collections logged"
     pack

@@ -144,6 +144,15 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
     """AFTER AdaptiveController.init_states: every runtime state exists; start steering."""
     rt = RUNTIME
     try:
+        # What the HTTP side refuses pushes for (pipeline parallelism), this scheduler reports
+        # too, instead of a table state no push can reach.
+        server_args = getattr(controller.worker, "server_args", None)
+        reason = None if server_args is None else unsupported_config_reason(server_args)
+        if reason is not None:
+            rt.deactivate(reason)
+            logger.warning("specctl: inactive on this scheduler, SGLang runs unchanged: %s",
+                           reason)
+            return None
         rt.timer = make_timer()  # here, not at plugin load: CUDA is initialised by now
         usable, partial = captured_depths(
             controller.params, controller.worker.speculative_num_steps, cuda_graph_bs

@@ -82,6 +82,8 @@ COMMON_READS: tuple[SymbolSpec, ...] = (
     # the trivial verify input's fields the host-work trims rebuild it with
     SymbolSpec(_WORKER, "EAGLEWorkerV2", "topk", instance=True),
     SymbolSpec(_WORKER, "EAGLEWorkerV2", "_target_worker", instance=True),
+    # the configuration a scheduler checks before it steers (pipeline parallelism)
+    SymbolSpec(_WORKER, "EAGLEWorkerV2", "server_args", instance=True),
     SymbolSpec("sglang.srt.speculative.eagle_info", "EagleVerifyInput", "retrieve_next_sibling",
                attribute=True),
     SymbolSpec("sglang.srt.speculative.eagle_info", "EagleVerifyInput", "seq_lens_cpu",

@@ -177,6 +177,27 @@ def test_server_info_names_why_the_controller_never_started(runtime: SchedulerRu
     assert "pp_size=2" in pp.internal_state["specctl"]["inactive_reason"]
 
 
+def test_a_scheduler_whose_states_build_under_pipeline_parallelism_stays_inactive(
+    runtime: SchedulerRuntime,
+) -> None:
+    """With pp_size 2 SGLang still builds the adaptive states on a scheduler; the plugin then
+    reports inactive with the reason the HTTP side refuses pushes for, not active with a
+    table state no push can reach. The real ServerArgs; the controller is a stand-in."""
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+
+    params = SimpleNamespace(candidate_steps=[0, 3], cuda_graph_bs_for_step=lambda step: [1])
+    owner = _owner(speculative_adaptive=True, pp_size=2)
+    worker = SimpleNamespace(speculative_num_steps=3, server_args=owner.server_args)
+    hooks.on_states_built(None, SimpleNamespace(params=params, worker=worker), [1])
+    assert runtime.active is False and "pp_size=2" in (runtime.inactive_reason or "")
+    out = hooks.get_internal_state(GetInternalStateReqOutput(internal_state={}), owner)
+    assert out.internal_state["specctl"]["active"] is False
+    one = SimpleNamespace(speculative_num_steps=3,
+                          server_args=_owner(speculative_adaptive=True).server_args)
+    hooks.on_states_built(None, SimpleNamespace(params=params, worker=one), [1])
+    assert runtime.active is True  # the same start without pipeline parallelism steers
+
+
 def test_a_started_controller_reports_no_reason(runtime: SchedulerRuntime) -> None:
     from sglang.srt.managers.io_struct import GetInternalStateReqOutput
 

@@ -32,6 +32,7 @@ from sglang_hooks.contract import (
     LEAN_HOST_KEY,
     LEAN_RELAY_KEY,
     METRIC_ITERATIONS,
+    PLAIN_DECODE_KEY,
     SKIP_DRAFT_PREFILL_KEY,
     PolicyTable,
     Tier,
@@ -147,6 +148,34 @@ def setting_checks(admin: httpx.Client, api: httpx.Client, key: str, field: str,
     return out
 
 
+def plain_decode_checks(admin: httpx.Client, api: httpx.Client) -> list[tuple[bool, str]]:
+    """`specctl_plain_decode`: where every scheduler captured the DECODE graphs, the other
+    value then the one it started at, applied and read back (`plain_decode.live`); where one
+    did not, 1 refused with a 400 naming the key. Empty when the server does not report
+    `plain_decode`."""
+    def reports() -> list[dict[str, Any]]:
+        return [s.get("plain_decode") or {} for s in read_server_state(api.get("/server_info")
+                                                                      .json())]
+
+    states = reports()
+    if not all(states):
+        return []
+    if not all(s.get("runners") for s in states):
+        r = admin.post("/set_internal_state", json={"server_args": {PLAIN_DECODE_KEY: 1}})
+        return [(r.status_code == 400 and PLAIN_DECODE_KEY in r.text,
+                 f"{PLAIN_DECODE_KEY} 1 without DECODE graphs refused with 400 "
+                 f"({r.status_code}): {r.text}")]
+    out = []
+    started = bool(states[0].get("live", True))
+    for code in (int(not started), int(started)):
+        r = admin.post("/set_internal_state", json={"server_args": {PLAIN_DECODE_KEY: code}})
+        live = [s.get("live") for s in reports()]
+        out.append((r.status_code == 200 and all(r.json()) and live == [bool(code)] * len(live),
+                    f"plain_decode live {bool(code)} ({code}) applied on every rank: {r.text} "
+                    f"-> {live}"))
+    return out
+
+
 def off_mode_checks(admin: httpx.Client, api: httpx.Client) -> list[tuple[bool, str]]:
     """Each off mode, then the host-work trims, the depth-0 relay trims and the draft
     prefill's skip on and off, pushed and read back (setting_checks); the server is left as
@@ -208,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     r = client.post("/set_internal_state", json=bad)
     results.append(_check(r.status_code == 400 and "specctl_t1_hysteresis" in r.text,
                           f"malformed table refused with 400 ({r.status_code})"))
-    for ok, what in off_mode_checks(client, api):
+    for ok, what in [*off_mode_checks(client, api), *plain_decode_checks(client, api)]:
         results.append(_check(ok, what))
     uncaptured = next(d for d in range(16) if d not in captured)
     r = client.post("/set_internal_state",

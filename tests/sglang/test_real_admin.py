@@ -334,6 +334,31 @@ def test_smoke_off_mode_checks_pass_against_the_real_push_route(
     assert not runtime.lean_relay
 
 
+@pytest.mark.parametrize("captured", [False, True])
+def test_smoke_plain_decode_checks_pass_against_the_real_push_route(
+    client: Any, runtime: SchedulerRuntime, captured: bool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without DECODE graphs 1 is refused with the key; with a (stand-in) captured runner the
+    switch goes off and back on through the real route. /server_info is stood in as above."""
+    import httpx
+    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
+
+    from sglang_hooks import plain_decode, smoke
+
+    def server_info(path: str) -> httpx.Response:
+        out = hooks.get_internal_state(GetInternalStateReqOutput(internal_state={}), None)
+        return httpx.Response(200, json={"internal_states": [out.internal_state]})
+
+    stats = plain_decode._Stats()
+    if captured:
+        stats.workers.append(plain_decode.PlainDecode(runner=object(), backend=object()))
+    monkeypatch.setattr(plain_decode, "STATS", stats)
+    monkeypatch.setattr(plain_decode, "_LIVE", [True])
+    checks = smoke.plain_decode_checks(client, SimpleNamespace(get=server_info))
+    assert len(checks) == (2 if captured else 1) and all(ok for ok, _ in checks), checks
+    assert plain_decode.live()  # as it started
+
+
 def test_non_numeric_value_is_refused_by_sglang_own_validation(client: Any) -> None:
     body = push_body(TABLE)
     body["server_args"]["specctl_t0_depth"] = "three"

@@ -93,6 +93,12 @@ def unsupported_config_reason(server_args: Any) -> str | None:
             else base
     if sglang_reason is not None:
         return f"SGLang disabled adaptive speculation: {sglang_reason}"
+    return pipeline_reason(server_args)
+
+
+def pipeline_reason(server_args: Any) -> str | None:
+    """Why pipeline parallelism keeps the plugin from steering, or None: the one refusal a
+    scheduler can reach with its adaptive states built."""
     pp = _resolved(server_args, "pp_size", 1) or 1
     if pp > 1:
         return (f"pp_size={pp}: pipeline parallelism is not supported (only the last stage "
@@ -144,10 +150,10 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
     """AFTER AdaptiveController.init_states: every runtime state exists; start steering."""
     rt = RUNTIME
     try:
-        # What the HTTP side refuses pushes for (pipeline parallelism), this scheduler reports
-        # too, instead of a table state no push can reach.
+        # What the HTTP side refuses pushes for, this scheduler reports too, instead of a table
+        # state no push can reach (the worker holds the draft's copy of the server arguments).
         server_args = getattr(controller.worker, "server_args", None)
-        reason = None if server_args is None else unsupported_config_reason(server_args)
+        reason = None if server_args is None else pipeline_reason(server_args)
         if reason is not None:
             rt.deactivate(reason)
             logger.warning("specctl: inactive on this scheduler, SGLang runs unchanged: %s",

@@ -7,6 +7,7 @@ each run's numbers are known and the pooled figures can be checked by hand.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -77,6 +78,11 @@ def test_three_runs_or_more_give_the_pooled_ratios_interval(tmp_path, capsys):
     text = capsys.readouterr().out
     assert f"{low:.3f}-{high:.3f}" in text
     assert "0.98 lies inside the pooled ratio's 90% interval at c=1" in text
+    # 0.9825 against 0.98: the interval must narrow to a half-width of 0.0025
+    need = math.ceil(4 * ((high - low) / 2 / (one.pooled_ratio - 0.98)) ** 2)
+    assert parity.runs_to_resolve(one, 0.98) == need and need > 4
+    assert f"put it outside the interval: c=1 ~{need}" in text
+    assert parity.runs_to_resolve(one, 0.9815) is None  # within 0.002: too close to call
     assert parity.main([str(r) for r in runs] + ["--min-ratio", "0.9"]) == 0
     assert "lies inside" not in capsys.readouterr().out
 

@@ -10,7 +10,9 @@ measured seconds summed across series (the pooled ratio), beside each series' ow
 median TPOT p50 of each server, and the levels whose TTFT p99 shows a stall. With three runs
 or more, a 90% bootstrap interval of the pooled ratio (the runs resampled) says how far
 another set of as many runs could land, and a last line names the levels where the target
-ratio lies inside it: there these runs cannot tell which side it is on. Where both servers
+ratio lies inside it: there these runs cannot tell which side it is on, and the next line
+how many runs in all would, at the runs' spread and the pooled ratio as it is, narrow the
+interval enough to tell (it narrows as one over the root of the runs). Where both servers
 ran with SGLang's device timer (SGLANG_ENABLE_METRICS_DEVICE_TIMER=1), a second table says where
 the time went, pooled the same way: prefill GPU ms per completed request, decode GPU ms per
 output token, the share of the window the GPU ran nothing, and the mean running requests.
@@ -577,7 +579,26 @@ def report(
             f"{min_ratio:g} lies inside the pooled ratio's {INTERVAL:.0%} interval at "
             f"c={', '.join(map(str, unsure))}: these runs cannot tell which side it is on"
         )
+        needs = [(p.concurrency, runs_to_resolve(p, min_ratio)) for p in pairs
+                 if p.concurrency in unsure]  # fmt: skip
+        lines.append(
+            "runs in all that would, at this spread, put it outside the interval: "
+            + ", ".join(f"c={c} {'~' + str(n) if n is not None else 'too close to call'}"
+                        for c, n in needs))
     return "\n".join(lines)
+
+
+def runs_to_resolve(pair: Pair, target: float) -> int | None:
+    """About how many runs in all would put `target` outside the pooled ratio's interval, if
+    the runs kept their spread and the pooled ratio its value: the interval narrows as one
+    over the root of the runs. None where the ratio is within 0.002 of the target."""
+    if pair.interval is None:
+        return None
+    gap = abs(pair.pooled_ratio - target)
+    if gap < 0.002:
+        return None
+    half = (pair.interval[1] - pair.interval[0]) / 2
+    return max(len(pair.ratios) + 1, math.ceil(len(pair.ratios) * (half / gap) ** 2))
 
 
 @dataclass(frozen=True)

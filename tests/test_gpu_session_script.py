@@ -46,3 +46,16 @@ def test_the_plain_decode_ab_needs_the_graphs_captured_at_start_up(tmp_path: Pat
     assert done.returncode == 2
     assert "plainab: start the spec server with SPECCTL_PLAIN_DECODE=1" in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_later_plain_decode_ab_call_numbers_its_rounds_on(tmp_path: Path) -> None:
+    """Round 1 is in the run folder: the next call's round is 2, an even one, so the path-off
+    arm goes first. No server runs here, so every bench fails and the step exits 1."""
+    for arm in ("on", "off"):
+        (tmp_path / "run" / f"plainab_{arm}_1").mkdir(parents=True)
+    done = _step(tmp_path, "plainab", SPECCTL_PLAIN_DECODE="1", WARM="0", AB_ROUNDS="1")
+    assert done.returncode == 1, done.stdout + done.stderr
+    rounds = [line.split(" ", 2)[2] for line in done.stdout.splitlines()
+              if line.startswith("== ") and " round " in line]
+    assert [r.split(":")[0] for r in rounds] == ["round 2", "round 2"]
+    assert "path off" in rounds[0] and "path on" in rounds[1]

@@ -265,13 +265,16 @@ plainab)
     # server goes first), after a warm pass and /freeze_gc on both servers; judged pooled per
     # arm (benchmarks/gpu/parity.py: parity_plain_on.txt, parity_plain_off.txt). STREAMS
     # (default 16,64,128), LEVEL_S and SPREAD as in `series`; each bench draws fresh prompts.
-    # The path is left on.
+    # A later call (WARM=0) numbers its rounds on from the last in $R, and the verdict pools
+    # them all, so rounds can spread over several calls. The path is left on.
     if [ "${SPECCTL_PLAIN_DECODE:-0}" != 1 ]; then
         echo "plainab: start the spec server with SPECCTL_PLAIN_DECODE=1" >&2; exit 2
     fi
     warm_pass "$R/plainab_warm"
     freeze_gc spec; freeze_gc plain
-    for i in $(seq 1 "${AB_ROUNDS:-3}"); do
+    first=1
+    while [ -e "$R/plainab_on_$first" ] || [ -e "$R/plainab_off_$first" ]; do first=$((first + 1)); done
+    for i in $(seq "$first" $((first + ${AB_ROUNDS:-3} - 1))); do
         arms=(1 0); order_flag=(); [ $((i % 2)) = 0 ] && { arms=(0 1); order_flag=(--plain-first); }
         for on in "${arms[@]}"; do
             arm=off; [ "$on" = 1 ] && arm=on

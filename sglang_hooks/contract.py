@@ -639,6 +639,13 @@ def decode_plain_decode(value: Any) -> bool:
                           "the DECODE graphs captured at start-up")
 
 
+def no_decode_graphs(reasons: Iterable[str]) -> str:
+    """What a push of `specctl_plain_decode` 1 is refused with by a server that has no DECODE
+    graphs to send depth 0 to, and why it has none (the plugin's or the simulator's)."""
+    listed = ", ".join(reasons) or "none was built"
+    return f"1 needs the DECODE graphs, and this server has none: {listed}"
+
+
 @dataclass(frozen=True)
 class Settings:
     """The plugin settings a request asks for; None where its key is absent."""

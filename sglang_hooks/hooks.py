@@ -25,7 +25,6 @@ from sglang_hooks import (
 )
 from sglang_hooks.adapters.base import Adapter
 from sglang_hooks.contract import (
-    PLAIN_DECODE_KEY,
     PolicyError,
     has_policy_keys,
     read_server_state,
@@ -629,12 +628,8 @@ def captured_everywhere(states: Sequence[Mapping[str, Any]]) -> frozenset[int]:
 def check_plain_decode(change: Change, states: Sequence[Mapping[str, Any]]) -> None:
     """A push that turns depth 0's plain decode on needs the DECODE graphs on every
     scheduler. Raises PolicyError naming the key."""
-    if not change.plain_decode:
-        return
-    for state in states:
-        why = plain_decode.unavailable(dict(state.get("plain_decode") or {}))
-        if why is not None:
-            raise PolicyError(PLAIN_DECODE_KEY, why)
+    if change.plain_decode:
+        plain_decode.check_turning_on(state.get("plain_decode") for state in states)
 
 
 async def validate_push(original: Callable[..., Any], manager: Any, obj: Any, *args: Any,

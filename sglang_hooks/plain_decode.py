@@ -33,10 +33,11 @@ CUDA graphs off. Versions: SGLang 0.5.17 (the adapter that lists these hooks).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_hooks.contract import PLAIN_DECODE_KEY, PolicyError, no_decode_graphs
 from sglang_hooks.env_switch import read_switch
 
 logger = logging.getLogger("specctl")
@@ -97,7 +98,7 @@ def live() -> bool:
     return _LIVE[0]
 
 
-def unavailable(report: dict[str, Any]) -> str | None:
+def unavailable(report: Mapping[str, Any]) -> str | None:
     """Why a push of `specctl_plain_decode` 1 cannot take effect on the scheduler whose
     `state_report` this is, or None."""
     if report.get("runners"):
@@ -105,8 +106,17 @@ def unavailable(report: dict[str, Any]) -> str | None:
     if not report.get("enabled"):
         return (f"1 needs the DECODE graphs, captured at start-up: start the server with "
                 f"{ENV}=1")
-    reasons = ", ".join(report.get("unbuilt_reasons") or []) or "none was built"
-    return f"1 needs the DECODE graphs, and this server has none: {reasons}"
+    return no_decode_graphs(report.get("unbuilt_reasons") or [])
+
+
+def check_turning_on(reports: Iterable[Mapping[str, Any] | None]) -> None:
+    """A push turning the path on needs the DECODE graphs on every scheduler whose
+    `state_report` is given (the scheduler's own, or every one the HTTP side reads). Raises
+    PolicyError naming the key."""
+    for report in reports:
+        why = unavailable(report or {})
+        if why is not None:
+            raise PolicyError(PLAIN_DECODE_KEY, why)
 
 
 def state_report() -> dict[str, Any]:

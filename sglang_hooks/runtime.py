@@ -21,7 +21,6 @@ from typing import Any
 
 from sglang_hooks import off_mode, plain_decode, verify_schedule
 from sglang_hooks.contract import (
-    PLAIN_DECODE_KEY,
     PolicyError,
     PolicyTable,
     TierSelector,
@@ -190,9 +189,7 @@ class SchedulerRuntime:
                               f"{self.inactive_reason}")
         change = validate_change(server_args, self.captured_depths)
         if change.plain_decode:
-            why = plain_decode.unavailable(plain_decode.state_report())
-            if why is not None:
-                raise PolicyError(PLAIN_DECODE_KEY, why)
+            plain_decode.check_turning_on([plain_decode.state_report()])
         return change
 
     def reject(self, err: PolicyError) -> None:

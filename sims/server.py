@@ -226,8 +226,8 @@ class SimulatedServer:
             try:
                 asked = contract.decode_settings(settings)
                 if asked.plain_decode:  # as a real server started without the DECODE graphs
-                    raise PolicyError(contract.PLAIN_DECODE_KEY, f"1 needs the DECODE graphs, "
-                                      f"and this server has none: {_NO_DECODE_GRAPHS}")
+                    raise PolicyError(contract.PLAIN_DECODE_KEY,
+                                      contract.no_decode_graphs([_NO_DECODE_GRAPHS]))
             except PolicyError as err:
                 return 400, contract.rejection_body(err)
             ours, rest = contract.split_policy_keys(args)

@@ -272,6 +272,18 @@ def tracks_of(got: Sequence[tuple[dict[str, Any], dict[str, Any]]], min_ratio: f
     )
 
 
+Row = dict[str, Any]
+
+
+def _paired_levels(runs: Sequence[dict[tuple[str, int], Row]], series: str
+                   ) -> list[tuple[int, list[tuple[Row, Row]]]]:
+    """Per concurrency either server measured beside the other in some run: the (series, plain)
+    rows of every run that has both."""
+    levels = sorted({c for by in runs for s, c in by if s == series and (PLAIN, c) in by})
+    return [(c, [(by[(series, c)], by[(PLAIN, c)]) for by in runs
+                 if (series, c) in by and (PLAIN, c) in by]) for c in levels]  # fmt: skip
+
+
 def compare_runs(paths: Sequence[Path], series: str = "d0", min_ratio: float = 0.98
                  ) -> list[Pair]:
     """Per concurrency, pooled over the runs that measured it for both the series and the
@@ -289,13 +301,8 @@ def compare_runs(paths: Sequence[Path], series: str = "d0", min_ratio: float = 0
         if not any(s == series for s, _ in by):
             raise ParityError(f"{path}: no series {series!r}; bench with --depths 0")
         runs.append(by)
-    levels = sorted(
-        set.union(*({c for s, c in by if s == series and (PLAIN, c) in by} for by in runs))
-    )
     pairs = []
-    for c in levels:
-        got = [(by[(series, c)], by[(PLAIN, c)]) for by in runs
-               if (series, c) in by and (PLAIN, c) in by]
+    for c, got in _paired_levels(runs, series):
         ordered = [(order, by[(series, c)], by[(PLAIN, c)])
                    for by, order in zip(runs, orders, strict=True)
                    if order is not None and (series, c) in by and (PLAIN, c) in by]
@@ -635,14 +642,11 @@ def _mean_itl(rows: list[dict[str, Any]]) -> float | None:
 
 
 def compare_decode_only(paths: Sequence[Path], series: str = "d0") -> list[DecodeOnlyPair]:
-    runs = [_decode_only_rows(p) for p in paths]
-    levels = sorted({c for by in runs for s, c in by if s == series and (PLAIN, c) in by})
+    levels = _paired_levels([_decode_only_rows(p) for p in paths], series)
     if not levels:
         raise ParityError("no decode-only level measured for both servers in any run")
     pairs = []
-    for c in levels:
-        got = [(by[(series, c)], by[(PLAIN, c)]) for by in runs
-               if (series, c) in by and (PLAIN, c) in by]
+    for c, got in levels:
         own, plain = [s for s, _ in got], [p for _, p in got]
         pairs.append(DecodeOnlyPair(
             concurrency=c,

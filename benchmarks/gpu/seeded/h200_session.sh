@@ -531,7 +531,6 @@ series)
     side_logs_end "$S" "$S"[0-9]*/
     cores_back
     P="$R/parity${SERIES_TAG:+_$SERIES_TAG}"
-    # OUTPUT_LEN series admit nothing inside their windows: judged on tok/s alone
     "$PY" -m benchmarks.gpu.parity "$S"[0-9]*/ ${OUTPUT_LEN:+--decode-only} --json "$P.json" \
         | tee "$P.txt"
     grep -h "LONG GARBAGE\|Freezing GC" "$R"/logs/*.log >"$R/gc_log.txt" 2>/dev/null || true

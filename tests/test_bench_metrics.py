@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, generate_latest
+import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
 from controller.bench.metrics import (
+    EVICTION_HISTOGRAM,
     FORWARD_PASSES,
     FORWARD_SECONDS,
+    evictions_between,
     forward_busy_between,
     parse_scrape,
     passes_between,
@@ -96,3 +99,46 @@ def test_forward_passes_of_a_window_add_the_graph_modes_on_one_rank() -> None:
     assert passes is not None and (passes.prefill, passes.decode) == (33, 65)
     page = parse_scrape(_page([("0", "0")]))
     assert page.forward_passes == {} and passes_between(page, after) is None
+
+
+def _eviction_page(observations: dict[str, list[float]]) -> str:
+    """SGLang 0.5.23's eviction histogram (RadixCacheMetricsCollector's) per tp_rank."""
+    registry = CollectorRegistry()
+    labels = ["cache_type", "tp_rank", "pp_rank", "dp_rank"]
+    histogram = Histogram(EVICTION_HISTOGRAM, "evictions", labels, buckets=(0.001, 0.01, 0.1),
+                          registry=registry)  # fmt: skip
+    for rank, seconds in observations.items():
+        for s in seconds:
+            histogram.labels("RadixCache", rank, "0", "0").observe(s)
+    return generate_latest(registry).decode()
+
+
+def test_evictions_labelled_by_cache_type_alone_are_read_whole() -> None:
+    """SGLang 0.5.17 labels the histogram by cache type only (its TP ranks summed)."""
+    registry = CollectorRegistry()
+    histogram = Histogram(EVICTION_HISTOGRAM, "evictions", ["cache_type"], registry=registry)
+    for s in (0.002, 0.003):
+        histogram.labels("RadixCache").observe(s)
+    page = parse_scrape(generate_latest(registry).decode())
+    assert page.evictions == (pytest.approx(0.005), 2.0)
+
+
+def test_evictions_of_a_window_on_one_rank() -> None:
+    before = parse_scrape(_eviction_page({"0": [0.002], "1": [0.5]}))
+    after = parse_scrape(_eviction_page({"0": [0.002, 0.001, 0.004], "1": [0.5, 0.5]}))
+    got = evictions_between(before, after)
+    assert got is not None and got.calls == 2
+    assert got.seconds == pytest.approx(0.005)
+
+
+def test_evictions_first_exported_inside_the_window_count_from_zero() -> None:
+    """SGLang exports the histogram from its first eviction on, so a server that had not
+    evicted before the window has no such family in the opening scrape."""
+    bare = parse_scrape(_page([("0", "0")]))
+    assert bare.evictions is None
+    after = parse_scrape(_eviction_page({"0": [0.003, 0.003]}))
+    got = evictions_between(bare, after)
+    assert got is not None and (got.calls, got.seconds) == (2, pytest.approx(0.006))
+    assert evictions_between(after, bare) is None  # not exported at the close: unknown
+    restarted = evictions_between(after, parse_scrape(_eviction_page({"0": [0.001]})))
+    assert restarted is not None and (restarted.calls, restarted.seconds) == (0, 0.0)

@@ -147,3 +147,43 @@ def test_prompts_that_came_round_are_said_and_recorded(
     assert "to the speculative server and" in text and "to the plain server" in text
     report = json.loads((out / "bench.json").read_text())
     assert report["prompt_count"] == 24 and report["prompts_came_round"] is True
+
+
+def test_flush_cache_empties_each_server_before_each_of_its_levels(
+    sim_server_factory, tmp_path: Path
+) -> None:
+    """`--flush-cache`: each server's /flush_cache answered once per level of its own (the
+    simulator counts the calls), every level records it, and the plan says so."""
+    spec, result, out = paired_bench(sim_server_factory, tmp_path, "0,3", 3, "--flush-cache")
+    assert "the prefix cache emptied before each level" in flat(result.output)
+    report = json.loads((out / "bench.json").read_text())
+    assert report["flush_cache"] is True
+    levels = report["results"]
+    assert len(levels) == 6 and all(r["cache_flushed"] is True for r in levels)
+    assert spec.server.cache_flushes == 4  # d0 and d3 at 1 and 3 streams
+    # The simulator exports no eviction histogram: the levels say unknown, not zero.
+    assert {r["evictions"] for r in levels} == {None}
+
+
+def test_a_refused_flush_is_named_and_the_level_runs_on(sim_server_factory, tmp_path) -> None:
+    """A plain server whose admin key is not the bench's answers /flush_cache 401: each of its
+    levels still runs, records `cache_flushed: false`, and the output says why."""
+    spec = sim_server_factory(admin_key=KEY, speedup=50)
+    nospec = sim_server_factory(speedup=50, speculative=False, admin_key="another-key")
+    push_before(spec.base_url)
+    out = tmp_path / "bench"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", "0",
+         "--concurrency", "2", "--no-spec-url", nospec.base_url, "--paired", "--flush-cache",
+         "--requests-per-level", "3", "--warmup-per-level", "0", "--dataset",
+         str(dataset(tmp_path)), "--out", str(out), "--client-bound-share", "100"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    levels = {r["series"]: r for r in json.loads((out / "bench.json").read_text())["results"]}
+    assert levels["d0"]["cache_flushed"] is True and levels["no-spec"]["cache_flushed"] is False
+    assert levels["no-spec"]["requests"] >= 3
+    assert nospec.server.cache_flushes == 0 and spec.server.cache_flushes == 1
+    text = flat(result.output)
+    assert f"{nospec.base_url}/flush_cache did not empty the prefix cache before level no-spec" \
+        in text

@@ -7,7 +7,13 @@ import dataclasses
 import pytest
 
 from controller.bench.prompts import DatasetError, load_dataset, synthetic_prompts
-from controller.bench.report import best_depths, crossovers, recommend_table, stall_hint
+from controller.bench.report import (
+    best_depths,
+    crossovers,
+    eviction_hint,
+    recommend_table,
+    stall_hint,
+)
 from controller.bench.sweep import LevelResult, series_name
 
 
@@ -100,3 +106,17 @@ def test_stall_hint_names_stalled_levels_and_what_to_try() -> None:
     assert "rerun with --freeze-gc" in hint
     frozen = stall_hint([stalled], gc_frozen=True)
     assert frozen is not None and "collectors were frozen" in frozen
+
+
+def test_eviction_hint_names_levels_that_spent_a_share_of_the_window_evicting() -> None:
+    """A share of the window at or above EVICTION_SHARE is named with its calls; the advice
+    depends on whether the caches were emptied before each level."""
+    light = dataclasses.replace(level(0, 16, 100), elapsed_s=10.0, evict_ms=20.0, evictions=40)
+    heavy = dataclasses.replace(level(0, 64, 100), elapsed_s=10.0, evict_ms=350.0, evictions=700)
+    unknown = dataclasses.replace(level(0, 128, 100), elapsed_s=10.0)
+    assert eviction_hint([light, unknown], flushed=False) is None
+    hint = eviction_hint([light, heavy, unknown], flushed=False)
+    assert hint is not None and "d0 c=64 (3.5%, 700 calls)" in hint and "c=16" not in hint
+    assert "--flush-cache" in hint
+    emptied = eviction_hint([heavy], flushed=True)
+    assert emptied is not None and "the level alone filled the KV pool" in emptied

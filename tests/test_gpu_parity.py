@@ -372,3 +372,30 @@ def test_the_h200_decode_only_series_read_at_parity() -> None:
     for p in pairs:  # the two servers iterate at the same rate when nothing is admitted
         assert p.pooled_ratio == pytest.approx(1.0, abs=0.005)
         assert p.passes_per_s[0] == pytest.approx(p.passes_per_s[1], rel=0.005)
+
+
+def test_eviction_ms_per_pass_pool_over_the_runs_that_recorded_them(tmp_path, capsys):
+    """d0 evicted 30 ms over 1,300 passes in one run and 0 over 1,500 in the other, the plain
+    server 60 ms over 1,600 in the one run that recorded it: pooled, 30/2,800 and 60/1,600 ms
+    a pass. A run without the histogram leaves the plain server's other level out."""
+    def evicting(row, prefills: int, decodes: int, ms: float | None):  # type: ignore[no-untyped-def]
+        return {**row, "prefill_passes": prefills, "decode_passes": decodes, "evict_ms": ms}
+
+    a = _bench(tmp_path / "a", [
+        evicting(_row("d0", 64, 9000.0, 10.0, 7.0), 300, 1000, 30.0),
+        evicting(_row("no-spec", 64, 9000.0, 10.0, 7.0), 400, 1200, 60.0),
+    ])  # fmt: skip
+    b = _bench(tmp_path / "b", [
+        evicting(_row("d0", 64, 9000.0, 10.0, 7.0), 500, 1000, 0.0),
+        evicting(_row("no-spec", 64, 9000.0, 10.0, 7.0), 500, 1000, None),
+    ])  # fmt: skip
+    (pair,) = parity.compare_runs([a, b])
+    assert pair.evict_ms_per_pass == (pytest.approx(30 / 2800, abs=1e-4),
+                                      pytest.approx(60 / 1600, abs=1e-4))  # fmt: skip
+    assert parity.main([str(a), str(b)]) == 0
+    assert "prefix-cache eviction ms per forward pass (d0 / plain): c=64 0.011 / 0.037" in (
+        capsys.readouterr().out)
+    c = _bench(tmp_path / "c", [_row("d0", 64, 9000.0, 10.0, 7.0),
+                                _row("no-spec", 64, 9000.0, 10.0, 7.0)])  # fmt: skip
+    (bare,) = parity.compare_runs([c])
+    assert bare.evict_ms_per_pass is None

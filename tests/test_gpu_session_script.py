@@ -59,3 +59,18 @@ def test_a_later_plain_decode_ab_call_numbers_its_rounds_on(tmp_path: Path) -> N
               if line.startswith("== ") and " round " in line]
     assert [r.split(":")[0] for r in rounds] == ["round 2", "round 2"]
     assert "path off" in rounds[0] and "path on" in rounds[1]
+
+
+def test_a_tagged_plain_decode_ab_keeps_its_rounds_apart(tmp_path: Path) -> None:
+    """With AB_TAG the untagged rounds in the run folder are not counted: the tagged set starts
+    at round 1 (odd: the path-on arm first) and its verdict files carry the tag."""
+    for arm in ("on", "off"):
+        (tmp_path / "run" / f"plainab_{arm}_1").mkdir(parents=True)
+    done = _step(tmp_path, "plainab", SPECCTL_PLAIN_DECODE="1", WARM="0", AB_ROUNDS="1",
+                 AB_TAG="flush")  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    rounds = [line.split(" ", 2)[2] for line in done.stdout.splitlines()
+              if line.startswith("== ") and " round " in line]
+    assert [r.split(":")[0] for r in rounds] == ["round 1", "round 1"]
+    assert "path on" in rounds[0] and "path off" in rounds[1]
+    assert (tmp_path / "run" / "parity_plain_flush_on.txt").exists()

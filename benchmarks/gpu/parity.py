@@ -99,6 +99,9 @@ class Pair:
     by_order: dict[str, tuple[float, int, int]] | None = None
     # What the runs that lost share (None with fewer than MIN_RUNS runs timed and counted).
     tracks: Tracks | None = None
+    # The scheduler's ms evicting from the prefix cache per forward pass, pooled over the runs
+    # that recorded SGLang's eviction histogram: (series, plain), None where either has none.
+    evict_ms_per_pass: tuple[float, float] | None = None
 
     @property
     def worst_ratio(self) -> float:
@@ -327,6 +330,7 @@ def compare_runs(paths: Sequence[Path], series: str = "d0", min_ratio: float = 0
             decode_ms_range=_range([r.get("step_ms") for r in series_rows]),
             by_order=_by_order(ordered),
             tracks=tracks_of(got, min_ratio),
+            evict_ms_per_pass=_both(_evict_ms_per_pass, series_rows, plain_rows),
         ))  # fmt: skip
     if not pairs:
         raise ParityError("no concurrency level is measured for both servers in any run")
@@ -345,6 +349,14 @@ def _per_decode(rows: list[dict[str, Any]]) -> float | None:
     return round(
         sum(r["prefill_passes"] for r in counted) / sum(r["decode_passes"] for r in counted), 4
     )
+
+
+def _evict_ms_per_pass(rows: list[dict[str, Any]]) -> float | None:
+    """Eviction ms over forward passes (prefill batches and decode iterations), pooled over
+    the rows that have both (benches that record SGLang's eviction histogram)."""
+    timed = [r for r in _counted(rows) if r.get("evict_ms") is not None]
+    passes = sum(r["prefill_passes"] + r["decode_passes"] for r in timed)
+    return round(sum(r["evict_ms"] for r in timed) / passes, 4) if passes else None
 
 
 def _both(
@@ -516,6 +528,16 @@ def passes_line(pairs: Sequence[Pair], series: str) -> str | None:
         return None
     levels = ", ".join(f"c={c} {a:.2f} / {b:.2f}" for c, (a, b) in counted)
     return f"prefill batches per decode iteration ({series} / plain): {levels}"
+
+
+def evictions_line(pairs: Sequence[Pair], series: str) -> str | None:
+    """The scheduler's ms a pass evicting cached prefixes, per concurrency (None when no run
+    recorded it): host work that grows with what earlier levels left in the cache."""
+    timed = [(p.concurrency, p.evict_ms_per_pass) for p in pairs if p.evict_ms_per_pass]
+    if not timed:
+        return None
+    levels = ", ".join(f"c={c} {a:.3f} / {b:.3f}" for c, (a, b) in timed)
+    return f"prefix-cache eviction ms per forward pass ({series} / plain): {levels}"
 
 
 def time_table(pairs: Sequence[Pair], series: str) -> str | None:
@@ -721,6 +743,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(report(pairs, len(args.runs), args.series, args.min_ratio, args.tpot_within))
     for extra in (time_table(pairs, args.series), passes_line(pairs, args.series),
+                  evictions_line(pairs, args.series),
                   run_by_run_table(pairs, args.series), spread_table(pairs, args.series),
                   order_table(pairs, args.series),
                   tracks_table(pairs, args.series, args.min_ratio)):

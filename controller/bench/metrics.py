@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from controller.daemon.scrape import ScrapeError, first_rank, parse_counters, split_key
 from sglang_hooks.contract import (
@@ -47,6 +48,10 @@ PREFILL_CATEGORIES = frozenset({"extend", "split_prefill"})
 # `mode` is prefill_cuda_graph / prefill_none / decode_cuda_graph / decode_none. A window's
 # prefills per decode iteration say how often new requests' prefills ran between iterations.
 FORWARD_PASSES = "sglang:cuda_graph_passes"
+# The prefix cache's evictions, timed by SGLang on the scheduler's host loop around each call
+# (exported with --enable-metrics where the radix cache is on). Once the KV pool is full of
+# cached prefixes, every allocation evicts first, each call walking every evictable leaf.
+EVICTION_HISTOGRAM = "sglang:eviction_duration_seconds"
 
 
 class MetricsFormatError(ValueError):
@@ -112,6 +117,10 @@ class Scrape:
     forward_seconds: Mapping[str, float] = field(default_factory=dict)
     # `FORWARD_PASSES` per mode, read the same way; empty when the server does not export it.
     forward_passes: Mapping[str, float] = field(default_factory=dict)
+    # `EVICTION_HISTOGRAM` of TP rank 0 and PP rank 0 (SGLang 0.5.23 labels it by rank; 0.5.17
+    # by cache type alone, which sums the TP ranks): (sum of seconds, count); None when the
+    # server does not export it.
+    evictions: tuple[float, float] | None = None
 
     def by_depth(self) -> dict[int, DepthWork]:
         out: dict[int, DepthWork] = {}
@@ -145,6 +154,7 @@ def parse_scrape(text: str) -> Scrape:
     histograms: dict[str, tuple[float, float]] = {}
     forward: dict[str, float] = {}
     passes: dict[str, float] = {}
+    evictions: tuple[float, float] | None = None
     for metric in families:
         if metric.type == "counter" and metric.name in (FORWARD_SECONDS, FORWARD_PASSES):
             into, label = (forward, "category") if metric.name == FORWARD_SECONDS else (
@@ -155,6 +165,8 @@ def parse_scrape(text: str) -> Scrape:
                         and math.isfinite(sample.value):
                     kind = labels.get(label, "")
                     into[kind] = into.get(kind, 0.0) + max(sample.value, 0.0)
+        if metric.type == "histogram" and metric.name == EVICTION_HISTOGRAM:
+            evictions = _first_rank_sum_count(metric.name, metric.samples)
         if metric.type == "histogram" and metric.name in LATENCY_HISTOGRAMS:
             total_s = sum(x.value for x in metric.samples if x.name == metric.name + "_sum")
             count = sum(x.value for x in metric.samples if x.name == metric.name + "_count")
@@ -167,8 +179,22 @@ def parse_scrape(text: str) -> Scrape:
     counters = {key: DepthWork(**fields) for key, fields in sums.items()}
     return Scrape(
         counters=counters, gauges=gauges, histograms=histograms, forward_seconds=forward,
-        forward_passes=passes,
+        forward_passes=passes, evictions=evictions,
     )  # fmt: skip
+
+
+def _first_rank_sum_count(name: str, samples: Iterable[Sample]) -> tuple[float, float]:
+    """A histogram's sum and count over the label sets of TP rank 0 and PP rank 0 (every rank
+    has its own cache and evicts alike), non-finite values dropped."""
+    total_s = count = 0.0
+    for x in samples:
+        if not first_rank(x.labels) or not math.isfinite(x.value):
+            continue
+        if x.name == name + "_sum":
+            total_s += x.value
+        elif x.name == name + "_count":
+            count += x.value
+    return total_s, count
 
 
 def mean_between(before: Scrape, after: Scrape, histogram: str) -> float | None:
@@ -220,6 +246,26 @@ def passes_between(before: Scrape, after: Scrape) -> ForwardPasses | None:
         if kind in counts:
             counts[kind] += round(max(value - before.forward_passes.get(mode, 0.0), 0.0))
     return ForwardPasses(prefill=counts["prefill"], decode=counts["decode"])
+
+
+@dataclass(frozen=True)
+class Evictions:
+    """The prefix cache's evictions in a window: calls, and seconds spent in them."""
+
+    calls: int
+    seconds: float
+
+
+def evictions_between(before: Scrape, after: Scrape) -> Evictions | None:
+    """None when the closing scrape lacks SGLang's eviction histogram. SGLang exports it from
+    the first eviction on, so one that appears inside the window counted from zero. A count
+    that went back (a restarted server) reads as none rather than a negative."""
+    if after.evictions is None:
+        return None
+    (s0, n0), (s1, n1) = before.evictions or (0.0, 0.0), after.evictions
+    if n1 < n0:
+        return Evictions(calls=0, seconds=0.0)
+    return Evictions(calls=round(n1 - n0), seconds=max(s1 - s0, 0.0))
 
 
 def work_between(before: Scrape, after: Scrape) -> dict[int, DepthWork]:

@@ -370,6 +370,35 @@ def stall_hint(results: Sequence[LevelResult], gc_frozen: bool) -> str | None:
     return f"TTFT stalls: p99 at least {STALL_FACTOR:g} x p50 at {levels}; {advice}"
 
 
+# A level that spent this share of its window evicting from the prefix cache paid a host cost
+# that depends on what earlier levels left in it, not only on the level's own load.
+EVICTION_SHARE = 0.01
+
+
+def _eviction_share(r: LevelResult) -> float:
+    """The share of a level's window its scheduler spent evicting (0 where not recorded)."""
+    return r.evict_ms / (1000.0 * r.elapsed_s) if r.evict_ms and r.elapsed_s > 0 else 0.0
+
+
+def eviction_hint(results: Sequence[LevelResult], flushed: bool) -> str | None:
+    """Levels whose scheduler spent a share of the window evicting cached prefixes."""
+    shares = [(r, _eviction_share(r)) for r in results]
+    heavy = [(r, share) for r, share in shares if share >= EVICTION_SHARE]
+    if not heavy:
+        return None
+    levels = ", ".join(
+        f"{r.series} {r.label} ({share:.1%}, {r.evictions} calls)" for r, share in heavy
+    )
+    advice = (
+        "even with the cache emptied before each level: the level alone filled the KV pool"
+        if flushed
+        else "the KV pool was full of prefixes cached by earlier levels, so what each level "
+        "pays depends on what ran before it; --flush-cache starts every level from an empty "
+        "cache"
+    )
+    return f"prefix-cache evictions took a share of the scheduler's window at {levels}; {advice}"
+
+
 def suggested_processes(total_share: float, processes: int, threshold: float, cores: int) -> int:
     """Enough processes for each to stay under half the threshold at the load measured (a
     saturated client under-reports what the level would ask of it), at least one more than now,
@@ -424,7 +453,8 @@ def client_bound_hint(
 # `client_bound_share`, `gc_frozen` (with --freeze-gc), and per level `client_processes`,
 # `client_process_cpu_share` and `client_bound`; `paired`, and per level `prompt_offset`;
 # `paired_order` ("spec-first" or "plain-first"; None unless paired); `prompt_count` and
-# `prompts_came_round`.
+# `prompts_came_round`; `flush_cache`, and per level `evictions`, `evict_ms` and
+# `cache_flushed`.
 BENCH_FORMAT = "specctl-bench/2"
 
 CSV_FIELDS = [f.name for f in fields(LevelResult)]
@@ -485,6 +515,7 @@ def outcome_json(outcome: SweepOutcome) -> dict[str, Any]:
         "restored": outcome.restored,
         "interrupted": outcome.interrupted,
         "gc_frozen": outcome.gc_frozen or None,
+        "flush_cache": plan.flush_cache,
         "results": [{k: _round(v) for k, v in r.to_json().items()} for r in results],
         "best_depth_by_concurrency": {} if rate else best,
         "crossovers": [

@@ -47,6 +47,7 @@ from controller.bench.metrics import (
     ITL_HISTOGRAM,
     TTFT_HISTOGRAM,
     Scrape,
+    evictions_between,
     forward_busy_between,
     mean_between,
     passes_between,
@@ -102,6 +103,10 @@ class SweepPlan:
     client_bound_share: float = CLIENT_BOUND_SHARE
     # Ask each server to freeze its garbage collector (SGLang's /freeze_gc) before the levels.
     freeze_gc: bool = False
+    # Empty each server's prefix cache (SGLang's /flush_cache) before each of its levels: a
+    # level then starts from the same cache whatever ran before it, and with prompts no cache
+    # holds, allocates from free slots instead of evicting what earlier levels left.
+    flush_cache: bool = False
     # Run every series of a load back to back (each depth, then the plain server) on the same
     # requests in the same order, instead of one series after the other on fresh prompts: a
     # comparison then meets neither drift between series nor a different draw of prompts.
@@ -244,6 +249,13 @@ class LevelResult:
     # logs kept beside the bench (GPU clocks, server logs).
     window_start_unix: float | None = None
     window_end_unix: float | None = None
+    # SGLang's prefix-cache evictions in the window (its eviction histogram, TP rank 0): how
+    # many times the scheduler evicted to make room, and the milliseconds that took on its host
+    # loop. None: the server does not export the histogram.
+    evictions: int | None = None
+    evict_ms: float | None = None
+    # With --flush-cache: whether the server emptied its prefix cache before the level.
+    cache_flushed: bool | None = None
 
     @property
     def level(self) -> int | float:
@@ -317,11 +329,12 @@ def summarize(
 ) -> LevelResult:
     done = load.completed
     lat = latencies(done)
-    mean_batch = accept = step = ttft_s = itl_s = busy = passes = None
+    mean_batch = accept = step = ttft_s = itl_s = busy = passes = evicted = None
     window = load.elapsed_s
     if before is not None and after is not None:
         busy = forward_busy_between(before, after, window)
         passes = passes_between(before, after)
+        evicted = evictions_between(before, after)
         ttft_s = mean_between(before, after, TTFT_HISTOGRAM)
         itl_s = mean_between(before, after, ITL_HISTOGRAM)
         work = work_between(before, after)
@@ -381,6 +394,8 @@ def summarize(
         decode_passes=None if passes is None else passes.decode,
         running_mean=statistics.fmean(gauges[0]) if gauges[0] else None,
         queued_mean=statistics.fmean(gauges[1]) if gauges[1] else None,
+        evictions=None if evicted is None else evicted.calls,
+        evict_ms=None if evicted is None else round(1000.0 * evicted.seconds, 3),
     )
 
 
@@ -588,6 +603,7 @@ class _Levels:
         live = LiveCounters()
         series = series_name(depth)
         self.observer.level_started(series, shape, live)
+        flushed = await self._flush(series, shape) if plan.flush_cache else None
         scrapes = _WindowScrapes(self.server)
         first_prompt = self.offset
         if self.processes is None or plan.in_process(shape):
@@ -625,7 +641,20 @@ class _Levels:
         return replace(
             result, prompt_offset=first_prompt,
             window_start_unix=scrapes.opened_unix, window_end_unix=scrapes.closed_unix,
+            cache_flushed=flushed,
         )  # fmt: skip
+
+    async def _flush(self, series: str, shape: LoadShape) -> bool:
+        """Empty the server's prefix cache before a level; a refusal is named, not fatal (the
+        level runs on the cache as it is, and its `cache_flushed` says so)."""
+        flushed = await asyncio.to_thread(self.server.flush_cache)
+        if not flushed:
+            self.observer.warning(
+                f"{self.server.url}/flush_cache did not empty the prefix cache before level "
+                f"{series} {shape.describe()} (no such route, a wrong --admin-key, or requests "
+                "still running); the level starts on the cache earlier levels left"
+            )
+        return flushed
 
 
 def _requests(n: float | None) -> str:
@@ -707,7 +736,7 @@ async def _run_paired(
     assert plan.no_spec_url is not None
     version = outcome.before.version
     live_depth: int | None = None  # pushed once per change, not per level
-    with ServerClient(plan.no_spec_url) as other:
+    with ServerClient(plan.no_spec_url, plan.admin_key) as other:
         _introduce_plain(outcome, other)
         spec = _Levels(plan, server, observer, offset=0, processes=processes)
         plain = _Levels(plan, other, observer, offset=0, processes=processes)
@@ -742,7 +771,7 @@ async def _run_no_spec(
 ) -> None:
     plan = outcome.plan
     assert plan.no_spec_url is not None
-    with ServerClient(plan.no_spec_url) as other:
+    with ServerClient(plan.no_spec_url, plan.admin_key) as other:
         _introduce_plain(outcome, other)
         levels = _Levels(plan, other, observer, offset, processes)
         await levels.settle()

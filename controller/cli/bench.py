@@ -229,6 +229,16 @@ def bench(
             "holds after start-up can stall every request for half a second.",
         ),
     ] = False,
+    flush_cache: Annotated[
+        bool,
+        typer.Option(
+            "--flush-cache",
+            help="Before each level, empty that server's prefix cache (SGLang's /flush_cache; "
+            "needs the admin key where the server has one): each level then starts from an "
+            "empty cache and a fresh KV pool, whatever the levels before it left. A level the "
+            "server would not flush for is run anyway and says so (cache_flushed).",
+        ),
+    ] = False,
     client_bound_share: Annotated[
         float | None,
         typer.Option(
@@ -333,7 +343,7 @@ def bench(
         temperature=temperature, request_rates=rates, burstiness=burstiness or 1.0,
         max_concurrency=max_concurrency, slo=slo, client_processes=client_processes,
         client_bound_share=client_bound_share or CLIENT_BOUND_SHARE, freeze_gc=freeze_gc,
-        paired=paired, plain_first=plain_first,
+        paired=paired, plain_first=plain_first, flush_cache=flush_cache,
     )  # fmt: skip
     _warn_if_more_than_cores(client_processes)
     code = run_bench(plan, out_dir)

@@ -28,6 +28,7 @@ from controller.bench.report import (
     best_depths,
     client_bound_hint,
     crossovers,
+    eviction_hint,
     paired_lines,
     plot,
     prompts_came_round,
@@ -253,6 +254,7 @@ def report(outcome: SweepOutcome, out_dir: Path, console: Console) -> None:
         stall_hint(results, frozen),
         stream_interval_hint(outcome.servers),
         repeat_hint(prompts_came_round(results, len(outcome.plan.prompts), outcome.servers)),
+        eviction_hint(results, outcome.plan.flush_cache),
     )
     for hint in hints:
         if hint is not None:
@@ -298,9 +300,10 @@ def describe_plan(plan: SweepPlan) -> str:
         if plan.paired
         else ""
     )
+    flush = ", the prefix cache emptied before each level" if plan.flush_cache else ""
     return (
         f"bench {plan.url}: depths {list(plan.depths)} x {load}, {plan.stop.describe()}{slo}"
-        f"{split}{paired}, prompts: {plan.prompt_source}"
+        f"{split}{paired}{flush}, prompts: {plan.prompt_source}"
     )
 
 

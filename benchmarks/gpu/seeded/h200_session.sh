@@ -167,9 +167,12 @@ OUTPUT_TOKENS=(--output-tokens "${OUTPUT_LEN:-128}")
 bench() {  # bench OUTDIR EXTRA...: the harness bench's workload (family a, 128-token outputs)
     # BENCH_TIMEOUT=S: SIGTERM after S seconds (the bench then restores the table and writes
     # the levels it finished, marked interrupted).
+    # FLUSH=1: both servers' prefix caches emptied before each level (--flush-cache), so no
+    # level pays for evicting what earlier ones cached (each bench records its evictions).
     local dir=$1; shift
-    local cut=()
+    local cut=() flush=()
     [ -n "${BENCH_TIMEOUT:-}" ] && cut=(timeout "$BENCH_TIMEOUT")
+    [ "${FLUSH:-0}" = 1 ] && flush=(--flush-cache)
     if [ -n "${BENCH_CPUS:-}" ]; then
         cut+=("$PY" -m benchmarks.gpu.cpus "$BENCH_CPUS" --)
         echo "bench client on cores $BENCH_CPUS"
@@ -177,7 +180,7 @@ bench() {  # bench OUTDIR EXTRA...: the harness bench's workload (family a, 128-
     "${cut[@]}" "$PY" -m controller.cli bench --url "$(spec_url)" --admin-key "$(key)" \
         --dataset "${DATASET:-$R/models/seeded/family_a.jsonl}" "${OUTPUT_TOKENS[@]}" \
         --concurrency 1,4,16,64,128 --duration-per-level "$LEVEL_S" --warmup-per-level 1.5 \
-        --out "$dir" "$@"
+        --out "$dir" "${flush[@]}" "$@"
 }
 
 spread_outputs() {  # with SPREAD=LOW:HIGH, the benches' dataset gets output lengths over that range
@@ -270,10 +273,13 @@ plainab)
     if [ "${SPECCTL_PLAIN_DECODE:-0}" != 1 ]; then
         echo "plainab: start the spec server with SPECCTL_PLAIN_DECODE=1" >&2; exit 2
     fi
-    warm_pass "$R/plainab_warm"
+    # AB_TAG=NAME keeps a set of rounds apart (plainab_NAME_on_1, ..., parity_plain_NAME_on.txt),
+    # for rounds that must not pool with the rest (FLUSH=1 ones, say).
+    ab=plainab${AB_TAG:+_$AB_TAG}
+    warm_pass "$R/${ab}_warm"
     freeze_gc spec; freeze_gc plain
     first=1
-    while [ -e "$R/plainab_on_$first" ] || [ -e "$R/plainab_off_$first" ]; do first=$((first + 1)); done
+    while [ -e "$R/${ab}_on_$first" ] || [ -e "$R/${ab}_off_$first" ]; do first=$((first + 1)); done
     for i in $(seq "$first" $((first + ${AB_ROUNDS:-3} - 1))); do
         arms=(1 0); order_flag=(); [ $((i % 2)) = 0 ] && { arms=(0 1); order_flag=(--plain-first); }
         for on in "${arms[@]}"; do
@@ -281,17 +287,18 @@ plainab)
             stamp "round $i: depth 0 with the plain decode path $arm, and the plain server"
             plugin_setting specctl_plain_decode "$on"
             spread_outputs "$(fresh_seed 3000)"
-            bench "$R/plainab_${arm}_$i" --depths 0 --no-spec-url "$(plain_url)" --paired \
+            bench "$R/${ab}_${arm}_$i" --depths 0 --no-spec-url "$(plain_url)" --paired \
                 "${order_flag[@]}" --client-processes 4 --warmup-per-level 2 \
-                --concurrency "${STREAMS:-16,64,128}" 2>&1 | tee "$R/plainab_${arm}_$i.txt" \
+                --concurrency "${STREAMS:-16,64,128}" 2>&1 | tee "$R/${ab}_${arm}_$i.txt" \
                 | tail -8
             pack
         done
     done
     plugin_setting specctl_plain_decode 1
     for arm in on off; do
-        "$PY" -m benchmarks.gpu.parity "$R"/plainab_"$arm"_[0-9]*/ \
-            --json "$R/parity_plain_$arm.json" | tee "$R/parity_plain_$arm.txt"
+        "$PY" -m benchmarks.gpu.parity "$R/${ab}_${arm}"_[0-9]*/ \
+            --json "$R/parity_plain${AB_TAG:+_$AB_TAG}_$arm.json" \
+            | tee "$R/parity_plain${AB_TAG:+_$AB_TAG}_$arm.txt"
     done
     pack
     ;;

@@ -131,6 +131,12 @@ def test_trim_and_pack_keep_the_folder_small(tmp_path):
     assert big.stat().st_size > MAX_LOG_BYTES
     (run / "summary.md").write_text("# x\n")
     (run / "store.sqlite-wal").write_text("x")
+    # A drawn prompt set beside the models stays out; a small one (the family's own) goes in.
+    seeded = run / "models" / "seeded"
+    seeded.mkdir(parents=True)
+    drawn = '{"prompt": "' + "word " * 40 + '", "output_tokens": 99}\n'
+    (seeded / "family_a_spread_3001.jsonl").write_text(drawn * 6_000)
+    (seeded / "family_a.jsonl").write_text(drawn * 10)
     short = tmp_path / "short.log"
     info = trim_log(big, short, head=10, tail=20)
     text = short.read_text()
@@ -143,6 +149,9 @@ def test_trim_and_pack_keep_the_folder_small(tmp_path):
     assert "run/logs/spec.log.trimmed" in names and "run/summary.md" in names
     assert "run/logs/spec.log" not in names and "run/store.sqlite-wal" not in names
     assert "logs/spec.log: 60000 lines" in manifest
+    assert "run/models/seeded/family_a.jsonl" in names
+    assert "run/models/seeded/family_a_spread_3001.jsonl" not in names
+    assert "models/seeded/family_a_spread_3001.jsonl (" in manifest and "from a seed" in manifest
     assert packed["bytes"] < 200_000
 
 

@@ -1,6 +1,6 @@
 """The results folder as one .tar.gz: logs over `MAX_LOG_BYTES` go in trimmed (head, tail and
-counts of the repeated lines), store side files and oversized files stay out (listed in
-MANIFEST.txt inside the archive).
+counts of the repeated lines), store side files, oversized files and the prompt sets the
+session draws from a seed stay out (listed in MANIFEST.txt inside the archive).
 """
 
 from __future__ import annotations
@@ -16,6 +16,10 @@ from benchmarks.gpu.server_log import trim_log
 MAX_LOG_BYTES = 1 << 20
 MAX_FILE_BYTES = 8 << 20
 SKIP_SUFFIXES = (".sqlite-wal", ".sqlite-shm", ".tmp")
+# The prompt sets drawn beside the models (20,000 fresh prompts a bench, about 4 MB each): a
+# session of a dozen benches took the archive past what comes back from the machine, and each
+# is remade from its seed by the command that drew it (benchmarks.gpu.seeded.datasets).
+DRAWN_DATASET_BYTES = 1 << 20
 
 
 def pack(run_dir: Path, tar_path: Path) -> dict[str, Any]:
@@ -40,6 +44,9 @@ def pack(run_dir: Path, tar_path: Path) -> dict[str, Any]:
             if size > MAX_FILE_BYTES:
                 left_out.append(f"{rel} ({size} bytes)")
                 continue
+            if _drawn_dataset(rel) and size > DRAWN_DATASET_BYTES:
+                left_out.append(f"{rel} ({size} bytes; drawn from a seed, remade by its command)")
+                continue
             tar.add(path, arcname=f"{root}/{rel}")
             added += 1
         manifest = "\n".join(
@@ -50,3 +57,8 @@ def pack(run_dir: Path, tar_path: Path) -> dict[str, Any]:
         tar.addfile(entry, io.BytesIO(data))
     return {"path": str(tar_path), "bytes": tar_path.stat().st_size, "files": added,
             "trimmed": trimmed, "left_out": left_out}
+
+
+def _drawn_dataset(rel: Path) -> bool:
+    """A prompt set written beside the models (`models/<family>/*.jsonl`)."""
+    return rel.parts[:1] == ("models",) and rel.suffix == ".jsonl"

@@ -280,6 +280,9 @@ plainab)
     freeze_gc spec; freeze_gc plain
     first=1
     while [ -e "$R/${ab}_on_$first" ] || [ -e "$R/${ab}_off_$first" ]; do first=$((first + 1)); done
+    # The GPU's clocks and the machine's CPUs beside every bench, as `series` logs them: the
+    # servers drifted over the twenty-third run's benches, and these say whether the machine did.
+    side_logs "$R/${ab}_"; trap 'side_logs_end "$R/${ab}_"' EXIT; trap 'exit 143' TERM
     for i in $(seq "$first" $((first + ${AB_ROUNDS:-3} - 1))); do
         arms=(1 0); order_flag=(); [ $((i % 2)) = 0 ] && { arms=(0 1); order_flag=(--plain-first); }
         for on in "${arms[@]}"; do
@@ -294,6 +297,9 @@ plainab)
             pack
         done
     done
+    side_logs_end "$R/${ab}_" "$R/${ab}"_o[nf]*_[0-9]*/
+    "$PY" -m benchmarks.gpu.timeline "$R/${ab}"_o[nf]*_[0-9]*/ --json "$R/${ab}_timeline.json" \
+        >"$R/${ab}_timeline.txt" && sed -n '/ms per pass over/,$p' "$R/${ab}_timeline.txt"
     plugin_setting specctl_plain_decode 1
     for arm in on off; do
         "$PY" -m benchmarks.gpu.parity "$R/${ab}_${arm}"_[0-9]*/ \

@@ -106,3 +106,32 @@ def test_pack_then_stage_part_by_part_gives_the_site_tree(tmp_path: Path) -> Non
     assert (site / "xgrammar" / "__init__.py").is_file()
     assert os.access(root / "bin" / "specctl", os.X_OK)
     assert f"PATH={root / 'bin'}:" in staged.stdout
+
+
+def test_recut_gives_the_same_stream_in_parts_of_another_size(tmp_path: Path) -> None:
+    """Twelve parts of 30 KB from one of 100 KB pieces: the joined stream is byte for byte
+    pack.sh's, and stage.sh's order (the numbered suffix) holds past s9."""
+    src, dest = tmp_path / "fetched", tmp_path / "packed"
+    _fetched(src, os.urandom(300_000))
+    subprocess.run(["bash", str(PACK), str(src), str(dest), "100K"], check=True,
+                   capture_output=True)  # fmt: skip
+
+    def stream() -> bytes:
+        parts = sorted(dest.glob("s*/site.tar.xz.*"), key=lambda p: int(p.suffix[1:]))
+        return b"".join(p.read_bytes() for p in parts)
+
+    before = stream()
+    recut = subprocess.run(["bash", str(PACK.with_name("recut.sh")), str(dest), "30K"],
+                           capture_output=True, text=True)  # fmt: skip
+    assert recut.returncode == 0, recut.stdout + recut.stderr
+    folders = sorted((p for p in dest.iterdir() if p.name.startswith("s") and p.is_dir()),
+                     key=lambda p: int(p.name[1:]))  # fmt: skip
+    assert len(folders) >= 10 and [p.name for p in folders] == [
+        f"s{i}" for i in range(1, len(folders) + 1)]
+    assert all(len(list(f.iterdir())) == 1 for f in folders)
+    assert max(p.stat().st_size for p in dest.glob("s*/site.tar.xz.*")) == 30 * 1024
+    assert stream() == before
+    assert f"in {len(folders)} parts of 30K" in recut.stdout
+    empty = subprocess.run(["bash", str(PACK.with_name("recut.sh")), str(tmp_path / "none"),
+                            "30K"], capture_output=True, text=True)  # fmt: skip
+    assert empty.returncode == 1 and "run pack.sh first" in empty.stdout

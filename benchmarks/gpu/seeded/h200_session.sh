@@ -546,6 +546,9 @@ series)
     P="$R/parity${SERIES_TAG:+_$SERIES_TAG}"
     "$PY" -m benchmarks.gpu.parity "$S"[0-9]*/ ${OUTPUT_LEN:+--decode-only} --json "$P.json" \
         | tee "$P.txt"
+    # Every level in the order it ran, and how each server's passes moved over the series.
+    "$PY" -m benchmarks.gpu.timeline "$S"[0-9]*/ --json "${S}timeline.json" >"${S}timeline.txt" \
+        && sed -n '/ms per pass over/,$p' "${S}timeline.txt"
     grep -h "LONG GARBAGE\|Freezing GC" "$R"/logs/*.log >"$R/gc_log.txt" 2>/dev/null || true
     echo "$(grep -c "LONG GARBAGE" "$R/gc_log.txt" || true) long collections logged"
     pack

@@ -188,9 +188,12 @@ def test_split_arrivals_are_the_arrivals_of_one_process(sim_server) -> None:
 
 def test_the_sweep_splits_every_level_and_agrees_with_one_process(sim_server_factory, tmp_path):  # type: ignore[no-untyped-def]
     """The same sweep with one and with two client processes, on a simulator slow enough that
-    neither client is the limit: throughput and latency agree within 20% (the windows are 3 s;
-    losing or double-counting one process's share would be off by half). The one-stream level,
-    too small to split, runs in the bench's own process."""
+    neither client is the limit: throughput and latency agree within 35%, where losing or
+    double-counting one process's share would be off by a factor of two (the windows are 3 s).
+    Not closer: the simulated servers run on the wall clock in this test's process, so a
+    one-process load shares their interpreter and a split one does not, and on a busy
+    two-core machine the plain server's 4-stream level read 917 tok/s in one sweep and 1,213
+    in the other. The one-stream level, too small to split, runs in the bench's own process."""
     spec = sim_server_factory(admin_key=KEY, speedup=5)
     nospec = sim_server_factory(speedup=5, speculative=False)
     args = ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", "3",
@@ -213,7 +216,7 @@ def test_the_sweep_splits_every_level_and_agrees_with_one_process(sim_server_fac
         assert int(b[key]["errors"]) == 0 and int(b[key]["requests"]) >= 5
         for field in ("output_tok_per_s", "tpot_p50_ms"):
             x, y = float(a[key][field]), float(b[key][field])
-            assert y == pytest.approx(x, rel=0.2), (key, field, x, y)
+            assert y == pytest.approx(x, rel=0.35), (key, field, x, y)
         # The busiest process carries about half of two processes' CPU time: at least half,
         # up to the CSV's rounding of both figures to 3 decimals.
         share = float(b[key]["client_cpu_share"])

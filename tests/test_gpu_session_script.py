@@ -1,9 +1,11 @@
 """benchmarks/gpu/seeded/h200_session.sh run for real (bash and this Python) where no server
-runs: every command of a step that needs one fails, and the step must say so and exit 1 rather
-than pack what it has and exit 0, so that a caller chaining steps sees the loss."""
+runs, or against a served simulator that refuses a push: every command of a step that fails
+must be named and the step exit 1 rather than pack what it has and exit 0, so that a caller
+chaining steps sees the loss."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -74,3 +76,22 @@ def test_a_tagged_plain_decode_ab_keeps_its_rounds_apart(tmp_path: Path) -> None
     assert [r.split(":")[0] for r in rounds] == ["round 1", "round 1"]
     assert "path on" in rounds[0] and "path off" in rounds[1]
     assert (tmp_path / "run" / "parity_plain_flush_on.txt").exists()
+
+
+def test_a_refused_plugin_setting_fails_the_step(tmp_path: Path, sim_server_factory) -> None:
+    """Against a served simulator, which has no DECODE graphs and answers
+    `specctl_plain_decode: 1` with a 400: the step names the refused push on stderr and exits 1
+    (it once went on green with the setting unchanged). No bench dataset is there, so the
+    benches fail too; the push's own line is what is checked."""
+    spec = sim_server_factory(admin_key="k")
+    run = tmp_path / "run"
+    run.mkdir()
+    state = {"admin_key": "k", "servers": {"spec": {"url": spec.base_url, "pid": 0},
+                                           "plain": {"url": spec.base_url, "pid": 0}}}
+    (run / "state.json").write_text(json.dumps(state))
+    done = _step(tmp_path, "plainab", SPECCTL_PLAIN_DECODE="1", WARM="0", AB_ROUNDS="1",
+                 STREAMS="2")  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "plugin_setting: specctl_plain_decode=1 answered 400" in done.stderr
+    assert "plugin_setting: specctl_plain_decode=0 answered" not in done.stderr  # 0 applied
+    assert "1 needs the DECODE graphs" in done.stdout  # the server's own reason, shown

@@ -153,9 +153,15 @@ cores_back() {  # after SWAP_CORES: each server back on the cores it started on
 }
 
 plugin_setting() {  # plugin_setting KEY VALUE: one plugin setting pushed to the spec server
-    curl -sS -X POST "$(spec_url)/set_internal_state" -H "Authorization: Bearer $(key)" \
-        -H 'Content-Type: application/json' -d "{\"server_args\": {\"$1\": $2}}"
-    echo
+    # A refusal (the server's 400 names the key and why) fails the call, so the step reports
+    # it at the end instead of going on green with the setting unchanged.
+    local answer code
+    answer=$(curl -sS -X POST "$(spec_url)/set_internal_state" -H "Authorization: Bearer $(key)" \
+        -H 'Content-Type: application/json' -d "{\"server_args\": {\"$1\": $2}}" \
+        -w '\n%{http_code}') || return 1
+    code=${answer##*$'\n'}
+    echo "${answer%$'\n'*}"
+    [ "$code" = 200 ] || { echo "plugin_setting: $1=$2 answered $code" >&2; return 1; }
 }
 off_mode() { plugin_setting specctl_off_mode "$1"; }  # 0 = sglang, 1 = skip-extend (default)
 lean_host() { plugin_setting specctl_lean_host "$1"; }  # 0|1: host-work trims (lean_host.py)

@@ -22,6 +22,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -126,6 +127,16 @@ def depth_check(depth: int, before: dict[str, float], after: dict[str, float],
     return ok, what
 
 
+def applied_everywhere(admin: httpx.Client, api: httpx.Client, key: str, code: Any, shown: Any,
+                       label: str, read: Callable[[Mapping[str, Any]], Any]) -> tuple[bool, str]:
+    """Push `code` for `key`, then read every rank's state with `read`: applied where the push
+    was accepted and every rank shows `shown`."""
+    r = admin.post("/set_internal_state", json={"server_args": {key: code}})
+    live = [read(s) for s in read_server_state(api.get("/server_info").json())]
+    return (r.status_code == 200 and all(r.json()) and live == [shown] * len(live),
+            f"{label} {shown} ({code}) applied on every rank: {r.text} -> {live}")
+
+
 def setting_checks(admin: httpx.Client, api: httpx.Client, key: str, field: str,
                    pushes: list[tuple[Any, Any]], bad: Any) -> list[tuple[bool, str]]:
     """Push each (wire value, reported value) of one plugin setting and read it back from
@@ -136,12 +147,8 @@ def setting_checks(admin: httpx.Client, api: httpx.Client, key: str, field: str,
         return []
     start = states[0][field]
     start_code = next(code for code, shown in pushes if shown == start)
-    out = []
-    for code, shown in [*pushes, (start_code, start)]:
-        r = admin.post("/set_internal_state", json={"server_args": {key: code}})
-        live = [s.get(field) for s in read_server_state(api.get("/server_info").json())]
-        out.append((r.status_code == 200 and all(r.json()) and live == [shown] * len(live),
-                    f"{field} {shown} ({code}) applied on every rank: {r.text} -> {live}"))
+    out = [applied_everywhere(admin, api, key, code, shown, field, lambda s: s.get(field))
+           for code, shown in [*pushes, (start_code, start)]]
     r = admin.post("/set_internal_state", json={"server_args": {key: bad}})
     out.append((r.status_code == 400 and key in r.text,
                 f"{key} {bad!r} refused with 400 ({r.status_code})"))
@@ -153,11 +160,8 @@ def plain_decode_checks(admin: httpx.Client, api: httpx.Client) -> list[tuple[bo
     value then the one it started at, applied and read back (`plain_decode.live`); where one
     did not, 1 refused with a 400 naming the key. Empty when the server does not report
     `plain_decode`."""
-    def reports() -> list[dict[str, Any]]:
-        return [s.get("plain_decode") or {} for s in read_server_state(api.get("/server_info")
-                                                                      .json())]
-
-    states = reports()
+    states = [s.get("plain_decode") or {}
+              for s in read_server_state(api.get("/server_info").json())]
     if not all(states):
         return []
     if not all(s.get("runners") for s in states):
@@ -165,15 +169,10 @@ def plain_decode_checks(admin: httpx.Client, api: httpx.Client) -> list[tuple[bo
         return [(r.status_code == 400 and PLAIN_DECODE_KEY in r.text,
                  f"{PLAIN_DECODE_KEY} 1 without DECODE graphs refused with 400 "
                  f"({r.status_code}): {r.text}")]
-    out = []
     started = bool(states[0].get("live", True))
-    for code in (int(not started), int(started)):
-        r = admin.post("/set_internal_state", json={"server_args": {PLAIN_DECODE_KEY: code}})
-        live = [s.get("live") for s in reports()]
-        out.append((r.status_code == 200 and all(r.json()) and live == [bool(code)] * len(live),
-                    f"plain_decode live {bool(code)} ({code}) applied on every rank: {r.text} "
-                    f"-> {live}"))
-    return out
+    return [applied_everywhere(admin, api, PLAIN_DECODE_KEY, code, bool(code), "plain_decode live",
+                               lambda s: (s.get("plain_decode") or {}).get("live"))
+            for code in (int(not started), int(started))]
 
 
 def off_mode_checks(admin: httpx.Client, api: httpx.Client) -> list[tuple[bool, str]]:

@@ -7,7 +7,7 @@ a delta between two scrapes is the server's total work at that depth and bucket 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -166,11 +166,11 @@ def parse_scrape(text: str) -> Scrape:
                     kind = labels.get(label, "")
                     into[kind] = into.get(kind, 0.0) + max(sample.value, 0.0)
         if metric.type == "histogram" and metric.name == EVICTION_HISTOGRAM:
-            evictions = _first_rank_sum_count(metric.name, metric.samples)
+            # every rank has its own cache and evicts alike: rank 0's, finite values only
+            evictions = _sum_count(metric.name, metric.samples,
+                                   lambda x: first_rank(x.labels) and math.isfinite(x.value))
         if metric.type == "histogram" and metric.name in LATENCY_HISTOGRAMS:
-            total_s = sum(x.value for x in metric.samples if x.name == metric.name + "_sum")
-            count = sum(x.value for x in metric.samples if x.name == metric.name + "_count")
-            histograms[metric.name] = (total_s, count)
+            histograms[metric.name] = _sum_count(metric.name, metric.samples, lambda x: True)
         if metric.type != "gauge":
             continue
         for sample in metric.samples:
@@ -183,18 +183,12 @@ def parse_scrape(text: str) -> Scrape:
     )  # fmt: skip
 
 
-def _first_rank_sum_count(name: str, samples: Iterable[Sample]) -> tuple[float, float]:
-    """A histogram's sum and count over the label sets of TP rank 0 and PP rank 0 (every rank
-    has its own cache and evicts alike), non-finite values dropped."""
-    total_s = count = 0.0
-    for x in samples:
-        if not first_rank(x.labels) or not math.isfinite(x.value):
-            continue
-        if x.name == name + "_sum":
-            total_s += x.value
-        elif x.name == name + "_count":
-            count += x.value
-    return total_s, count
+def _sum_count(name: str, samples: Iterable[Sample], keep: Callable[[Sample], bool]
+               ) -> tuple[float, float]:
+    """A histogram's sum and count, added up over the samples `keep` takes."""
+    kept = [x for x in samples if keep(x)]
+    return (sum(x.value for x in kept if x.name == name + "_sum"),
+            sum(x.value for x in kept if x.name == name + "_count"))
 
 
 def mean_between(before: Scrape, after: Scrape, histogram: str) -> float | None:

@@ -315,6 +315,7 @@ def skip_extend(original: Callable[..., Any], draft_worker: Any, batch: Any, bat
     worker = rt.spec_worker
     if not rt.launch_skips_extend or worker is None \
             or getattr(worker, "speculative_num_steps", None) != 0:
+        plain_decode.accept_lens_to_device(batch_result, batch.seq_lens.device)
         return original(draft_worker, batch, batch_result, *args, **kwargs)
     try:
         if rt.lean_host:
@@ -323,6 +324,8 @@ def skip_extend(original: Callable[..., Any], draft_worker: Any, batch: Any, bat
             worker._stub_skipped_draft_extend(batch, batch_result)
     except Exception:
         _log_failure_once("skip_extend")  # the real extend overwrites whatever the stub set
+        # a depth-0 plain decode kept its accept lengths on the host for a skipped extend
+        plain_decode.accept_lens_to_device(batch_result, batch.seq_lens.device)
         return original(draft_worker, batch, batch_result, *args, **kwargs)
     rt.skipped_extends += 1
     rt.launch_stubbed = True
@@ -454,7 +457,9 @@ def plain_decode_verify(original: Callable[..., Any], worker: Any, batch: Any, *
         reason = "error"
     if reason is None:
         try:
-            result = plain_decode.decode(worker, batch)
+            result = plain_decode.decode(
+                worker, batch,
+                extend_skipped=RUNTIME.launch_skips_extend and RUNTIME.spec_worker is worker)
         except Exception as err:  # the batch was restored: the verify runs it
             _log_failure_once("plain_decode_verify")
             plain_decode.disable(worker, f"a plain decode failed: {err}")
@@ -486,12 +491,29 @@ def emitted(reqs: Sequence[Any], runs: Any) -> tuple[int, int] | None:
     return len(reqs) - len(skipped), tokens
 
 
-def count_result(ret: Any, processor: Any, result: Any, batch: Any, *args: Any,
-                 **kwargs: Any) -> None:
-    """AFTER _resolve_spec_v2_tokens: count what the result emitted, at the depth it ran."""
+def count_result(original: Callable[..., Any], processor: Any, result: Any, batch: Any,
+                 *args: Any, **kwargs: Any) -> Any:
+    """AROUND _resolve_spec_v2_tokens: a depth-0 plain decode's result settled in one pass
+    (plain_decode.resolve_tokens), any other by SGLang; then what it emitted counted at the
+    depth it ran."""
+    ret = None
+    try:
+        if not args and not kwargs and plain_decode.plain_result(result, batch):
+            ret = plain_decode.resolve_tokens(processor, result, batch)
+            plain_decode.STATS.settled += 1
+    except Exception:
+        _log_failure_once("count_result:plain")
+        ret = None
+    if ret is None:
+        ret = original(processor, result, batch, *args, **kwargs)
+    _count(ret, result, batch)
+    return ret
+
+
+def _count(ret: Any, result: Any, batch: Any) -> None:
     rt = RUNTIME
     if not rt.active:
-        return None
+        return
     try:
         width = result.speculative_num_draft_tokens
         if width:
@@ -505,7 +527,6 @@ def count_result(ret: Any, processor: Any, result: Any, batch: Any, *args: Any,
             rt.record_result(width - 1, rows, tokens, getattr(result, "specctl_launch", None))
     except Exception:
         _log_failure_once("count_result")
-    return None
 
 
 def on_metrics_collector(ret: Any, collector: Any, labels: Mapping[str, Any], *args: Any,

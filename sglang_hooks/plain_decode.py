@@ -19,8 +19,20 @@ batch takes the plain server's path for its target forward:
   them, the DECODE runner and its backend swapped into the model runner for that call only.
   The result is shaped like a one-token verify's (one token and an accept length of 1 per
   request, the new lengths, the bonus tokens for the next iteration), and the batch is left
-  as the verify leaves it, so spec-v2's publish, draft extend (or its skip), hand-over and
-  result processing run unchanged.
+  as the verify leaves it, so spec-v2's publish, draft extend (or its skip) and hand-over run
+  unchanged.
+- **Its own host work, kept small** (each tensor operation on the forward's stream costs the
+  scheduler a launch, and at 128 streams the scheduler has no slack left): the new lengths are
+  one tensor, used for the forward and handed over as the next lengths; the accept lengths
+  are ones, built once per batch size and shared, and kept on the host where no GPU work reads
+  them (the overlap scheduler with the draft's extend skipped: its copy to the host is then
+  none); in the overlap scheduler the bonus tokens stay in the sampler's int64, which is the
+  dtype the FutureMap relays them in anyway.
+- **Its result processing** (AROUND `_resolve_spec_v2_tokens`, with the per-depth counts):
+  a result of this path is one token per request with no draft, so SGLang's accept-length
+  bookkeeping comes down to one pass over the requests with the same effects (committed KV
+  length, verify count, the correct-drafts histogram at 0, the adaptive feedback of zeros).
+  A batch with a grammar goes through SGLang's own.
 
 Batches that keep the verify: idle ones, those with a grammar (their mask is built inside the
 verify against the tree) or asking for logprobs (spec-v2 reshapes them per accepted token),
@@ -39,6 +51,7 @@ from typing import Any
 
 from sglang_hooks.contract import PLAIN_DECODE_KEY, PolicyError, no_decode_graphs
 from sglang_hooks.env_switch import read_switch
+from sglang_hooks.lean_host import PerBatchSize
 
 logger = logging.getLogger("specctl")
 
@@ -79,6 +92,7 @@ class _Stats:
     launches: int = 0  # depth-0 decodes run on the plain path
     fallbacks: int = 0  # depth-0 decodes that kept the verify (see `batch_reason`)
     last_fallback: str | None = None
+    settled: int = 0  # results settled by `resolve_tokens` instead of SGLang's general body
     workers: list[PlainDecode] = field(default_factory=list)
 
 
@@ -133,6 +147,7 @@ def state_report() -> dict[str, Any]:
         "launches": STATS.launches,
         "fallbacks": STATS.fallbacks,
         "last_fallback": STATS.last_fallback,
+        "settled": STATS.settled,
     }
 
 
@@ -322,9 +337,32 @@ def disable(worker: Any, why: str) -> None:
         plain.reason = why
 
 
-def decode(worker: Any, batch: Any, parts: SglangParts | None = None) -> Any | None:
+# Accept lengths of depth-0 results (all ones), per (batch size, device): read-only wherever
+# SGLang reads them (the host copy, the draft extend's arithmetic), so one tensor serves all.
+_ACCEPT_ONES = PerBatchSize()
+
+
+def accept_ones(bs: int, device: Any) -> Any:
+    import torch
+
+    ones, _ = _ACCEPT_ONES.get((bs, str(device)),
+                               lambda: torch.ones(bs, dtype=torch.int32, device=device))
+    return ones
+
+
+def accept_lens_to_device(result: Any, device: Any) -> None:
+    """Put a result's accept lengths on `device` if they were kept on the host: for a draft
+    extend that runs after all (the stub of a skipped one failed)."""
+    accept_lens = getattr(result, "accept_lens", None)
+    if accept_lens is not None and not accept_lens.is_cuda and str(device) != "cpu":
+        result.accept_lens = accept_lens.to(device)
+
+
+def decode(worker: Any, batch: Any, parts: SglangParts | None = None, *,
+           extend_skipped: bool = False) -> Any | None:
     """The depth-0 decode on the DECODE graphs, as a one-token verify's result; None (the
-    batch untouched) where the runner has no graph for it."""
+    batch untouched) where the runner has no graph for it. `extend_skipped`: this launch
+    stubs the draft's extend (nothing on the GPU reads the accept lengths)."""
     import torch
 
     parts = parts or sglang_parts()
@@ -341,7 +379,9 @@ def decode(worker: Any, batch: Any, parts: SglangParts | None = None) -> Any | N
     batch.spec_info = None
     batch.input_ids = verify_input.draft_token
     batch.out_cache_loc = out_cache_loc
-    batch.seq_lens = seq_lens + 1  # a plain decode counts the token it writes
+    # A plain decode counts the token it writes; the same values are spec-v2's next lengths.
+    new_seq_lens = seq_lens + 1
+    batch.seq_lens = new_seq_lens
     if saved.seq_lens_cpu is not None:
         batch.seq_lens_cpu = saved.seq_lens_cpu + 1
     if saved.seq_lens_sum is not None:
@@ -363,23 +403,64 @@ def decode(worker: Any, batch: Any, parts: SglangParts | None = None) -> Any | N
         model_runner.decode_cuda_graph_runner = verify_runner
         model_runner.attn_backend = verify_backend
     next_token_ids = output.next_token_ids
-    bs = seq_lens.shape[0]
-    accept_lens = torch.ones(bs, dtype=torch.int32, device=seq_lens.device)
+    overlap = bool(getattr(batch, "enable_overlap", False))
+    # With the overlap scheduler and the extend skipped, only the host reads them.
+    accept_lens = accept_ones(seq_lens.shape[0],
+                              "cpu" if overlap and extend_skipped else seq_lens.device)
+    # The overlap scheduler relays the bonus tokens through its int64 buffer; the synchronous
+    # one hands them on as they are, in the int32 of SGLang's verify.
+    bonus_tokens = next_token_ids if overlap else next_token_ids.to(torch.int32)
     # Left as the verify leaves it: the draft extend reads the written slot and spec-v2's
     # lengths (without this token).
     saved.restore(batch)
     batch.forward_mode = parts.forward_mode.TARGET_VERIFY
     batch.input_ids = verify_input.draft_token
     batch.out_cache_loc = out_cache_loc
-    return parts.result(
+    result = parts.result(
         logits_output=output.logits_output,
         next_token_ids=next_token_ids,
         can_run_cuda_graph=output.can_run_cuda_graph,
         speculative_num_draft_tokens=1,
-        next_draft_input=parts.draft_input(bonus_tokens=next_token_ids.to(torch.int32)),
+        next_draft_input=parts.draft_input(bonus_tokens=bonus_tokens),
         accept_lens=accept_lens,
-        new_seq_lens=seq_lens + accept_lens,
+        new_seq_lens=new_seq_lens,
         routed_experts_output=getattr(output, "routed_experts_output", None),
         indexer_topk_output=getattr(output, "indexer_topk_output", None),
         extra_keep_alive_refs=[forward_batch],
     )
+    result.specctl_plain = True  # its result processing: `resolve_tokens`
+    return result
+
+
+def plain_result(result: Any, batch: Any) -> bool:
+    """Whether `resolve_tokens` settles this result: one of this path's (one token and no
+    draft per request), for a batch without a grammar (whose FSM SGLang advances there)."""
+    return getattr(result, "specctl_plain", False) is True and not batch.has_grammar \
+        and result.block_accept_lens is None and result.cap_lens is None
+
+
+def resolve_tokens(processor: Any, result: Any, batch: Any) -> list[list[int]]:
+    """SGLang 0.5.17's `_resolve_spec_v2_tokens` for a `plain_result`, in one pass: the same
+    return value and the same effects on the result, the requests and the adaptive feedback
+    as its general body, which reads accept lengths that are all 1 here."""
+    assert result.next_token_ids.is_cpu
+    runs = [[token] for token in result.next_token_ids.tolist()]
+    reqs = batch.reqs
+    # Everything read before anything changes: a failure up to here leaves SGLang's body to
+    # settle the result. Finished and retracted requests are settled at release.
+    live = [(req, req.kv_committed_len, req.spec_verify_ct, req.spec_correct_drafts_histogram)
+            for req in reqs if not (req.is_retracted or req.finished())]
+    zeros = [0] * len(reqs)
+    processor.model_worker.on_verify_complete_cpu(zeros, batch_size=len(reqs))
+    result.num_correct_drafts = 0
+    result.num_correct_drafts_per_req_cpu = zeros
+    result.num_block_accept_tokens = 0
+    result.num_cap_tokens = 0
+    for req, committed, verifies, histogram in live:
+        req.kv_committed_len = committed + 1
+        req.spec_verify_ct = verifies + 1
+        if histogram:
+            histogram[0] += 1
+        else:
+            histogram.append(1)
+    return runs

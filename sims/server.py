@@ -335,7 +335,8 @@ class SimulatedServer:
                 state["plain_decode"] = {
                     "enabled": False, "env_error": None, "live": self._plain_decode,
                     "runners": 0, "unbuilt_reasons": [_NO_DECODE_GRAPHS], "build_s": 0.0,
-                    "memory_gb": None, "launches": 0, "fallbacks": 0, "last_fallback": None}
+                    "memory_gb": None, "launches": 0, "fallbacks": 0, "last_fallback": None,
+                    "settled": 0}
             return state
 
     # ------------------------------------------------------------------ readback

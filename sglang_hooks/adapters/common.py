@@ -47,7 +47,7 @@ COMMON_HOOKS: tuple[HookSpec, ...] = (
     # host-work trims (lean_host.py)
     _hook(_WORKER, "EAGLEWorkerV2", "_build_trivial_verify_input", AROUND,
           "lean_trivial_verify", "batch"),
-    _hook(_RESULTS, "SchedulerBatchResultProcessor", "_resolve_spec_v2_tokens", AFTER,
+    _hook(_RESULTS, "SchedulerBatchResultProcessor", "_resolve_spec_v2_tokens", AROUND,
           "count_result", "result", "batch"),
     _hook(_METRICS, "SchedulerMetricsCollector", "__init__", AFTER,
           "on_metrics_collector", "labels"),

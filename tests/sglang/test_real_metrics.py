@@ -57,6 +57,12 @@ def collector(plugin_loaded: bool) -> Any:
     return hooks.RUNTIME.exporter
 
 
+def _unsettled(processor: Any, result: Any, batch: Any) -> None:
+    """Stands in for SGLang's body under the AROUND hook: no per-request runs, so the hook
+    counts every row as SGLang sums them."""
+    return None
+
+
 def _result(width: int, correct: int) -> Any:
     from sglang.srt.managers.utils import GenerationBatchResult
 
@@ -72,7 +78,7 @@ def test_counts_follow_the_depth_each_result_ran_with(collector: Any,
     for width, correct, explore in ((4, 20, False), (4, 18, True), (2, 6, False)):
         result = _result(width, correct)
         result.specctl_launch = (explore, None)
-        hooks.count_result(None, None, result, batch)
+        hooks.count_result(_unsettled, None, result, batch)
     runtime.flush()
     fams = _scrape()
     it = {(s.labels["depth"], s.labels["bs_bucket"]): s.value
@@ -112,7 +118,7 @@ def test_server_info_read_exports_the_counts_of_the_last_second(
     for _ in range(3):  # the first result exports at once, the next two wait for the interval
         result = _result(1, 0)
         result.specctl_launch = (False, None)
-        hooks.count_result(None, None, result, batch)
+        hooks.count_result(_unsettled, None, result, batch)
     assert _iterations(_scrape(), depth="0") - start == 1
     hooks.get_internal_state(GetInternalStateReqOutput(internal_state={}), None)
     assert _iterations(_scrape(), depth="0") - start == 3

@@ -104,3 +104,27 @@ def test_a_worker_not_at_depth_zero_is_never_skipped(off_table: SchedulerRuntime
     with pytest.raises(AttributeError):
         _extend(off_table, 20, steps=3)
     assert off_table.skipped_extends == 0
+
+
+@pytest.mark.parametrize("mode", ["sglang", "skip-extend"])
+def test_accept_lengths_kept_on_the_host_go_to_the_device_before_a_real_extend(
+    off_table: SchedulerRuntime, mode: str,
+) -> None:
+    """A depth-0 plain decode keeps its accept lengths on the host when its launch skips the
+    extend; whenever SGLang's real extend runs instead (here: the off mode keeps it, or the
+    stub fails on a stand-in worker without a draft runner), they are on the batch's device
+    first. The device is "meta" so that the move shows on a machine without a GPU."""
+    import torch
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+    off_table.set_off_mode(mode)
+    off_table.spec_worker = NS(device="meta", topk=1, speculative_num_steps=0)  # no stub
+    while (off_table.choose(20), off_table.launch_explore) != (0, False):
+        pass
+    batch = NS(seq_lens=torch.zeros(20, dtype=torch.int64, device="meta"))
+    result = NS(next_draft_input=NS(topk_p=None, topk_index=None, hidden_states=None),
+                accept_lens=torch.ones(20, dtype=torch.int32))
+    with pytest.raises(AttributeError):  # the real extend ran on the stand-in draft worker
+        EagleDraftWorker._draft_extend_for_decode(NS(), batch, result)
+    assert result.accept_lens.device.type == "meta"
+    assert off_table.skipped_extends == 0

@@ -2,17 +2,21 @@
 
 Real: SGLang 0.5.23's `DecodeCudaGraphRunner` class (the plugin's runner subclasses it; its
 constructor's capture-mode choice is read in the 0.5.17 and 0.5.23 sources), `ForwardMode`,
-`CaptureHiddenMode`, `EagleDraftInput`, `GenerationBatchResult`, and
+`CaptureHiddenMode`, `EagleDraftInput`, `GenerationBatchResult`, `Req`, and
 `SchedulerBatchResultProcessor._resolve_spec_v2_tokens`, which the plain result goes through
-as a verify's does. Stand-ins (no CUDA graph or model runs on a CPU): the speculative worker
-(its target worker's forward adds one to each input id, so a result can be traced to the
-tokens the forward saw), the model runner, the graph runner's `can_run_graph`, the batch
-(the fields the path reads and writes) and `ForwardBatch.init_new` (records the batch as the
-forward sees it). The H200 run checks the real path end to end: greedy outputs against the
-plain server and 1,000 switches (benchmarks/results/gpu/).
+as a verify's does where a grammar sends it there, and SGLang 0.5.17's
+`_resolve_spec_v2_tokens` compiled alone from the unpacked 0.5.17 source (what the path's
+one-pass result processing must equal). Stand-ins (no CUDA graph or model runs on a CPU): the
+speculative worker (its target worker's forward adds one to each input id, so a result can be
+traced to the tokens the forward saw), the model runner, the graph runner's `can_run_graph`,
+the batch (the fields the path reads and writes), `ForwardBatch.init_new` (records the batch
+as the forward sees it) and the result processor's `self` (the adaptive feedback it calls).
+The H200 run checks the real path end to end: greedy outputs against the plain server and
+1,000 switches (benchmarks/results/gpu/).
 """
 
 from __future__ import annotations
+import __future__
 
 import ast
 import contextlib
@@ -210,6 +214,70 @@ def test_a_depth_0_batch_decodes_on_the_reserved_slot_with_the_lengths_a_plain_d
     assert result.logits_output.hidden_states.shape == (3, 12)
 
 
+def test_with_the_overlap_scheduler_the_bonus_tokens_stay_int64_and_lengths_are_one_tensor(
+) -> None:
+    """The overlap scheduler relays the bonus tokens through its int64 FutureMap buffer, so
+    the sampler's int64 goes as it is; the lengths the forward counted are the lengths
+    handed on."""
+    worker, batch = _worker(), _batch(enable_overlap=True)
+    seen_lens: list[Any] = []
+    parts = _parts()
+    inner = parts.forward_batch
+
+    def forward_batch(batch: Any, model_runner: Any, **kw: Any) -> Any:
+        seen_lens.append(batch.seq_lens)
+        return inner(batch, model_runner, **kw)
+
+    parts.forward_batch = forward_batch
+    result = plain_decode.decode(worker, batch, parts)
+    assert result is not None
+    assert result.next_draft_input.bonus_tokens.dtype == torch.int64
+    assert result.next_draft_input.bonus_tokens is result.next_token_ids
+    assert result.new_seq_lens is seen_lens[0]
+    assert result.new_seq_lens.tolist() == [6, 10, 4]
+
+
+@pytest.mark.parametrize(("overlap", "skipped", "on_host"), [
+    (True, True, True), (True, False, False), (False, True, False), (False, False, False),
+])
+def test_accept_lengths_stay_on_the_host_only_where_no_gpu_work_reads_them(
+    monkeypatch: pytest.MonkeyPatch, overlap: bool, skipped: bool, on_host: bool,
+) -> None:
+    """Only the overlap scheduler with the extend skipped reads them on the host alone (its
+    copy to the host is then none); a draft extend or the synchronous scheduler read them
+    where the lengths are. `accept_ones` is wrapped to see the device asked for: the host by
+    name, or the lengths' device (the two are the same CPU here, so the form tells them)."""
+    asked: list[Any] = []
+    real = plain_decode.accept_ones
+
+    def accept_ones(bs: int, device: Any) -> Any:
+        asked.append(device)
+        return real(bs, device)
+
+    monkeypatch.setattr(plain_decode, "accept_ones", accept_ones)
+    batch = _batch(enable_overlap=overlap)
+    plain_decode.decode(_worker(), batch, _parts(), extend_skipped=skipped)
+    assert asked == (["cpu"] if on_host else [batch.seq_lens.device])
+    assert isinstance(asked[0], str) is on_host
+
+
+def test_accept_lengths_are_built_once_per_batch_size_and_device() -> None:
+    a, b = plain_decode.accept_ones(3, "cpu"), plain_decode.accept_ones(3, "cpu")
+    assert a is b and a.tolist() == [1, 1, 1] and a.dtype == torch.int32
+    assert plain_decode.accept_ones(4, "cpu") is not a
+    assert plain_decode.accept_ones(3, "meta").device.type == "meta"
+
+
+def test_accept_lengths_on_the_host_move_to_the_device_and_others_stay() -> None:
+    result = NS(accept_lens=torch.ones(3, dtype=torch.int32))
+    plain_decode.accept_lens_to_device(result, torch.device("cpu"))
+    host = result.accept_lens
+    assert host.device.type == "cpu"
+    plain_decode.accept_lens_to_device(result, "meta")
+    assert result.accept_lens.device.type == "meta"
+    plain_decode.accept_lens_to_device(NS(), "meta")  # no accept lengths: nothing to do
+
+
 def test_host_lengths_when_the_backend_keeps_them_count_the_new_token() -> None:
     worker = _worker()
     batch = _batch(seq_lens_cpu=torch.tensor([5, 9, 3]), seq_lens_sum=17)
@@ -249,11 +317,162 @@ def test_the_result_goes_through_sglangs_result_processing_as_one_token_per_requ
               model_worker=NS(on_verify_complete_cpu=lambda *a, **k: feedback.append(a)))
     fake.advance_grammar_fsm = lambda result, batch: \
         SchedulerBatchResultProcessor.advance_grammar_fsm(fake, result, batch)
-    runs = SchedulerBatchResultProcessor._resolve_spec_v2_tokens(
-        fake, result, NS(reqs=reqs, has_grammar=False))
+    sglang_body = SchedulerBatchResultProcessor._resolve_spec_v2_tokens
+    while hasattr(sglang_body, "__wrapped__"):  # SGLang's own body, as a grammar batch gets
+        sglang_body = sglang_body.__wrapped__
+    runs = sglang_body(fake, result, NS(reqs=reqs, has_grammar=False))
     assert runs == [[8], [9], [10]]
     assert result.num_correct_drafts == 0
     assert feedback and list(feedback[0][0]) == [0, 0, 0]  # SGLang's adaptive feedback
+
+
+def _resolve_0517(root: Path) -> Any:
+    """SGLang 0.5.17's `SchedulerBatchResultProcessor._resolve_spec_v2_tokens`, compiled alone
+    from its source."""
+    source = (root / "srt/managers/scheduler_components/batch_result_processor.py").read_text()
+    tree = ast.parse(source)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef)
+               and n.name == "SchedulerBatchResultProcessor")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef)
+              and n.name == "_resolve_spec_v2_tokens")
+    namespace: dict[str, Any] = {}
+    # as its module compiles it: annotations unevaluated (`from __future__ import annotations`)
+    code = compile(ast.Module(body=[fn], type_ignores=[]), "batch_result_processor.py", "exec",
+                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    exec(code, namespace)
+    return namespace["_resolve_spec_v2_tokens"]
+
+
+def _reqs_0517(finished: set[int], retracted: set[int], n: int = 5) -> list[Any]:
+    """Real Reqs with 0.5.17's committed-length attribute, some finished or retracted, and
+    histograms at different stages (empty, with zeros, with accepted drafts)."""
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH, Req
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    reqs = []
+    for i in range(n):
+        req = Req(f"r{i}", "hi", [1, 2, 3], SamplingParams(max_new_tokens=64))
+        req.kv_committed_len = 40 + i
+        req.spec_verify_ct = 3 * i
+        req.spec_num_correct_drafts = i
+        req.spec_correct_drafts_histogram = [[], [2], [1, 4, 0, 1]][i % 3][:]
+        if i in finished:
+            req.finished_reason = FINISH_LENGTH(length=64)
+        req.is_retracted = i in retracted
+        reqs.append(req)
+    return reqs
+
+
+def _req_state(reqs: list[Any]) -> list[tuple[Any, ...]]:
+    return [(r.kv_committed_len, r.spec_verify_ct, r.spec_num_correct_drafts,
+             list(r.spec_correct_drafts_histogram)) for r in reqs]
+
+
+def _plain_result(n: int) -> Any:
+    """A plain decode's result as the scheduler processes it (after its copy to the host)."""
+    worker = _worker()
+    worker.req_to_token_pool = NS(req_to_token=torch.arange(8 * 64, dtype=torch.int32)
+                                  .reshape(8, 64))
+    batch = _batch(enable_overlap=True)
+    batch.spec_info = NS(draft_token=torch.arange(100, 100 + n), draft_token_num=1)
+    batch.seq_lens = torch.arange(10, 10 + n)
+    batch.req_pool_indices = torch.arange(n)
+    batch.reqs = [object()] * n
+    result = plain_decode.decode(worker, batch, _parts(), extend_skipped=True)
+    assert result is not None
+    result.next_token_ids = result.next_token_ids.cpu()
+    return result
+
+
+@pytest.mark.parametrize(("finished", "retracted"), [(set(), set()), ({1, 4}, {2})])
+def test_the_one_pass_result_processing_equals_sglangs_0517_body(
+    sglang17_root: Path, finished: set[int], retracted: set[int],
+) -> None:
+    resolve_0517 = _resolve_0517(sglang17_root)
+    outcomes = []
+    for settle in ("sglang", "plain"):
+        reqs = _reqs_0517(finished, retracted)
+        result = _plain_result(len(reqs))
+        feedback: list[Any] = []
+
+        def adaptive(d: list[int], batch_size: int, feedback: list[Any] = feedback) -> None:
+            feedback.append((list(d), batch_size))
+
+        processor = NS(model_worker=NS(on_verify_complete_cpu=adaptive))
+        processor.advance_grammar_fsm = lambda result, batch: None  # no grammar in the batch
+        batch = NS(reqs=reqs, has_grammar=False)
+        assert plain_decode.plain_result(result, batch)
+        if settle == "sglang":
+            runs = resolve_0517(processor, result, batch)
+        else:
+            runs = plain_decode.resolve_tokens(processor, result, batch)
+        outcomes.append((runs, _req_state(reqs), feedback, result.num_correct_drafts,
+                         list(result.num_correct_drafts_per_req_cpu),
+                         result.num_block_accept_tokens, result.num_cap_tokens))
+    assert outcomes[0] == outcomes[1]
+    runs, state = outcomes[1][:2]
+    assert runs == [[101], [102], [103], [104], [105]]
+    settled = [i for i in range(5) if i not in finished | retracted]
+    assert [state[i][0] for i in settled] == [40 + i + 1 for i in settled]
+
+
+@pytest.mark.parametrize(("marked", "grammar", "plain"), [
+    (True, False, True), (True, True, False), (False, False, False),
+])
+def test_which_results_the_one_pass_settles(marked: bool, grammar: bool, plain: bool) -> None:
+    result = _plain_result(3)
+    if not marked:
+        del result.specctl_plain
+    assert plain_decode.plain_result(result, NS(has_grammar=grammar)) is plain
+
+
+def test_the_result_hook_settles_plain_results_itself_and_counts_both_kinds(
+    runtime: Any, stats: plain_decode._Stats,
+) -> None:
+    """The AROUND hook on `_resolve_spec_v2_tokens`: SGLang's body (here a recorder standing in
+    for it) runs for every result but a plain decode's, and each is counted at its depth."""
+    runtime.activate({0, 1, 3}, None)
+    called: list[Any] = []
+
+    def sglang_body(processor: Any, result: Any, batch: Any) -> Any:
+        called.append(result)
+        return [[7]] * len(batch.reqs)
+
+    processor = NS(model_worker=NS(on_verify_complete_cpu=lambda d, batch_size: None))
+    reqs = _reqs_0517(set(), set(), n=3)
+    plain = _plain_result(3)
+    plain.specctl_launch = (False, None)
+    runs = hooks.count_result(sglang_body, processor, plain, NS(reqs=reqs, has_grammar=False))
+    assert runs == [[101], [102], [103]] and called == []
+    grammar = _plain_result(3)
+    grammar.specctl_launch = (False, None)
+    hooks.count_result(sglang_body, processor, grammar, NS(reqs=reqs, has_grammar=True))
+    assert called == [grammar]
+    assert stats.settled == 1 and plain_decode.state_report()["settled"] == 1
+    from sglang_hooks.contract import bs_bucket
+
+    assert runtime.counters.pending[(0, bs_bucket(3))][0] == 2  # two depth-0 iterations
+
+
+def test_a_failing_read_leaves_the_result_to_sglangs_body_with_nothing_changed(
+    runtime: Any,
+) -> None:
+    runtime.activate({0, 1, 3}, None)
+    reqs = _reqs_0517(set(), set(), n=3)
+    del reqs[2].spec_correct_drafts_histogram  # unreadable: nothing may change before
+    before = [(r.kv_committed_len, r.spec_verify_ct) for r in reqs]
+    feedback: list[Any] = []
+    processor = NS(model_worker=NS(on_verify_complete_cpu=lambda *a, **k: feedback.append(a)))
+    called: list[Any] = []
+
+    def sglang_body(processor: Any, result: Any, batch: Any) -> list[list[int]]:
+        called.append(result)
+        return [[1]] * 3
+
+    hooks.count_result(sglang_body, processor, _plain_result(3),
+                       NS(reqs=reqs, has_grammar=False))
+    assert len(called) == 1 and feedback == []
+    assert [(r.kv_committed_len, r.spec_verify_ct) for r in reqs] == before
 
 
 def test_no_graph_for_the_batch_size_leaves_the_batch_and_the_runner_untouched() -> None:

@@ -143,3 +143,32 @@ def test_a_file_without_samples_is_refused(tmp_path: Path) -> None:
     empty.write_text("not py-spy output\n")
     with pytest.raises(SystemExit, match="no py-spy samples"):
         stack_share.load(empty)
+
+
+def test_busy_shares_leave_the_gpu_waits_out_of_every_function_but_not_the_total() -> None:
+    text = (
+        "thread (1): MainThread;loop (s.py:1);process (s.py:2);Event.synchronize (c.py:9) 60\n"
+        "thread (1): MainThread;loop (s.py:1);process (s.py:2);tolist (s.py:4) 10\n"
+        "thread (1): MainThread;loop (s.py:1);launch (s.py:3) 30\n"
+    )
+    busy = stack_share.parse(text, busy=True)
+    assert busy.samples == 100
+    assert busy.share("loop (s.py)") == pytest.approx(0.40)
+    assert busy.share("process (s.py)") == pytest.approx(0.10)
+    assert busy.share("Event.synchronize (c.py)") == 0.0
+    waiting = stack_share.parse(text)
+    assert waiting.share("process (s.py)") == pytest.approx(0.70)
+
+
+def test_the_cli_compares_busy_shares(tmp_path: Path, capsys: pytest.CaptureFixture[str]
+                                      ) -> None:
+    for name, wait in (("plain", 50), ("d0", 20)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "stacks.txt").write_text(
+            f"thread (1): MainThread;loop (s.py:1);Event.synchronize (c.py:9) {wait}\n"
+            f"thread (1): MainThread;loop (s.py:1);work (s.py:3) {100 - wait}\n")
+    assert stack_share.main(["compare", "--busy", str(tmp_path / "plain" / "stacks.txt"),
+                             str(tmp_path / "d0" / "stacks.txt")]) == 0
+    out = capsys.readouterr().out
+    assert "+30.0%  loop (s.py)" in out and "+30.0%  work (s.py)" in out
+    assert "Event.synchronize" not in out

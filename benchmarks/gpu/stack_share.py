@@ -11,6 +11,11 @@ once per sample however often it recurs), its own share the fraction with it on 
 numbers are dropped, so one function's call sites merge. `compare` prints both files' shares
 and the change, the largest changes first: with one scheduler iteration per GPU forward, a
 share times the iteration time is the host time it took.
+
+`--busy` leaves out of every function the samples that wait on the GPU (a frame named
+`WAIT_FRAME` anywhere on the stack), while they still count in the total: a function's share is
+then the host time it kept the process busy, so two servers sampled over windows of the same
+length compare by the work each did on the host, not by how long each waited.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from pathlib import Path
 
 _LINE = re.compile(r":\d+\)$")
 MAIN_THREAD = "MainThread"
+WAIT_FRAME = "Event.synchronize"  # where SGLang's scheduler waits for a forward's results
 
 
 def frame_key(frame: str) -> str:
@@ -48,8 +54,9 @@ class Shares:
         return counts[key] / self.samples if self.samples else 0.0
 
 
-def parse(text: str, thread: str = MAIN_THREAD) -> Shares:
-    """`thread`: the thread whose samples count, by name ("": every thread's)."""
+def parse(text: str, thread: str = MAIN_THREAD, busy: bool = False) -> Shares:
+    """`thread`: the thread whose samples count, by name ("": every thread's). `busy`: samples
+    waiting on the GPU count in the total only."""
     inclusive: Counter[str] = Counter()
     own: Counter[str] = Counter()
     total = 0
@@ -67,20 +74,22 @@ def parse(text: str, thread: str = MAIN_THREAD) -> Shares:
         if not frames:
             continue
         total += n
+        if busy and any(f.startswith(WAIT_FRAME + " (") or f == WAIT_FRAME for f in frames):
+            continue
         for key in set(frames):
             inclusive[key] += n
         own[frames[-1]] += n
     return Shares(total, inclusive, own)
 
 
-def load(path: Path, thread: str = MAIN_THREAD) -> Shares:
+def load(path: Path, thread: str = MAIN_THREAD, busy: bool = False) -> Shares:
     """A raw stacks file, or one compressed with gzip (`.gz`, as results are checked in)."""
     if path.suffix == ".gz":
         with gzip.open(path, "rt", errors="replace") as f:
             text = f.read()
     else:
         text = path.read_text(errors="replace")
-    shares = parse(text, thread)
+    shares = parse(text, thread, busy)
     if not shares.samples:
         which = f" of thread {thread!r}" if thread else ""
         raise SystemExit(
@@ -120,12 +129,16 @@ def main(argv: list[str] | None = None) -> int:
     two.add_argument("after", type=Path)
     two.add_argument("--top", type=int, default=30)
     two.add_argument("--thread", default=MAIN_THREAD, help="thread name ('': every thread)")
+    for p in (one, two):
+        p.add_argument("--busy", action="store_true",
+                       help="samples waiting on the GPU count in the total, for no function")
     args = ap.parse_args(argv)
     if args.cmd == "show":
-        print("\n".join(show(load(args.stacks, args.thread), args.top)))
+        print("\n".join(show(load(args.stacks, args.thread, args.busy), args.top)))
     else:
         names = (args.before.parent.name or "before", args.after.parent.name or "after")
-        before, after = load(args.before, args.thread), load(args.after, args.thread)
+        before = load(args.before, args.thread, args.busy)
+        after = load(args.after, args.thread, args.busy)
         print("\n".join(compare(before, after, args.top, names)))
     return 0
 

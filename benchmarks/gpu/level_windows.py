@@ -6,9 +6,10 @@ logs kept beside a bench (the GPU's clocks, the machine's CPUs) can be cut by le
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from benchmarks.gpu import bench_file
 
 
 class WindowError(ValueError):
@@ -28,11 +29,8 @@ class LevelWindow:
 
 
 def level_windows(bench_dir: Path) -> list[LevelWindow]:
-    path = bench_dir / "bench.json"
-    try:
-        rows = json.loads(path.read_text())["results"]
-    except (OSError, json.JSONDecodeError, KeyError) as err:
-        raise WindowError(f"{path}: not a bench result ({err})") from None
+    path = bench_file.file_of(bench_dir)
+    rows = bench_file.level_rows(bench_dir, error=WindowError)
     out = []
     for row in rows:
         start, end = row.get("window_start_unix"), row.get("window_end_unix")

@@ -53,6 +53,7 @@ from typing import Any, TypeVar
 import numpy as np
 from scipy.stats import bootstrap, spearmanr
 
+from benchmarks.gpu import bench_file
 from controller.bench.report import STALL_FACTOR
 
 PLAIN = "no-spec"
@@ -169,11 +170,7 @@ class ParityError(ValueError):
 
 
 def _load(path: Path) -> Any:
-    file = path / "bench.json" if path.is_dir() else path
-    try:
-        return json.loads(file.read_text())
-    except (OSError, ValueError) as err:
-        raise ParityError(f"{file}: {err}") from None
+    return bench_file.read(path, ParityError)
 
 
 def paired_order(data: Any) -> str | None:
@@ -187,17 +184,10 @@ def paired_order(data: Any) -> str | None:
 
 def _rows(path: Path, measured_only: bool = True, data: Any = None) -> list[dict[str, Any]]:
     """The closed-loop levels of `path`'s bench.json (`data`, when it is already read)."""
-    file = path / "bench.json" if path.is_dir() else path
-    data = _load(path) if data is None else data
-    rows = data.get("results") if isinstance(data, dict) else None
-    if not isinstance(rows, list):
-        raise ParityError(f"{file}: no 'results' list; give a `specctl bench` bench.json")
     return [
         r
-        for r in rows
-        if isinstance(r, dict)
-        and r.get("request_rate") is None
-        and (_measured(r) or not measured_only)
+        for r in bench_file.level_rows(path, data, ParityError)
+        if r.get("request_rate") is None and (_measured(r) or not measured_only)
     ]
 
 

@@ -28,6 +28,8 @@ from typing import Any
 
 from scipy.stats import spearmanr
 
+from benchmarks.gpu import bench_file
+
 # A drift row needs this many levels of one server at one concurrency.
 MIN_LEVELS = 3
 
@@ -68,18 +70,6 @@ class Drift:
         return self.last_third_ms / self.first_ms - 1.0
 
 
-def _bench_rows(path: Path) -> list[dict[str, Any]]:
-    file = path / "bench.json" if path.is_dir() else path
-    try:
-        data = json.loads(file.read_text())
-    except (OSError, ValueError) as err:
-        raise TimelineError(f"{file}: {err}") from None
-    rows = data.get("results") if isinstance(data, dict) else None
-    if not isinstance(rows, list):
-        raise TimelineError(f"{file}: no 'results' list; give a `specctl bench` bench.json")
-    return [r for r in rows if isinstance(r, dict)]
-
-
 def _per_pass(row: dict[str, Any], value: float | None) -> float | None:
     passes = (row.get("prefill_passes") or 0) + (row.get("decode_passes") or 0)
     return None if value is None or not passes else value / passes
@@ -91,7 +81,7 @@ def levels_of(paths: Sequence[Path]) -> list[Level]:
     found: list[tuple[float, str, dict[str, Any]]] = []
     for path in paths:
         name = (path if path.is_dir() else path.parent).name
-        for row in _bench_rows(path):
+        for row in bench_file.level_rows(path, error=TimelineError):
             start = row.get("window_start_unix")
             if isinstance(start, int | float) and isinstance(row.get("output_tok_per_s"),
                                                              int | float):  # fmt: skip

@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from controller.cli import app
 from sims.engine import Engine
-from sims.fit.bench_file import BenchFileError, BenchRun, load_bench
+from sims.fit.bench_file import BenchFileError, BenchRun, Level, load_bench
 from sims.fit.closed_form import host_floor_guesses
-from sims.fit.fitting import fit_profile, split_levels
+from sims.fit.fitting import fit_profile, framed_only, split_levels
 from sims.fit.framing import FitError, acceptance_rates, active_keys, frame
 from sims.fit.outliers import slower_than_more_streams
 from sims.fit.params import with_values
@@ -32,6 +32,7 @@ from sims.fit.report import (
     Row,
     bench_names,
     best_depths,
+    off_costs,
     render,
     replay_rows,
     summarize,
@@ -607,3 +608,56 @@ def test_a_speculative_servers_own_host_work_is_told_from_the_plain_servers() ->
     keys, kept = active_keys(spec_only, extend_at_depth0=True)
     assert "scheduler.spec_host_us_per_req" not in keys
     assert "--no-spec-url" in kept["scheduler.spec_host_us_per_req"]
+
+
+def test_depth_0_against_the_plain_server_is_set_beside_the_replays() -> None:
+    """Per level where a bench measured depth 0 and the plain server: the tok/s ratio measured
+    and replayed (what speculation switched off costs there), in the lines and the JSON.
+    Positive depths and outliers stay out; a level without its plain twin gives none."""
+    run = replayed((160,), concurrency=(1, 4), depths=(0, 3))[0]
+
+    def replayed_as(lv: Level) -> Row:  # the replay: depth 0 10% slower at four streams
+        slow = lv.depth == 0 and lv.concurrency == 4
+        return Row(level=lv, tok_per_s=lv.tok_per_s * (0.9 if slow else 1.0),
+                   tpot_ms=lv.tpot_p50_ms, ttft_ms=None)  # fmt: skip
+
+    rows = [replayed_as(lv) for lv in run.levels]
+    measured = {(lv.series, lv.concurrency): lv.tok_per_s for lv in run.levels}
+    costs = off_costs(rows)
+    assert [(c.concurrency, c.source) for c in costs] == [(1, "p160"), (4, "p160")]
+    for c in costs:
+        assert c.bench == pytest.approx(measured[("d0", c.concurrency)]
+                                        / measured[("no-spec", c.concurrency)])
+    assert costs[0].replay == pytest.approx(costs[0].bench)
+    assert costs[1].replay == pytest.approx(0.9 * costs[1].bench)
+    no_twin = [r for r in rows if not (r.level.depth is None and r.level.concurrency == 4)]
+    assert [c.concurrency for c in off_costs(no_twin)] == [1]
+    marked = [replace(r, outlier=r.level.depth == 0 and r.level.concurrency == 1) for r in rows]
+    assert [c.concurrency for c in off_costs(marked)] == [4]
+    truth = load_profile(TRUTH)
+    report = Report(framed_only([run], truth), truth, rows, "", fitted=False)
+    lines = " ".join(str(x) for x in render(report)[1:])
+    assert f"c=4 {costs[1].bench:.3f}/{costs[1].replay:.3f}" in lines
+    assert [c["concurrency"] for c in report.to_json()["depth0_vs_plain"]] == [1, 4]
+
+
+def test_a_replay_frames_the_profile_by_the_bench_and_fits_nothing() -> None:
+    """`framed_only`: the profile's costs as written, its limits and acceptance the bench's;
+    the report says it was not fitted."""
+    run = replayed((160,), concurrency=(1, 4), depths=(0, 3))[0]
+    base = load_profile("h200-llama8b-eagle3")
+    result = framed_only([run], base)
+    assert result.keys == () and result.evaluations == 0 and not result.pooled
+    assert result.profile.target == base.target and result.profile.draft.step_us_per_req \
+        == base.draft.step_us_per_req
+    assert {0, 3} <= set(result.profile.captured_depths)  # what the bench served
+    assert result.accept_lengths[3] == pytest.approx(
+        load_profile(TRUTH).acceptance.expected_length("chat", 3))
+    rows = replay_rows(result.profile, result.levels, {run.path: run.request_limit})
+    report = Report(result, base, rows, "", fitted=False)
+    table, *lines = render(report)
+    assert "the profile as given" in str(table.title)
+    assert any(f"error over the {len(result.levels)} levels" in str(line) for line in lines)
+    assert report.to_json()["fitted"] is False
+    with pytest.raises(FitError, match="no level can be replayed"):
+        framed_only([replace(run, levels=[])], base)

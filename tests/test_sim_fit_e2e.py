@@ -136,3 +136,22 @@ def test_fit_of_a_bench_of_sim_serve_recovers_the_profile(servers, tmp_path: Pat
         assert passes["simulated"] == pytest.approx(passes["measured"], rel=0.5, abs=0.05), row
     errors = report["error"]["tok_per_s"]
     assert 0 <= errors["median"] <= errors["worst"] and errors["worst_at"]
+
+    # The same bench replayed without a fit: on the profile that served it the levels come
+    # back close; on another built-in (every cost 2-10x off the truth's) far off; no file.
+    on_truth = CliRunner().invoke(
+        app, ["sim", "replay", str(out / "bench.json"), "--profile", str(TRUTH), "--json"])
+    assert on_truth.exit_code == 0, on_truth.output
+    replayed = json.loads(on_truth.stdout)
+    assert replayed["fitted"] is False and replayed["fit"]["evaluations"] == 0
+    assert replayed["error"]["tok_per_s"]["median"] < 0.15
+    assert {c["concurrency"] for c in replayed["depth0_vs_plain"]} == set(CONCURRENCY)
+    other = CliRunner().invoke(
+        app, ["sim", "replay", str(out / "bench.json"), "--profile", "h200-llama8b-eagle3",
+              "--json"])  # fmt: skip
+    assert other.exit_code == 0, other.output
+    assert json.loads(other.stdout)["error"]["tok_per_s"]["median"] > 0.3
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench", "fitted.yaml"]
+    typo = CliRunner().invoke(app, ["sim", "replay", str(out / "bench.json"),
+                                    "--profile", "h200-nosuch"])  # fmt: skip
+    assert typo.exit_code == 2 and "--profile" in typo.output

@@ -197,3 +197,91 @@ def fields_table(report: Report) -> Table:
 
 def kept_lines(report: Report) -> list[str]:
     return [f"kept {key} (the base's): {why}" for key, why in report.result.kept.items()]
+
+
+@sim_app.command("replay")
+def replay(
+    benches: Annotated[
+        list[Path],
+        typer.Argument(
+            help="bench.json files from `specctl bench` against one server",
+            show_default=False,
+            metavar="BENCH.json",
+        ),
+    ],
+    profile: Annotated[
+        str, typer.Option(help="Built-in profile name or profile YAML to replay the benches on")
+    ],
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Processes replaying levels in parallel (default: 1 under 24 levels, else the "
+            "CPUs, up to 8)",
+            show_default=False,
+        ),
+    ] = None,
+    off_mode: Annotated[
+        str | None,
+        typer.Option(
+            help="What the server's depth 0 ran: sglang, skip-extend or skip-extend-all "
+            "(default: what the bench recorded from /server_info, else the profile's)",
+            show_default=False,
+        ),
+    ] = None,
+    pool_repeats: Annotated[
+        bool,
+        typer.Option(
+            "--pool-repeats",
+            help="Judge a level that several of the benches measured alike as their mean",
+        ),
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+) -> None:
+    """Replay your benches on a profile as it is, without fitting: how far it is from them.
+
+    The profile takes what the benches state outright (the servers' limits, the measured
+    acceptance, the request shape, what depth 0 ran), as a fit frames its base; its costs stay
+    as written. Each level is replayed with the bench's protocol and set against the measured
+    tok/s and TPOT, as `specctl sim fit` reports its fit. Writes nothing.
+
+    \b
+    Examples:
+      specctl sim replay b/bench.json --profile h200-sglang-llama8b-seeded
+      specctl sim replay b1/bench.json b2/bench.json --profile mine.yaml --pool-repeats
+    """
+    from sims.fit.bench_file import BenchFileError, load_bench
+    from sims.fit.fitting import FitError, framed_only
+    from sims.fit.framing import OFF_MODES
+    from sims.fit.pool import Replayer
+    from sims.fit.report import Report, render, replay_rows
+    from sims.profile import ProfileError, load_profile
+
+    if off_mode is not None and off_mode not in OFF_MODES:
+        raise _fail(f"--off-mode: {off_mode!r} is not one of {', '.join(OFF_MODES)}")
+    try:
+        given = load_profile(profile)
+    except ProfileError as err:
+        raise _fail(f"--profile: {err}") from None
+    try:
+        runs = [load_bench(path) for path in benches]
+    except BenchFileError as err:
+        raise _fail(str(err)) from None
+    try:
+        result = framed_only(runs, given, off_mode=off_mode, pool=pool_repeats)
+    except FitError as err:
+        raise _fail(str(err)) from None
+    limits = {run.path: run.request_limit for run in runs}
+    count = len(result.levels)
+    console = Console(stderr=as_json)
+    with Replayer(jobs or (1 if count < 24 else min(8, os.cpu_count() or 1))) as replayer, \
+            console.status(f"replaying {count} levels", spinner="dots"):
+        rows = replay_rows(result.profile, result.levels, limits, replayer)
+    report = Report(result, given, rows, "", fitted=False)
+    if as_json:
+        typer.echo(json.dumps(report.to_json()))
+        return
+    for line in render(report):
+        console.print(line)
+    for note in result.notes:
+        console.print(f"[yellow]note[/yellow]: {note}")

@@ -103,6 +103,34 @@ class FitResult:
     pooled: bool = False  # those levels fitted as the mean of their repeats
 
 
+def framed_only(
+    runs: Sequence[BenchRun],
+    profile: Profile,
+    *,
+    off_mode: str | None = None,
+    pool: bool = False,
+) -> FitResult:
+    """`profile` as the benches frame it (their limits, acceptance, request shape and depth-0
+    mode, as a fit frames its base) with no cost fitted: what `specctl sim replay` sets
+    against the benches. Raises FitError where no level can be replayed."""
+    t0 = time.perf_counter()
+    levels, unfit = split_levels(runs)
+    repeats = find_repeats(levels)
+    if pool:
+        levels = pool_repeats(levels)
+    if not levels:
+        reasons = "; ".join(f"{u.level.label}: {u.reason}" for u in unfit[:5])
+        raise FitError(f"no level can be replayed ({reasons})")
+    framed = frame(profile, runs, levels, profile.name, off_mode)
+    notes = [note] if (note := off_mode_note(runs, profile, off_mode)) else []
+    notes += [repeat_note(run.path) for run in runs if run.prompts_came_round]
+    return FitResult(
+        profile=framed, levels=levels, unfit=unfit, keys=(), kept={}, evaluations=0,
+        seconds=time.perf_counter() - t0, accept_lengths=measured_accept_lengths(levels),
+        notes=notes, repeats=repeats, pooled=pool,
+    )  # fmt: skip
+
+
 def split_levels(runs: Sequence[BenchRun]) -> tuple[list[Level], list[Unfit]]:
     fit: list[Level] = []
     unfit: list[Unfit] = []

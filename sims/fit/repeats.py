@@ -149,18 +149,22 @@ def pool_repeats(levels: Sequence[Level]) -> list[Level]:
     return pooled
 
 
-def repeats_line(repeats: Sequence[Repeat], pooled: bool = False) -> str | None:
-    """One line: how far the repeated levels moved between benches, the median and the most."""
+def repeats_line(repeats: Sequence[Repeat], pooled: bool = False, fitted: bool = True
+                 ) -> str | None:
+    """One line: how far the repeated levels moved between benches, the median and the most.
+    `fitted`: the line is under a fit's replay (else under a replay of a profile as given)."""
     if not repeats:
         return None
     worst = max(repeats, key=lambda r: r.tok_spread)
     median = statistics.median(r.tok_spread for r in repeats)
-    then = (
-        "each was fitted and is judged as the mean of its repeats (--pool-repeats)"
-        if pooled
-        else "a fit cannot match every bench closer than its repeats match each other "
-        "(--pool-repeats fits and judges their mean)"
-    )
+    if pooled:
+        then = ("each was fitted and is judged as the mean of its repeats (--pool-repeats)"
+                if fitted else "each is judged as the mean of its repeats (--pool-repeats)")
+    else:
+        then = ("a fit cannot match every bench closer than its repeats match each other "
+                "(--pool-repeats fits and judges their mean)" if fitted else
+                "no profile matches every bench closer than its repeats match each other "
+                "(--pool-repeats judges their mean)")
     return (
         f"the server's own spread over {len(repeats)} levels measured by several benches: "
         f"tok/s highest/lowest median +{100 * median:.1f}%, most +{100 * worst.tok_spread:.1f}% "

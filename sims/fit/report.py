@@ -182,6 +182,47 @@ def best_depths(rows: Sequence[Row]) -> list[BestDepth]:
     ]  # fmt: skip
 
 
+@dataclass(frozen=True)
+class OffCost:
+    """Depth 0's tok/s against the plain server's at one level of one bench (or of the pooled
+    benches), measured and replayed: what speculation switched off costs there."""
+
+    source: str
+    concurrency: int
+    bench: float
+    replay: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "concurrency": self.concurrency,
+                "bench": round(self.bench, 4), "replay": round(self.replay, 4)}
+
+
+def off_costs(rows: Sequence[Row]) -> list[OffCost]:
+    """Per level where a bench measured both depth 0 and the plain server (outliers left out)."""
+    pairs: dict[tuple[str, int], dict[str, Row]] = {}
+    for r in rows:
+        if r.outlier or (r.level.depth not in (0, None)):
+            continue
+        kind = "d0" if r.level.depth == 0 else "plain"
+        pairs.setdefault((r.level.source, r.level.concurrency), {})[kind] = r
+    out = []
+    for (source, conc), pair in sorted(pairs.items(), key=lambda item: item[0][1]):
+        d0, plain = pair.get("d0"), pair.get("plain")
+        if d0 is None or plain is None or not plain.level.tok_per_s or not plain.tok_per_s:
+            continue
+        out.append(OffCost(source, conc, d0.level.tok_per_s / plain.level.tok_per_s,
+                           d0.tok_per_s / plain.tok_per_s))
+    return out
+
+
+def off_cost_line(costs: Sequence[OffCost], names: dict[str, str]) -> str | None:
+    if not costs:
+        return None
+    cells = ", ".join(f"c={c.concurrency}{f' ({names[c.source]})' if names else ''} "
+                      f"{c.bench:.3f}/{c.replay:.3f}" for c in costs)
+    return f"depth 0 / plain tok/s, bench/replay: {cells}"
+
+
 def best_depth_line(best: Sequence[BestDepth], names: dict[str, str]) -> str | None:
     """One line: the fastest depth per level, bench / replay, and whether they agree."""
     if not best:
@@ -206,6 +247,7 @@ class Report:
     base: Profile
     rows: list[Row]
     out: str
+    fitted: bool = True  # False: the profile as given, only framed by the benches (replay)
 
     @property
     def unfit(self) -> list[Unfit]:
@@ -219,6 +261,7 @@ class Report:
         tok, tpot = summarize(self.rows, "tok_per_s"), summarize(self.rows, "tpot_ms")
         return {
             "profile": prof.name,
+            "fitted": self.fitted,
             "out": self.out,
             "base": self.base.name,
             "benches": sorted(
@@ -277,6 +320,7 @@ class Report:
                 "tpot_ms": None if tpot is None else tpot.to_json(),
             },
             "best_depth": [b.to_json() for b in best_depths(self.rows)],
+            "depth0_vs_plain": [c.to_json() for c in off_costs(self.rows)],
             "repeats": [r.to_json() for r in res.repeats],
             "pooled_repeats": res.pooled,
             "error_with_outliers": {
@@ -310,9 +354,8 @@ def _pct(e: float | None) -> str:
 def render(report: Report) -> list[Any]:
     """Rich renderables: the per-level table, then the lines under it."""
     names = _short_names(report.rows)
-    table = Table(
-        title=f"{report.result.profile.name}: the bench replayed on the fitted profile", box=None
-    )
+    which = "the fitted profile" if report.fitted else "the profile as given"
+    table = Table(title=f"{report.result.profile.name}: the bench replayed on {which}", box=None)
     passes = any(r.level.prefills_per_decode is not None for r in report.rows)
     for name in (
         "series",
@@ -348,11 +391,12 @@ def render(report: Report) -> list[Any]:
         )  # fmt: skip
     lines: list[Any] = [table]
     fitted = sum(not r.outlier for r in report.rows)
+    kind = "fitted levels" if report.fitted else "levels"
     for which, label in (("tok_per_s", "tok/s"), ("tpot_ms", "TPOT")):
         s = summarize(report.rows, which)
         if s is not None:
             line = (
-                f"{label} error over the {fitted} fitted levels: median {100 * s.median:.1f}%, "
+                f"{label} error over the {fitted} {kind}: median {100 * s.median:.1f}%, "
                 f"worst {100 * s.worst:.1f}% ({s.worst_at})"
             )
             every = summarize(report.rows, which, outliers=True)
@@ -365,7 +409,10 @@ def render(report: Report) -> list[Any]:
     best = best_depth_line(best_depths(report.rows), names)
     if best is not None:
         lines.append(best)
-    repeated = repeats_line(report.result.repeats, report.result.pooled)
+    off = off_cost_line(off_costs(report.rows), names)
+    if off is not None:
+        lines.append(off)
+    repeated = repeats_line(report.result.repeats, report.result.pooled, report.fitted)
     if repeated is not None:
         lines.append(repeated)
     if names:

@@ -95,3 +95,13 @@ def test_a_refused_plugin_setting_fails_the_step(tmp_path: Path, sim_server_fact
     assert "plugin_setting: specctl_plain_decode=1 answered 400" in done.stderr
     assert "plugin_setting: specctl_plain_decode=0 answered" not in done.stderr  # 0 applied
     assert "1 needs the DECODE graphs" in done.stdout  # the server's own reason, shown
+
+
+def test_the_copy_probe_step_runs_the_probe_and_fails_without_a_gpu(tmp_path: Path) -> None:
+    """No CUDA here: the probe exits 2 saying where to run it, and the step names that and
+    exits 1 after packing what it has."""
+    done = _step(tmp_path, "h2dprobe", PROBE_SIZES="4")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "the probe needs a CUDA GPU" in done.stderr
+    assert "h200_session.sh: failed (exit 2) at line " in done.stderr
+    assert (tmp_path / "run" / "h2d_probe.txt").exists()

@@ -24,6 +24,8 @@
 #   TAG=after bash benchmarks/gpu/seeded/h200_session.sh plainstate OUT  # what depth 0's plain
 #                                  # decode path did (sglang_hooks/plain_decode.py)
 #   bash benchmarks/gpu/seeded/h200_session.sh plainab OUT   # that path on and off, one start
+#   bash benchmarks/gpu/seeded/h200_session.sh h2dprobe OUT  # does a pageable copy wait for its
+#                                  # stream (benchmarks/gpu/h2d_probe.py; no server needed)
 #
 # Measured on the H200: setup with ACCEPTANCE=0 330-370 s; series with SERIES=3 LEVEL_S=8
 # 358 s; parity 319 s; verify 225 s; profile about 100 s. context: two benches of 20 levels,
@@ -80,7 +82,7 @@ failed=0
 set -E
 trap 'rc=$?; failed=1; echo "h200_session.sh: failed (exit $rc) at line $LINENO: $BASH_COMMAND" >&2' ERR
 
-STEP=${1:?usage: h200_session.sh setup|restart|measure|traces|parity|profile|long|verify|series|lean|context|trims|hostd1|hostwatch|relay|offspell|plainstate OUT [POLICIES] [final]}
+STEP=${1:?usage: h200_session.sh setup|restart|measure|traces|parity|profile|long|verify|series|lean|context|trims|hostd1|hostwatch|relay|offspell|plainstate|plainab|h2dprobe OUT [POLICIES] [final]}
 OUT=${2:?give the folder to pack the results into}
 R=${R:-/tmp/gpu-run}
 PY=${PY:-python3}
@@ -249,6 +251,17 @@ pack() {
 }
 
 case "$STEP" in
+h2dprobe)
+    # Whether a small host-to-device copy from pageable memory blocks the host while its stream
+    # waits for another, as spec-v2's decode preparation makes one behind the barrier on the last
+    # forward (docs/sglang.md, "Measured on an H200"); the same from pinned memory beside it.
+    # About ten seconds on the GPU; the servers may run or not.
+    mkdir -p "$R"
+    stamp "host-to-device copies, pageable and pinned, idle and behind a wait"
+    "$PY" -m benchmarks.gpu.h2d_probe --wait-ms "${PROBE_WAIT_MS:-3}" --sizes "${PROBE_SIZES:-4,128}" \
+        --json "$R/h2d_probe.json" | tee "$R/h2d_probe.txt"
+    pack
+    ;;
 plainstate)
     # The spec server's /server_info (as server_info_spec_TAG.json) and, per scheduler, what
     # depth 0's plain decode path did: its runner's capture time and GPU memory, the depth-0

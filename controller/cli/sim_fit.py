@@ -248,7 +248,7 @@ def replay(
     \b
     Examples:
       specctl sim replay b/bench.json --profile h200-sglang-llama8b-seeded
-      specctl sim replay b1/bench.json b2/bench.json --profile mine.yaml --pool-repeats
+      specctl sim replay b*/bench.json --profile mine.yaml --pool-repeats
     """
     from sims.fit.bench_file import BenchFileError, load_bench
     from sims.fit.fitting import FitError, framed_only

@@ -302,6 +302,14 @@ plainab)
     # The GPU's clocks and the machine's CPUs beside every bench, as `series` logs them: the
     # servers drifted over the twenty-third run's benches, and these say whether the machine did.
     side_logs "$R/${ab}_"; trap 'side_logs_end "$R/${ab}_"' EXIT; trap 'exit 143' TERM
+    # PYSPY=path: both schedulers' stacks every STACKS_EVERY seconds (default 120) through the
+    # rounds, and each server's first against its last (benchmarks/gpu/stack_watch.py): which
+    # host work grew while the servers slowed (the twenty-third run).
+    if [ -n "${PYSPY:-}" ]; then
+        "$PY" -m benchmarks.gpu.stack_watch record --run-dir "$R" --py-spy "$PYSPY" \
+            --out "$R/${ab}_stacks" --every "${STACKS_EVERY:-120}" --seconds 6 &
+        SIDE_PIDS+=($!)
+    fi
     for i in $(seq "$first" $((first + ${AB_ROUNDS:-3} - 1))); do
         arms=(1 0); order_flag=(); [ $((i % 2)) = 0 ] && { arms=(0 1); order_flag=(--plain-first); }
         for on in "${arms[@]}"; do
@@ -317,6 +325,11 @@ plainab)
         done
     done
     side_logs_end "$R/${ab}_" "$R/${ab}"_o[nf]*_[0-9]*/
+    if [ -n "${PYSPY:-}" ]; then
+        sleep 1  # the recorder writes its index on SIGTERM
+        "$PY" -m benchmarks.gpu.stack_watch compare "$R/${ab}_stacks" >"$R/${ab}_stacks.txt"
+        head -40 "$R/${ab}_stacks.txt"
+    fi
     "$PY" -m benchmarks.gpu.timeline "$R/${ab}"_o[nf]*_[0-9]*/ --json "$R/${ab}_timeline.json" \
         >"$R/${ab}_timeline.txt" && sed -n '/ms per pass over/,$p' "$R/${ab}_timeline.txt"
     plugin_setting specctl_plain_decode 1

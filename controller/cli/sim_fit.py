@@ -15,15 +15,61 @@ from controller.cli.args import write_problem
 from controller.cli.sim import sim_app
 
 if TYPE_CHECKING:
+    from sims.fit.bench_file import BenchRun
     from sims.fit.report import Report
+    from sims.profile import Profile
 
 DEFAULT_BASE = "h200-llama8b-eagle3"
+
+# Options `fit` and `replay` share.
+Jobs = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        help="Processes replaying levels in parallel (default: 1 under 24 levels, else the "
+        "CPUs, up to 8)",
+        show_default=False,
+    ),
+]
+OffMode = Annotated[
+    str | None,
+    typer.Option(
+        help="What the server's depth 0 ran: sglang (the draft extend), skip-extend or "
+        "skip-extend-all (the plugin's off modes; default: what the bench recorded from "
+        "/server_info, else the profile's assumption)",
+        show_default=False,
+    ),
+]
 err_console = Console(stderr=True, soft_wrap=True)
 
 
 def _fail(message: str) -> typer.Exit:
     err_console.print(f"[red]error:[/red] {message}", highlight=False)
     return typer.Exit(2)
+
+
+def _inputs(benches: list[Path], profile: str, option: str, off_mode: str | None
+            ) -> tuple[Profile, list[BenchRun]]:
+    """The profile `option` names and the benches, or the error naming what is wrong."""
+    from sims.fit.bench_file import BenchFileError, load_bench
+    from sims.fit.framing import OFF_MODES
+    from sims.profile import ProfileError, load_profile
+
+    if off_mode is not None and off_mode not in OFF_MODES:
+        raise _fail(f"--off-mode: {off_mode!r} is not one of {', '.join(OFF_MODES)}")
+    try:
+        loaded = load_profile(profile)
+    except ProfileError as err:
+        raise _fail(f"{option}: {err}") from None
+    try:
+        return loaded, [load_bench(path) for path in benches]
+    except BenchFileError as err:
+        raise _fail(str(err)) from None
+
+
+def _jobs(jobs: int | None, levels: int) -> int:
+    """--jobs, else one process under 24 levels and the CPUs (at most 8) from there."""
+    return jobs or (1 if levels < 24 else min(8, os.cpu_count() or 1))
 
 
 def _out_problem(out: Path) -> str | None:
@@ -56,24 +102,8 @@ def fit(
     name: Annotated[
         str | None, typer.Option(help="Name of the fitted profile (default: --out's file name)")
     ] = None,
-    jobs: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Processes replaying levels in parallel (default: 1 under 24 levels, else the "
-            "CPUs, up to 8)",
-            show_default=False,
-        ),
-    ] = None,
-    off_mode: Annotated[
-        str | None,
-        typer.Option(
-            help="What the server's depth 0 ran: sglang (the draft extend), skip-extend or "
-            "skip-extend-all (the plugin's off modes; default: what the bench recorded from "
-            "/server_info, else the base profile's assumption)",
-            show_default=False,
-        ),
-    ] = None,
+    jobs: Jobs = None,
+    off_mode: OffMode = None,
     pool_repeats: Annotated[
         bool,
         typer.Option(
@@ -109,33 +139,20 @@ def fit(
       specctl sim fit b/bench.json b2/bench.json --pool-repeats --out mine.yaml
       specctl sim sweep --profile h200-mine.yaml --concurrency 1,8,64
     """
-    from sims.fit.bench_file import BenchFileError, load_bench
     from sims.fit.fitting import FitError, fit_profile
-    from sims.fit.framing import OFF_MODES
     from sims.fit.pool import Replayer
     from sims.fit.profile_file import with_provenance, write_profile
     from sims.fit.report import Report, render, replay_rows
-    from sims.profile import ProfileError, load_profile
 
     problem = _out_problem(out)
     if problem is not None:
         raise _fail(problem)
-    if off_mode is not None and off_mode not in OFF_MODES:
-        raise _fail(f"--off-mode: {off_mode!r} is not one of {', '.join(OFF_MODES)}")
-    try:
-        base_profile = load_profile(base)
-    except ProfileError as err:
-        raise _fail(f"--base: {err}") from None
-    try:
-        runs = [load_bench(path) for path in benches]
-    except BenchFileError as err:
-        raise _fail(str(err)) from None
+    base_profile, runs = _inputs(benches, base, "--base", off_mode)
     console = Console(stderr=as_json)
     profile_name = name or out.stem
     limits = {run.path: run.request_limit for run in runs}
     count = sum(len(run.levels) for run in runs)
-    auto = 1 if count < 24 else min(8, os.cpu_count() or 1)
-    with Replayer(jobs or auto) as replayer:
+    with Replayer(_jobs(jobs, count)) as replayer:
         try:
             with console.status("fitting", spinner="dots") as status:
                 result = fit_profile(
@@ -212,23 +229,8 @@ def replay(
     profile: Annotated[
         str, typer.Option(help="Built-in profile name or profile YAML to replay the benches on")
     ],
-    jobs: Annotated[
-        int | None,
-        typer.Option(
-            min=1,
-            help="Processes replaying levels in parallel (default: 1 under 24 levels, else the "
-            "CPUs, up to 8)",
-            show_default=False,
-        ),
-    ] = None,
-    off_mode: Annotated[
-        str | None,
-        typer.Option(
-            help="What the server's depth 0 ran: sglang, skip-extend or skip-extend-all "
-            "(default: what the bench recorded from /server_info, else the profile's)",
-            show_default=False,
-        ),
-    ] = None,
+    jobs: Jobs = None,
+    off_mode: OffMode = None,
     pool_repeats: Annotated[
         bool,
         typer.Option(
@@ -250,23 +252,11 @@ def replay(
       specctl sim replay b/bench.json --profile h200-sglang-llama8b-seeded
       specctl sim replay b*/bench.json --profile mine.yaml --pool-repeats
     """
-    from sims.fit.bench_file import BenchFileError, load_bench
     from sims.fit.fitting import FitError, framed_only
-    from sims.fit.framing import OFF_MODES
     from sims.fit.pool import Replayer
     from sims.fit.report import Report, render, replay_rows
-    from sims.profile import ProfileError, load_profile
 
-    if off_mode is not None and off_mode not in OFF_MODES:
-        raise _fail(f"--off-mode: {off_mode!r} is not one of {', '.join(OFF_MODES)}")
-    try:
-        given = load_profile(profile)
-    except ProfileError as err:
-        raise _fail(f"--profile: {err}") from None
-    try:
-        runs = [load_bench(path) for path in benches]
-    except BenchFileError as err:
-        raise _fail(str(err)) from None
+    given, runs = _inputs(benches, profile, "--profile", off_mode)
     try:
         result = framed_only(runs, given, off_mode=off_mode, pool=pool_repeats)
     except FitError as err:
@@ -274,7 +264,7 @@ def replay(
     limits = {run.path: run.request_limit for run in runs}
     count = len(result.levels)
     console = Console(stderr=as_json)
-    with Replayer(jobs or (1 if count < 24 else min(8, os.cpu_count() or 1))) as replayer, \
+    with Replayer(_jobs(jobs, count)) as replayer, \
             console.status(f"replaying {count} levels", spinner="dots"):
         rows = replay_rows(result.profile, result.levels, limits, replayer)
     report = Report(result, given, rows, "", fitted=False)

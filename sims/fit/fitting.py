@@ -114,13 +114,7 @@ def framed_only(
     mode, as a fit frames its base) with no cost fitted: what `specctl sim replay` sets
     against the benches. Raises FitError where no level can be replayed."""
     t0 = time.perf_counter()
-    levels, unfit = split_levels(runs)
-    repeats = find_repeats(levels)
-    if pool:
-        levels = pool_repeats(levels)
-    if not levels:
-        reasons = "; ".join(f"{u.level.label}: {u.reason}" for u in unfit[:5])
-        raise FitError(f"no level can be replayed ({reasons})")
+    levels, unfit, repeats = chosen_levels(runs, pool, "replayed")
     framed = frame(profile, runs, levels, profile.name, off_mode)
     notes = [note] if (note := off_mode_note(runs, profile, off_mode)) else []
     notes += [repeat_note(run.path) for run in runs if run.prompts_came_round]
@@ -129,6 +123,21 @@ def framed_only(
         seconds=time.perf_counter() - t0, accept_lengths=measured_accept_lengths(levels),
         notes=notes, repeats=repeats, pooled=pool,
     )  # fmt: skip
+
+
+def chosen_levels(runs: Sequence[BenchRun], pool: bool, doing: str
+                  ) -> tuple[list[Level], list[Unfit], list[Repeat]]:
+    """The levels a fit or a replay works on (`pool`: repeats as their mean), those it cannot,
+    and the repeats among them. Raises FitError, saying what cannot be `doing`, where none is
+    left."""
+    levels, unfit = split_levels(runs)
+    repeats = find_repeats(levels)
+    if pool:
+        levels = pool_repeats(levels)
+    if not levels:
+        reasons = "; ".join(f"{u.level.label}: {u.reason}" for u in unfit[:5])
+        raise FitError(f"no level can be {doing} ({reasons})")
+    return levels, unfit, repeats
 
 
 def split_levels(runs: Sequence[BenchRun]) -> tuple[list[Level], list[Unfit]]:
@@ -317,13 +326,7 @@ def fit_profile(
     t0 = time.perf_counter()
     say = progress or (lambda _msg: None)
     replayer = replayer or Replayer()
-    levels, unfit = split_levels(runs)
-    repeats = find_repeats(levels)
-    if pool:
-        levels = pool_repeats(levels)
-    if not levels:
-        reasons = "; ".join(f"{u.level.label}: {u.reason}" for u in unfit[:5])
-        raise FitError(f"no level can be fitted ({reasons})")
+    levels, unfit, repeats = chosen_levels(runs, pool, "fitted")
     spec_caps = {run.spec.cap for run in runs}
     if len(spec_caps) > 1:
         raise FitError(

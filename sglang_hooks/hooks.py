@@ -226,15 +226,31 @@ def choose_depth(original: Callable[..., int], params: Any, batch_size: int, *ar
                  **kwargs: Any) -> int:
     """AROUND AdaptiveSpeculativeParams.get_steps_for_batch: the table's depth, if any."""
     rt = RUNTIME
+    depth = None
     if rt.active:
         try:
             depth = rt.choose(batch_size)
         except Exception:
             _log_failure_once("choose_depth")
             depth = None
-        if depth is not None:
-            return depth
-    return original(params, batch_size, *args, **kwargs)
+    if depth is None:
+        depth = original(params, batch_size, *args, **kwargs)
+    _settle_gather(rt, depth)
+    return depth
+
+
+def _settle_gather(rt: SchedulerRuntime, depth: int) -> None:
+    """A launch that drafts runs the draft-state gather the relay trims put off (lean_relay):
+    here, on the launch's stream, before any draft work. Should it fail, the draft starts from
+    the state its input last held, which costs acceptance, not outputs (the target verifies)."""
+    owed, rt.owed_gather = rt.owed_gather, None
+    if owed is not None and depth > 0:
+        gather, future_map, batch = owed
+        try:
+            gather(future_map, batch)
+            rt.late_gathers += 1
+        except Exception:
+            _log_failure_once("lean_resolve_extras:late")
 
 
 def feed_ema(original: Callable[..., Any], params: Any, *args: Any, **kwargs: Any) -> Any:
@@ -263,7 +279,10 @@ def time_launch(original: Callable[..., Any], worker: Any, batch: Any, *args: An
     except Exception:  # no timing for this launch: its result is counted as unattributed
         _log_failure_once("time_launch")
         token = _UNTIMED
-    result = original(worker, batch, *args, **kwargs)
+    try:
+        result = original(worker, batch, *args, **kwargs)
+    finally:
+        rt.owed_gather = None  # owed to this launch only
     if token is _UNTIMED:
         return result
     try:
@@ -376,6 +395,22 @@ def lean_stash(original: Callable[..., Any], future_map: Any, future_indices: An
         except Exception:
             _log_failure_once("lean_stash")
     return original(future_map, future_indices, payload, *args, **kwargs)
+
+
+def lean_resolve_extras(original: Callable[..., Any], future_map: Any, batch: Any,
+                        *args: Any, **kwargs: Any) -> Any:
+    """AROUND FutureMap._resolve_spec_extras: under the depth-0 relay trims, the bonus tokens
+    now and the rest of the draft state only for a launch that drafts (lean_relay.py)."""
+    rt = RUNTIME
+    if rt.lean_relay and rt.active and not args and not kwargs:
+        try:
+            if lean_relay.resolve_bonus_only(RELEASE, future_map, batch):
+                rt.owed_gather = (original, future_map, batch)
+                rt.lean_gathers += 1
+                return None
+        except Exception:
+            _log_failure_once("lean_resolve_extras")
+    return original(future_map, batch, *args, **kwargs)
 
 
 def lean_trivial_verify(original: Callable[..., Any], worker: Any, batch: Any, *args: Any,

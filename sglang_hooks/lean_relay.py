@@ -1,9 +1,9 @@
 """A depth-0 iteration's lighter hand-over to the next one (`specctl_lean_relay`).
 
 When a table's depth-0 tier skips the draft extend (the `skip-extend` off modes), SGLang's
-spec-v2 overlap scheduler still hands the iteration over as if a draft had run. Two pieces of
-that hand-over sit on the GPU's path from one forward to the next, where a plain decode has
-neither (docs/sglang.md, "Off"):
+spec-v2 overlap scheduler still hands the iteration over as if a draft had run. Three pieces
+of that hand-over sit on the path from one forward to the next, where a plain decode has none
+(docs/sglang.md, "Off"):
 
 - **The WAR barrier.** After each launch the scheduler fences its next writes to buffers the
   forward reads (the next batch's KV slots, written into `req_to_token` on the schedule
@@ -22,6 +22,13 @@ neither (docs/sglang.md, "Off"):
   0.5.17 stashes the bonus tokens alone (0.5.23 already leaves out empty fields). A request
   that goes back to drafting then starts from the draft state its slot held last instead of
   zeros; the target verifies every drafted token either way, so outputs do not change.
+
+- **The gather of draft state.** At the start of every iteration the overlap scheduler gathers
+  each request's top-k and hidden state back out of those buffers (`_resolve_spec_extras`),
+  before the launch knows its depth; a depth-0 launch reads the bonus tokens alone. With the
+  trims SGLang 0.5.17 gathers the bonus tokens then, and the rest only once the launch's depth
+  choice says it drafts (inside the launch, on the same stream, before any draft work): SGLang's
+  own gather, run later.
 
 Chosen at start-up with `SPECCTL_LEAN_RELAY=1` and at run time with the admin key
 `specctl_lean_relay` (0 or 1) in `POST /set_internal_state`. Off where the variable is absent.
@@ -90,4 +97,26 @@ def stash_bonus_only(release: str | None, future_map: Any, indices: Any, payload
         return False
     buf = future_map.output_tokens_buf
     buf[indices] = payload.bonus_tokens.to(buf.dtype)
+    return True
+
+
+def resolve_bonus_only(release: str | None, future_map: Any, batch: Any) -> bool:
+    """Gather a decode batch's bonus tokens alone where the release would gather every draft
+    field. True if it did (the caller then owes SGLang's gather to a launch that drafts)."""
+    if release not in STASH_RELEASES or future_map.spec_algo.is_ngram():
+        return False
+    draft_input = batch.spec_info
+    if draft_input is None or not getattr(future_map, "_forward_buf_initialized", False):
+        return False
+    indices = draft_input.future_indices
+    if indices is None or indices.shape[0] == 0 \
+            or getattr(future_map, "draft_probs_buf", None) is not None \
+            or getattr(draft_input, "future_dsa_topk_indices_available", False):
+        return False
+    if indices.is_cuda:  # as SGLang's gather: the indices live until this stream is done
+        import torch
+
+        indices.record_stream(torch.get_device_module(future_map.device).current_stream())
+    draft_input.bonus_tokens = future_map.output_tokens_buf[indices]
+    draft_input.dsa_topk_indices = None
     return True

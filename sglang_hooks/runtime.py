@@ -111,6 +111,10 @@ class SchedulerRuntime:
         self.launch_stubbed = False
         self.early_fences = 0  # depth-0 launches that handed the WAR barrier their own event
         self.lean_stashes = 0  # relays that stashed the bonus tokens alone
+        self.lean_gathers = 0  # iterations that gathered the bonus tokens alone
+        self.late_gathers = 0  # of those, launches that drafted and gathered the rest late
+        # (SGLang's gather, the FutureMap, the batch) owed to a launch that drafts
+        self.owed_gather: tuple[Any, Any, Any] | None = None
         self.skip_draft_prefill = False  # draft_prefill.py: no draft prefill while off
         self.skipped_prefills = 0  # prefill batches whose draft extend was skipped
         self.last_batch_size = 0  # of the last decode launch: where admissions land
@@ -275,6 +279,8 @@ class SchedulerRuntime:
         state["lean_relay"] = self.lean_relay
         state["early_fences"] = self.early_fences
         state["lean_stashes"] = self.lean_stashes
+        state["lean_gathers"] = self.lean_gathers
+        state["late_gathers"] = self.late_gathers
         state["skip_draft_prefill"] = self.skip_draft_prefill
         state["skipped_draft_prefills"] = self.skipped_prefills
         state["depth_switches"] = self.depth_switches

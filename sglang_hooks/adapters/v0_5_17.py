@@ -42,6 +42,8 @@ ADAPTER = Adapter(
         # out of the stash itself
         HookSpec(f"{_OVERLAP}.FutureMap.stash", AROUND, "lean_stash",
                  SymbolSpec(_OVERLAP, "FutureMap", "stash", ("future_indices", "payload"))),
+        HookSpec(f"{_OVERLAP}.FutureMap._resolve_spec_extras", AROUND, "lean_resolve_extras",
+                 SymbolSpec(_OVERLAP, "FutureMap", "_resolve_spec_extras", ("batch",))),
         # host-work trims (lean_host.py): 0.5.23 reads the KV lengths as a list itself
         HookSpec(f"{_ALLOC}.alloc_for_spec_decode", AROUND, "lean_kv_lens",
                  SymbolSpec(_ALLOC, "", "alloc_for_spec_decode",

@@ -2,11 +2,13 @@
 
 Real: SGLang 0.5.23's `EAGLEWorkerV2.last_shared_read_runner` and
 `EagleDraftWorker._draft_extend_for_decode` (patched by the plugin's loader, so the skip and
-the hand-over run as on a server), and SGLang 0.5.17's `FutureMap.stash`, compiled from the
-unpacked 0.5.17 source. Stand-ins, because the real objects need a GPU: the workers' model
-runners (only the read-done attribute the scheduler's WAR barrier reads), the CUDA event the
-hand-over records (a plain object, by device) and the FutureMap `self` (CPU buffers of the
-shapes SGLang allocates).
+the hand-over run as on a server), and SGLang 0.5.17's `FutureMap.stash` and
+`FutureMap._resolve_spec_extras`, compiled from the unpacked 0.5.17 source (the latter's fused
+gather kernel, Triton, replaced by the indexing it does). Stand-ins, because the real objects
+need a GPU: the workers' model runners (only the read-done attribute the scheduler's WAR
+barrier reads), the CUDA event the hand-over records (a plain object, by device), the
+FutureMap `self` (CPU buffers of the shapes SGLang allocates) and the decode batch (its
+draft input's fields).
 """
 
 from __future__ import annotations
@@ -180,3 +182,133 @@ def test_every_other_stash_is_sglangs(
     ran: list[bool] = []
     hooks.lean_stash(lambda *a: ran.append(True), fm, torch.tensor([2]), _payload(1))
     assert ran == [True] and relay.lean_stashes == 0
+
+
+# ----------------------------------------------------------------------------- 0.5.17's gather
+
+
+def _gather_0517(root: Path) -> Any:
+    """SGLang 0.5.17's FutureMap._resolve_spec_extras, compiled alone from its source. Its
+    fused gather kernel (`gather_spec_extras`, Triton) is replaced by the indexing it does."""
+    import torch
+
+    source = (root / "srt" / "managers" / "overlap_utils.py").read_text()
+    tree = ast.parse(source)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "FutureMap")
+    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef)
+              and n.name == "_resolve_spec_extras")
+
+    def gather_spec_extras(indices: Any, topk_p: Any, topk_index: Any, tokens: Any,
+                           hidden: Any) -> tuple[Any, ...]:
+        return (topk_p[indices], topk_index[indices], tokens[indices],
+                None if hidden is None else hidden[indices])
+
+    namespace: dict[str, Any] = {"torch": torch, "EagleDraftInput": Any, "ScheduleBatch": Any,
+                                 "gather_spec_extras": gather_spec_extras,
+                                 "_DEBUG_ASSERT": False}
+    exec(compile(ast.Module(body=[fn], type_ignores=[]), "overlap_utils.py", "exec"), namespace)
+    return namespace["_resolve_spec_extras"]
+
+
+def _indices(values: list[int]) -> Any:
+    """Pool indices whose `record_stream` does nothing: CPU tensors have no streams."""
+    import torch
+
+    class NoStreams(torch.Tensor):
+        def record_stream(self, stream: Any) -> None:
+            return None
+
+    return torch.tensor(values).as_subclass(NoStreams)
+
+
+def _gather_map(root: Path) -> Any:
+    import torch
+
+    fm = _future_map(root)
+    fm.device = "cpu"
+    fm.output_tokens_buf = torch.arange(200, 208, dtype=torch.int64)
+    fm.topk_p_buf = torch.arange(8, dtype=torch.float32).unsqueeze(1)
+    fm.topk_index_buf = torch.arange(10, 18).unsqueeze(1)
+    fm.hidden_states_buf = torch.arange(8 * HIDDEN, dtype=torch.float32).reshape(8, HIDDEN)
+    fm._resolve_spec_extras = types.MethodType(_gather_0517(root), fm)
+    return fm
+
+
+def _decode_batch(values: list[int]) -> Any:
+    """A decode batch as the scheduler resolves it: last iteration's draft input, its fields
+    still those of the last launch's output (here: marked stale)."""
+    import torch
+
+    n = len(values)
+    return NS(spec_info=NS(future_indices=_indices(values), future_dsa_topk_indices_available=False,
+                           bonus_tokens=None, topk_p=torch.full((n, 1), -1.0),
+                           topk_index=torch.full((n, 1), -1), draft_probs=None,
+                           hidden_states=torch.full((n, HIDDEN), -1.0), dsa_topk_indices=None),
+              reqs=[object()] * n)
+
+
+def _draft_state(batch: Any) -> list[list[Any]]:
+    d = batch.spec_info
+    return [d.bonus_tokens.tolist(), d.topk_p.tolist(), d.topk_index.tolist(),
+            d.hidden_states.tolist()]
+
+
+@pytest.mark.parametrize(("batch_size", "drafts"), [(20, False), (4, True)])
+def test_0517_gather_waits_for_the_depth_choice_and_matches_sglangs(
+    sglang17_root: Path, relay: SchedulerRuntime, monkeypatch: pytest.MonkeyPatch,
+    batch_size: int, drafts: bool,
+) -> None:
+    """The table runs depth 3 under 16 requests and 0 from there. The trimmed gather takes
+    the bonus tokens only; the depth choice of a launch that drafts then runs SGLang's own
+    gather, leaving the draft state exactly as SGLang's gather at the start would have."""
+    monkeypatch.setattr(hooks, "RELEASE", "0.5.17")
+    rows = [1, 4, 6]
+    full_map, lean_map = _gather_map(sglang17_root), _gather_map(sglang17_root)
+    full, lean = _decode_batch(rows), _decode_batch(rows)
+    full_map._resolve_spec_extras(full)  # SGLang's own, at the start of the iteration
+    def sglang_gather(fm: Any, batch: Any) -> None:
+        fm._resolve_spec_extras(batch)
+
+    assert hooks.lean_resolve_extras(sglang_gather, lean_map, lean) is None
+    assert lean.spec_info.bonus_tokens.tolist() == [201, 204, 206]
+    assert lean.spec_info.topk_p.tolist() == [[-1.0]] * 3  # not gathered yet
+    assert relay.lean_gathers == 1 and relay.owed_gather is not None
+    depth = hooks.choose_depth(lambda *a: pytest.fail("a table rules"), NS(), batch_size)
+    assert depth == (3 if drafts else 0) and relay.owed_gather is None
+    if drafts:
+        assert _draft_state(lean) == _draft_state(full) and relay.late_gathers == 1
+    else:
+        assert lean.spec_info.topk_p.tolist() == [[-1.0]] * 3 and relay.late_gathers == 0
+    assert relay.report()["lean_gathers"] == 1
+
+
+@pytest.mark.parametrize("case", ["off", "0.5.23", "first stash", "rejection sampling",
+                                  "dsa", "no table yet"])
+def test_every_other_gather_is_sglangs(
+    case: str, sglang17_root: Path, relay: SchedulerRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    monkeypatch.setattr(hooks, "RELEASE", "0.5.23" if case == "0.5.23" else "0.5.17")
+    relay.lean_relay = case != "off"
+    relay.active = case != "no table yet"
+    fm, batch = _gather_map(sglang17_root), _decode_batch([2])
+    fm._forward_buf_initialized = case != "first stash"
+    if case == "rejection sampling":
+        fm.draft_probs_buf = torch.zeros(8, 4)
+    batch.spec_info.future_dsa_topk_indices_available = case == "dsa"
+    ran: list[bool] = []
+    hooks.lean_resolve_extras(lambda *a: ran.append(True), fm, batch)
+    assert ran == [True] and relay.lean_gathers == 0 and relay.owed_gather is None
+
+
+def test_a_gather_is_owed_to_its_own_launch_only(relay: SchedulerRuntime) -> None:
+    """Whatever a launch did with it, nothing owed outlives the launch."""
+    relay.owed_gather = (lambda *a: pytest.fail("gathered for another launch"), None, None)
+    hooks.time_launch(lambda worker, batch: NS(), NS(), NS())
+    assert relay.owed_gather is None
+    relay.owed_gather = (lambda *a: pytest.fail("gathered for another launch"), None, None)
+    with pytest.raises(RuntimeError):
+        hooks.time_launch(lambda worker, batch: (_ for _ in ()).throw(RuntimeError("oom")),
+                          NS(), NS())
+    assert relay.owed_gather is None

@@ -34,6 +34,8 @@ class BlockingPageable:
     def copy(self, values: list[int], pinned: bool) -> None:
         self.copies += 1
         self.clock.now += 5e-6 + (0.0 if pinned else self.pending_s)
+        if not pinned:
+            self.pending_s = 0.0  # it waited the stream out: the next copy finds it clear
 
     def synchronize(self) -> None:
         self.pending_s = 0.0
@@ -43,13 +45,14 @@ def test_a_pageable_copy_that_waits_for_its_stream_is_named() -> None:
     clock = Clock()
     device = BlockingPageable(clock)
     cells = h2d_probe.probe(device, [4, 128], wait_ms=3.0, repeats=5, clock=clock)
-    assert device.copies == 2 * 2 * 2 * 5
-    by = {(c.size, c.mode, c.behind_wait): c.host_us for c in cells}
-    assert by[(4, "pageable", True)] == pytest.approx(3005.0)
-    assert by[(4, "pinned", True)] == pytest.approx(5.0)
-    assert by[(128, "pageable", False)] == pytest.approx(5.0)
+    assert device.copies == 2 * 2 * 2 * 5 * 2  # sizes, modes, waits, repeats, the pair
+    by = {(c.size, c.mode, c.behind_wait): c for c in cells}
+    assert by[(4, "pageable", True)].host_us == pytest.approx(3005.0)
+    assert by[(4, "pageable", True)].second_us == pytest.approx(5.0)
+    assert by[(4, "pinned", True)].host_us == pytest.approx(5.0)
+    assert by[(128, "pageable", False)].host_us == pytest.approx(5.0)
     lines = h2d_probe.render(cells, 3.0)
-    assert "      4 values: pageable 5 / 3005, pinned 5 / 5" in lines
+    assert "      4 values: pageable 5 (5) / 3005 (5), pinned 5 (5) / 5 (5)" in lines
     assert lines[-1] == "a copy waited for its stream: pageable (4 values), pageable (128 values)"
 
 

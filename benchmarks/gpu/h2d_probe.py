@@ -10,10 +10,12 @@ itself, the way the scheduler meets it:
 
     python -m benchmarks.gpu.h2d_probe [--wait-ms 3] [--sizes 4,128] [--repeats 40] [--json F]
 
-For each size it times the copy from pageable and from pinned memory, each on an idle stream
-and on a stream that waits (an event) for a busy side stream, as the schedule stream waits for
-the forward. A copy that blocks the host behind its stream shows the wait in its time. It
-needs CUDA (exit status 2 without); what it prints is the median host microseconds per copy.
+For each size it times two like copies in a row, as SGLang makes them, from pageable and from
+pinned memory, each on an idle stream and on a stream that waits (an event) for a busy side
+stream, as the schedule stream waits for the forward. A copy that blocks the host behind its
+stream shows the wait in the first copy's time, and the second then finds the stream clear.
+It needs CUDA (exit status 2 without); what it prints is the median host microseconds per
+copy, the first and (in brackets) the second.
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ class Cell:
     size: int
     mode: str  # pageable | pinned
     behind_wait: bool
-    host_us: float  # median host time of the copy call
+    host_us: float  # median host time of the first copy call
+    second_us: float  # of the like copy right after it
     samples: int
 
 
@@ -97,25 +100,32 @@ def probe(device: Device, sizes: Sequence[int], wait_ms: float, repeats: int,
         values = list(range(size))
         for mode in MODES:
             for behind in (False, True):
-                times = []
+                firsts: list[float] = []
+                seconds: list[float] = []
                 for _ in range(repeats):
                     device.synchronize()
                     if behind:
                         device.hold_current_stream(wait_ms)
-                    tic = clock()
-                    device.copy(values, pinned=mode == "pinned")
-                    times.append(1e6 * (clock() - tic))
+                    for times in (firsts, seconds):
+                        tic = clock()
+                        device.copy(values, pinned=mode == "pinned")
+                        times.append(1e6 * (clock() - tic))
                 device.synchronize()
-                cells.append(Cell(size, mode, behind, statistics.median(times), repeats))
+                cells.append(Cell(size, mode, behind, statistics.median(firsts),
+                                  statistics.median(seconds), repeats))
     return cells
 
 
 def render(cells: Sequence[Cell], wait_ms: float) -> list[str]:
-    lines = [f"host us per copy (median), idle stream / stream waiting {wait_ms:g} ms for "
-             "another"]
-    by = {(c.size, c.mode, c.behind_wait): c.host_us for c in cells}
+    lines = [f"host us per copy (median; the second copy in brackets), idle stream / stream "
+             f"waiting {wait_ms:g} ms for another"]
+    by = {(c.size, c.mode, c.behind_wait): c for c in cells}
+
+    def cell(c: Cell) -> str:
+        return f"{c.host_us:.0f} ({c.second_us:.0f})"
+
     for size in sorted({c.size for c in cells}):
-        row = ", ".join(f"{mode} {by[(size, mode, False)]:.0f} / {by[(size, mode, True)]:.0f}"
+        row = ", ".join(f"{mode} {cell(by[(size, mode, False)])} / {cell(by[(size, mode, True)])}"
                         for mode in MODES if (size, mode, False) in by)
         lines.append(f"  {size:5d} values: {row}")
     blocked = [c for c in cells if c.behind_wait and c.host_us > 500.0 * wait_ms]

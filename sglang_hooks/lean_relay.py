@@ -85,14 +85,21 @@ def hand_over(worker: Any) -> bool:
     return True
 
 
+def _buffers_ready(release: str | None, future_map: Any) -> bool:
+    """Whether this FutureMap's draft buffers can be left alone: a release whose stash and
+    gather touch every field, buffers already sized (the first stash sizes them from its
+    payload: SGLang's own), and a draft state relayed through them (not ngram's)."""
+    return release in STASH_RELEASES \
+        and getattr(future_map, "_forward_buf_initialized", False) \
+        and not future_map.spec_algo.is_ngram()
+
+
 def stash_bonus_only(release: str | None, future_map: Any, indices: Any, payload: Any) -> bool:
     """Stash a depth-0 relay's bonus tokens alone where the release would write every draft
     field. True if it did (the caller then skips SGLang's stash)."""
-    if release not in STASH_RELEASES or indices.shape[0] == 0:
+    if indices.shape[0] == 0 or not _buffers_ready(release, future_map):
         return False
-    if not getattr(future_map, "_forward_buf_initialized", False):
-        return False  # the first stash sizes the buffers from the payload: SGLang's own
-    if future_map.spec_algo.is_ngram() or getattr(payload, "draft_probs", None) is not None \
+    if getattr(payload, "draft_probs", None) is not None \
             or getattr(payload, "dsa_topk_indices", None) is not None:
         return False
     buf = future_map.output_tokens_buf
@@ -103,10 +110,8 @@ def stash_bonus_only(release: str | None, future_map: Any, indices: Any, payload
 def resolve_bonus_only(release: str | None, future_map: Any, batch: Any) -> bool:
     """Gather a decode batch's bonus tokens alone where the release would gather every draft
     field. True if it did (the caller then owes SGLang's gather to a launch that drafts)."""
-    if release not in STASH_RELEASES or future_map.spec_algo.is_ngram():
-        return False
     draft_input = batch.spec_info
-    if draft_input is None or not getattr(future_map, "_forward_buf_initialized", False):
+    if draft_input is None or not _buffers_ready(release, future_map):
         return False
     indices = draft_input.future_indices
     if indices is None or indices.shape[0] == 0 \

@@ -220,6 +220,7 @@ class Engine:
         self._dispatch_s = profile.scheduler.dispatch_ms / 1000.0
         self._prefill_fixed_ms = profile.scheduler.prefill_fixed_ms
         self._draft_prefill_ms = profile.draft.prefill_ms if speculative else 0.0
+        self._skipped_prefill_ms = profile.draft.prefill_skipped_ms if speculative else 0.0
         # The plugin's draft prefill skip: admissions that follow a depth-0 decode iteration
         # (the tier they land in) run no draft prefill. The sim server's admin key sets it.
         self.skip_draft_prefill = speculative and not profile.draft.prefill_at_depth0
@@ -612,6 +613,7 @@ class Engine:
         fixed = self._prefill_fixed_ms
         if self.skip_draft_prefill and self._decoded and self.last_depth == 0:
             self.skipped_draft_prefills += 1
+            fixed += self._skipped_prefill_ms
         else:
             fixed += self._draft_prefill_ms
         dt = (fixed + sched.prefill_us_per_token * tokens / 1000.0) / 1000.0

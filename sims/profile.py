@@ -103,6 +103,12 @@ class DraftCost(_Strict):
         description="What a prefill batch costs more with speculation on (the draft model's "
         "own pass over the new prompts and its first draft), per prefill",
     )
+    prefill_skipped_ms: NonNeg = Field(
+        0.0,
+        description="What a prefill batch still costs more on the speculative server when the "
+        "draft's prefill is skipped after depth 0 (`prefill_at_depth0: false`): spec-v2's own "
+        "prefill work around the target's forward, which a plain server does not run",
+    )
     extend_at_depth0: bool = Field(
         True,
         description="Depth 0 runs the draft extend (SGLang's own depth 0, the plugin's `sglang` "
@@ -113,7 +119,8 @@ class DraftCost(_Strict):
         True,
         description="A prefill admitted while depth 0 runs pays prefill_ms (SGLang's draft "
         "prefill at every admission); false: the plugin's draft prefill skip "
-        "(`SPECCTL_SKIP_DRAFT_PREFILL`) leaves it out after a depth-0 decode iteration",
+        "(`SPECCTL_SKIP_DRAFT_PREFILL`) leaves it out after a depth-0 decode iteration, "
+        "and the prefill pays prefill_skipped_ms instead",
     )
 
 

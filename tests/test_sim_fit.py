@@ -468,10 +468,12 @@ def test_the_draft_prefill_skip_the_bench_recorded_goes_into_the_profile(tmp_pat
     assert frame(base, [unrecorded], unrecorded.levels, "x").draft.prefill_at_depth0
     depth0 = [replace(lv, depth=0) if lv.depth is not None else lv
               for lv in replayed((64,))[0].levels]
-    _, kept = active_keys(depth0, extend_at_depth0=False, prefill_at_depth0=False)
+    keys, kept = active_keys(depth0, extend_at_depth0=False, prefill_at_depth0=False)
     assert "skipped the draft's prefill" in kept["draft.prefill_ms"]
-    _, kept = active_keys(depth0, extend_at_depth0=False, prefill_at_depth0=True)
+    assert "draft.prefill_skipped_ms" in keys  # what depth 0's admissions still pay
+    keys, kept = active_keys(depth0, extend_at_depth0=False, prefill_at_depth0=True)
     assert "draft.prefill_ms" not in kept
+    assert "draft.prefill_skipped_ms" not in keys and "skips" in kept["draft.prefill_skipped_ms"]
 
 
 def run_cli(*args: str) -> tuple[int, str]:

@@ -279,9 +279,10 @@ def test_device_timer_counter_is_the_engines_own_time(kimi, speculative, decode_
     assert "forward_execution_seconds" not in _server(kimi).metrics_text()
 
 
-def _with_draft_prefill(ms: float):
+def _with_draft_prefill(ms: float, skipped_ms: float = 0.0):
     profile = load_profile("h200-sglang-llama8b-seeded")
-    draft = profile.draft.model_copy(update={"prefill_ms": ms, "prefill_at_depth0": False})
+    draft = profile.draft.model_copy(update={"prefill_ms": ms, "prefill_at_depth0": False,
+                                             "prefill_skipped_ms": skipped_ms})
     return profile.model_copy(update={"draft": draft})
 
 
@@ -326,3 +327,21 @@ def test_the_draft_prefill_skip_drops_its_cost_after_depth_zero_only():
     assert status == 400 and rejection is not None
     assert rejection.field == "specctl_skip_draft_prefill"
     assert read_server_state(skipping.server_info())[0]["skip_draft_prefill"] is True
+
+
+def test_a_skipped_draft_prefill_still_costs_what_the_profile_says_on_the_speculative_server():
+    """`draft.prefill_skipped_ms` is what a prefill after depth 0 pays beyond a plain
+    server's with the draft's prefill skipped: charged there, and never on a server without
+    speculation. 150 ms stands out of any prefill's own noise."""
+    plain_cost = _prefill_ms(_depth0(_with_draft_prefill(200.0)), 30)
+    charged = _depth0(_with_draft_prefill(200.0, skipped_ms=150.0))
+    assert charged.engine.skip_draft_prefill
+    assert _prefill_ms(charged, 30) > plain_cost + 100
+    assert charged.engine.skipped_draft_prefills > 0
+    speculating = _server(_with_draft_prefill(200.0, skipped_ms=150.0), concurrency=16)
+    speculating.set_internal_state(push_body(single_depth_table(2, version=1)), None)
+    drafting = _prefill_ms(speculating, 30)  # pays prefill_ms, not the skipped extra on top
+    assert plain_cost + 150 < drafting < plain_cost + 250
+    without = _server(_with_draft_prefill(200.0, skipped_ms=150.0), concurrency=16,
+                      speculative=False)
+    assert _prefill_ms(without, 30) < plain_cost + 50

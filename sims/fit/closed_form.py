@@ -81,12 +81,22 @@ def closed_form_residuals(
             s = profile.scheduler
             wave = min(lv.concurrency, profile.max_running(spec)) * lv.prompt_tokens
             ttft = s.prefill_fixed_ms + s.prefill_us_per_token * wave / 1000
-            drafts = spec and (lv.depth != 0 or profile.draft.prefill_at_depth0)
-            ttft += s.dispatch_ms + s.frontend_ms + (profile.draft.prefill_ms if drafts else 0.0)
+            ttft += s.dispatch_ms + s.frontend_ms + spec_prefill_extra_ms(profile, lv.depth)
             if not lv.server_ttft_ms:
                 ttft += s.ttft_overhead_ms
             out.append(TTFT_WEIGHT * math.log(max(ttft, 1e-6) / ttft_ms))
     return out
+
+
+def spec_prefill_extra_ms(profile: Profile, depth: int | None) -> float:
+    """What a prefill admitted while the server runs `depth` costs beyond a plain server's
+    (None: the plain server)."""
+    d = profile.draft
+    if depth is None:
+        return 0.0
+    if depth != 0 or d.prefill_at_depth0:
+        return d.prefill_ms
+    return d.prefill_skipped_ms
 
 
 def client_time_guess(profile: Profile, levels: Sequence[Level]) -> dict[str, float]:

@@ -273,8 +273,13 @@ def active_keys(
         kept["draft.prefill_ms"] = (
             "the server skipped the draft's prefill at depth 0, the only depth benched"
         )
+    if prefill_at_depth0 or 0 not in spec_depths:
+        kept["draft.prefill_skipped_ms"] = (
+            "needs depth 0 benched on a server that skips the draft's prefill there"
+        )
     if not plain or not spec_depths:
         kept["draft.prefill_ms"] = "needs both servers' TTFT (the bench had no --no-spec-url)"
+        kept["draft.prefill_skipped_ms"] = kept["draft.prefill_ms"]
         kept["scheduler.spec_host_us_per_req"] = (
             "needs both servers (the bench had no --no-spec-url): the speculative server's "
             "host work beside the plain server's"
@@ -285,6 +290,7 @@ def active_keys(
             "scheduler.prefill_us_per_token",
             "scheduler.ttft_overhead_ms",
             "draft.prefill_ms",
+            "draft.prefill_skipped_ms",
         ):
             kept[k] = "no TTFT measured"
     return [k for k in keys if k not in kept], kept

@@ -64,6 +64,11 @@ PARAMS: dict[str, Param] = {
         Param("draft.extend_us_per_req", "us", meaning="verify mode per request"),
         Param("draft.spec_sched_ms", "ms", meaning="verify mode at depth 0, extend skipped"),
         Param("draft.prefill_ms", "ms", meaning="a prefill's extra with speculation on"),
+        Param(
+            "draft.prefill_skipped_ms",
+            "ms",
+            meaning="a prefill's extra at depth 0, the draft's prefill skipped",
+        ),
         Param("scheduler.untimed_ms", "ms", meaning="per iteration, unseen by the GPU timer"),
         Param(
             "scheduler.host_us_per_req",
@@ -110,7 +115,12 @@ PARAMS: dict[str, Param] = {
     )
 }
 STEP_KEYS = (
-    *(k for k in PARAMS if k.startswith(("target.", "draft.")) and k != "draft.prefill_ms"),
+    *(
+        k
+        for k in PARAMS
+        if k.startswith(("target.", "draft."))
+        and k not in ("draft.prefill_ms", "draft.prefill_skipped_ms")
+    ),
     "scheduler.untimed_ms",
 )
 # The host floor shows only where it exceeds the forward, i.e. in the replay's time per token,

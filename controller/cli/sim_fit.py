@@ -40,6 +40,14 @@ OffMode = Annotated[
         show_default=False,
     ),
 ]
+PoolRepeats = Annotated[
+    bool,
+    typer.Option(
+        "--pool-repeats",
+        help="Take a level that several of the benches measured alike (same series, streams "
+        "and request shape) as their mean, not once per bench",
+    ),
+]
 err_console = Console(stderr=True, soft_wrap=True)
 
 
@@ -104,14 +112,7 @@ def fit(
     ] = None,
     jobs: Jobs = None,
     off_mode: OffMode = None,
-    pool_repeats: Annotated[
-        bool,
-        typer.Option(
-            "--pool-repeats",
-            help="Fit and judge a level that several of the benches measured alike (same "
-            "series, streams and request shape) as their mean, not once per bench",
-        ),
-    ] = False,
+    pool_repeats: PoolRepeats = False,
     keep: Annotated[
         list[str] | None,
         typer.Option(
@@ -231,13 +232,7 @@ def replay(
     ],
     jobs: Jobs = None,
     off_mode: OffMode = None,
-    pool_repeats: Annotated[
-        bool,
-        typer.Option(
-            "--pool-repeats",
-            help="Judge a level that several of the benches measured alike as their mean",
-        ),
-    ] = False,
+    pool_repeats: PoolRepeats = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
     """Replay your benches on a profile as it is, without fitting: how far it is from them.

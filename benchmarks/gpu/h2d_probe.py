@@ -4,7 +4,7 @@ SGLang 0.5.17's speculative decode preparation (`eagle_prepare_for_decode`) copi
 of per-request KV lengths to the GPU with `non_blocking=True` from ordinary (pageable) CPU
 tensors, on the schedule stream, which the scheduler's write-after-read barrier has made wait
 for the last forward. In the twentieth H200 run's stacks the first of the two copies took
-30 samples at 4 streams and the second 5 (docs/sglang.md, "Measured on an H200"): as if the
+30 samples at 4 streams and the second 5 (docs/h200-runs.md): as if the
 first waited. A plain server's decode preparation has no such copy. This probe times the call
 itself, the way the scheduler meets it:
 

@@ -2,7 +2,7 @@
 
 Over the twenty-third H200 run both servers slowed, depth 0's more: at 128 streams its time per
 forward pass outside the GPU's forward rose from 0.4 to about 4 ms in 18 minutes while the
-forward itself held (docs/sglang.md, the twenty-third run). Which host work grew is what this
+forward itself held (docs/h200-runs.md, the twenty-third run). Which host work grew is what this
 records: beside a long series of benches, every `--every` seconds, py-spy samples each server's
 scheduler for `--seconds` (`--nonblocking`: the scheduler is never paused) and the scheduler's
 memory is read; `compare` then sets each server's first sample against its last by busy host

@@ -254,7 +254,7 @@ case "$STEP" in
 h2dprobe)
     # Whether a small host-to-device copy from pageable memory blocks the host while its stream
     # waits for another, as spec-v2's decode preparation makes one behind the barrier on the last
-    # forward (docs/sglang.md, "Measured on an H200"); the same from pinned memory beside it.
+    # forward (docs/h200-runs.md); the same from pinned memory beside it.
     # About ten seconds on the GPU; the servers may run or not.
     mkdir -p "$R"
     stamp "host-to-device copies, pageable and pinned, idle and behind a wait"

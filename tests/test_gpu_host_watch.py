@@ -75,6 +75,8 @@ def test_the_watch_loads_each_level_and_sees_the_server_busy(run_dir) -> None:
         assert summary["scheduler_pid"] == busiest["pid"]
         assert "sglang_scheduler_standin" in host_watch.cmdline(busiest["pid"])
         assert summary["machine_cpu_share"] >= summary["server_cpu_share"]
+        # The server's own pass counter across the window, scraped over loopback HTTP.
+        assert summary["decode_passes"] > 0 and summary["prefill_passes"] >= 0
     assert sim.server.stats().iterations_per_depth.get(0, 0) > 0  # the forced depth ran
     assert sim.server.specctl_state()["table"] == before  # and the table is restored
 
@@ -172,3 +174,44 @@ def test_the_cli_compares_busy_shares(tmp_path: Path, capsys: pytest.CaptureFixt
     out = capsys.readouterr().out
     assert "+30.0%  loop (s.py)" in out and "+30.0%  work (s.py)" in out
     assert "Event.synchronize" not in out
+
+
+def _watched(folder: Path, stacks: str, **host: float) -> Path:
+    folder.mkdir()
+    (folder / "stacks.txt").write_text(stacks)
+    (folder / "host.json").write_text(json.dumps(host))
+    return folder / "stacks.txt"
+
+
+def test_per_pass_compares_host_milliseconds_per_decode_iteration(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two servers over 8 s windows at different rates: the one that spent a smaller share of
+    its window in `work` can still have spent more per iteration."""
+    stacks = ("thread (1): MainThread;loop (s.py:1);Event.synchronize (c.py:9) {wait}\n"
+              "thread (1): MainThread;loop (s.py:1);work (s.py:3) {work}\n")
+    plain = _watched(tmp_path / "plain", stacks.format(wait=50, work=50),
+                     seconds=8.0, decode_passes=1600, prefill_passes=400)
+    d0 = _watched(tmp_path / "d0", stacks.format(wait=60, work=40),
+                  seconds=8.0, decode_passes=800, prefill_passes=240)
+    assert stack_share.main(["compare", "--busy", "--per-pass", str(plain), str(d0)]) == 0
+    out = capsys.readouterr().out
+    # plain: 0.5 of 8 s over 1,600 iterations = 2.5 ms; d0: 0.4 of 8 s over 800 = 4.0 ms.
+    assert "   2.500        4.000   +1.500  work (s.py)" in out
+    assert "1600 decode iterations, 400 prefill batches (0.25 a decode iteration)" in out
+    assert "(0.30 a decode iteration)" in out
+
+
+def test_per_pass_names_what_host_json_lacks(tmp_path: Path) -> None:
+    stacks = "thread (1): MainThread;loop (s.py:1) 10\n"
+    old = _watched(tmp_path / "old", stacks, seconds=8.0)
+    new = _watched(tmp_path / "new", stacks, seconds=8.0, decode_passes=10, prefill_passes=1)
+    with pytest.raises(SystemExit, match=r"has no decode_passes, prefill_passes .*without "
+                                         r"--per-pass"):
+        stack_share.main(["compare", "--per-pass", str(old), str(new)])
+    idle = _watched(tmp_path / "idle", stacks, seconds=8.0, decode_passes=0, prefill_passes=0)
+    with pytest.raises(SystemExit, match="ran no decode iteration"):
+        stack_share.main(["compare", "--per-pass", str(new), str(idle)])
+    (tmp_path / "bare").mkdir()
+    (tmp_path / "bare" / "stacks.txt").write_text(stacks)
+    with pytest.raises(SystemExit, match=r"host\.json, which host_watch writes"):
+        stack_share.main(["compare", "--per-pass", str(new), str(tmp_path / "bare" / "stacks.txt")])

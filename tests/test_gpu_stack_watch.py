@@ -102,3 +102,44 @@ def test_bad_input_is_named(run_dir: Path, capsys: pytest.CaptureFixture[str]) -
     assert stack_watch.main(_record(run_dir, "--rounds", "0")) == 2
     with pytest.raises(SystemExit, match="give the folder `record` wrote"):
         stack_watch.compare(run_dir / "nothing", top=5)
+
+
+def test_a_sample_counts_the_passes_its_server_ran(run_dir: Path, sim_server_factory) -> None:
+    """The server's pass counter, scraped over loopback HTTP at both ends of each sample, from a
+    simulated server with its own closed-loop load; the unreachable URL of the fixture gives
+    None, not a guess."""
+    assert stack_watch.main(_record(run_dir, "--rounds", "1")) == 0
+    unreachable = json.loads((run_dir / "stacks" / "samples.json").read_text())["samples"][0]
+    assert unreachable["decode_passes"] is None and unreachable["prefill_passes"] is None
+    sim = sim_server_factory(concurrency=8, speedup=50)
+    state = json.loads((run_dir / "state.json").read_text())
+    state["servers"]["spec"]["url"] = sim.base_url
+    (run_dir / "state.json").write_text(json.dumps(state))
+    assert stack_watch.main(_record(run_dir, "--rounds", "1")) == 0
+    sample = json.loads((run_dir / "stacks" / "samples.json").read_text())["samples"][0]
+    assert sample["decode_passes"] > 0 and sample["prefill_passes"] >= 0
+    assert sample["window_s"] > 0  # the stand-in for py-spy returns at once
+
+
+def test_compare_reads_host_ms_per_decode_iteration_where_both_samples_counted(
+        tmp_path: Path) -> None:
+    """Round 1: 20% of a 6 s window busy in `grow` over 1,200 iterations (1.0 ms each); round 2:
+    30% of 6 s over 600 (3.0 ms). Without pass counts the same files compare by share."""
+    for n, busy in enumerate((20, 30), 1):
+        (tmp_path / f"spec_{n}.txt").write_text(
+            f"thread (1): MainThread;loop (s.py:1);Event.synchronize (c.py:9) {100 - busy}\n"
+            f"thread (1): MainThread;loop (s.py:1);grow (s.py:3) {busy}\n")
+    samples = [{"server": "spec", "round": n, "start_unix": 60.0 * n, "seconds": 6.0,
+                "file": f"spec_{n}.txt", "rc": 0, "scheduler_pid": 1, "scheduler_rss_mb": 900.0,
+                "decode_passes": passes, "prefill_passes": passes // 4, "window_s": 6.0}
+               for n, passes in ((1, 1200), (2, 600))]  # fmt: skip
+    (tmp_path / "samples.json").write_text(json.dumps({"samples": samples}))
+    lines = stack_watch.compare(tmp_path, top=5)
+    assert "1200 decode iterations, 300 prefill batches" in "\n".join(lines)
+    grow = next(line for line in lines if "grow (s.py)" in line)
+    assert grow.split()[:3] == ["1.000", "3.000", "+2.000"]
+    for s in samples:
+        s["decode_passes"] = None  # an index recorded before passes were counted
+    (tmp_path / "samples.json").write_text(json.dumps({"samples": samples}))
+    grow = next(line for line in stack_watch.compare(tmp_path, top=5) if "grow (s.py)" in line)
+    assert "+10.0%" in grow

@@ -9,9 +9,12 @@ For each level it keeps N closed-loop streams on the server (a depth forced firs
 speculative server through the admin RPC, its table restored after), and over the measured
 window it writes OUT/<label>-c<N>/host.json (CPU seconds per process of the machine, the
 busiest first, which of them belong to the server, the cgroup's throttling counters, the CPU
-count and quota, the level's tok/s) and, with --py-spy, stacks.txt: py-spy's collapsed stacks
+count and quota, the level's tok/s, and the server's prefill batches and decode iterations in
+the window from its /metrics) and, with --py-spy, stacks.txt: py-spy's collapsed stacks
 of the server's scheduler (`--nonblocking`, so the scheduler is never paused; `--idle`, so
-time spent waiting counts; `--threads`). `python -m benchmarks.gpu.stack_share` reads them.
+time spent waiting counts; `--threads`). `python -m benchmarks.gpu.stack_share` reads them
+(`--per-pass`: host milliseconds per decode iteration, from the window and the passes in
+host.json).
 
 Why: at 64-128 streams both servers are host-bound and their tok/s moves 25-50% between
 benches of one start, and at one stream a depth-0 iteration pays host time a plain decode
@@ -29,9 +32,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from benchmarks.gpu.kernel_profile import streams_option
 from benchmarks.gpu.procs import all_cpu_seconds, cmdline, command_name, label_of, session_pids
@@ -44,10 +48,12 @@ from controller.bench.loadgen import (
     make_client,
     run_level,
 )
+from controller.bench.metrics import Scrape, passes_between
 from controller.bench.prompts import DatasetError, read_dataset
 from controller.bench.server_client import ServerClient, ServerError
 from sglang_hooks.contract import single_depth_table
 
+T = TypeVar("T")
 CGROUP_FILES = (Path("/sys/fs/cgroup/cpu.stat"), Path("/sys/fs/cgroup/cpu,cpuacct/cpu.stat"))
 CPU_MAX = (Path("/sys/fs/cgroup/cpu.max"), Path("/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us"))
 
@@ -128,11 +134,27 @@ def summarise(win: Window, mine: set[int], top: int) -> dict[str, Any]:
     }
 
 
+def passes_in(scrape: Callable[[], Scrape | None], window: Callable[[], T]
+              ) -> tuple[T, dict[str, int | None]]:
+    """`window()` between two scrapes of the server: the host window, and the prefill batches
+    and decode iterations the server counted across it (None where a scrape failed or the
+    server exports no pass counter)."""
+    before = scrape()
+    win = window()
+    after = scrape()
+    passes = (passes_between(before, after)
+              if before is not None and after is not None else None)
+    return win, {"prefill_passes": None if passes is None else passes.prefill,
+                 "decode_passes": None if passes is None else passes.decode}
+
+
 class _WatchWindow(WindowHooks):
     """Measures the host (and runs py-spy) over the level's measured window."""
 
-    def __init__(self, out: Path, mine: set[int], sched: int | None, args: argparse.Namespace):
+    def __init__(self, out: Path, mine: set[int], sched: int | None, args: argparse.Namespace,
+                 scrape: Callable[[], Scrape | None]):
         self.out, self.mine, self.sched, self.args = out, mine, sched, args
+        self.scrape = scrape
         self.summary: dict[str, Any] = {}
         self._thread: threading.Thread | None = None
 
@@ -144,9 +166,13 @@ class _WatchWindow(WindowHooks):
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
 
+    def _summary(self) -> dict[str, Any]:
+        win, passes = passes_in(self.scrape, lambda: measure(self.args.seconds))
+        return {**summarise(win, self.mine, self.args.top), **passes}
+
     def _watch(self) -> None:
         if not (self.args.py_spy and self.sched is not None):
-            self.summary = summarise(measure(self.args.seconds), self.mine, self.args.top)
+            self.summary = self._summary()
             return
         with open(self.out / "py-spy.log", "w") as log:
             spy = subprocess.Popen(
@@ -156,7 +182,7 @@ class _WatchWindow(WindowHooks):
                  "--output", str(self.out / "stacks.txt")],
                 stdout=subprocess.DEVNULL, stderr=log,
             )  # fmt: skip
-            self.summary = summarise(measure(self.args.seconds), self.mine, self.args.top)
+            self.summary = self._summary()
             try:
                 self.summary["py_spy_rc"] = spy.wait(timeout=self.args.seconds + 30)
             except subprocess.TimeoutExpired:
@@ -198,7 +224,7 @@ def watch(args: argparse.Namespace) -> list[Path]:
             for streams in args.streams:
                 out = args.out / f"{label}-c{streams}"
                 out.mkdir(parents=True, exist_ok=True)
-                hooks = _WatchWindow(out, mine, sched, args)
+                hooks = _WatchWindow(out, mine, sched, args, lambda: _scrape_or_none(server))
                 load = asyncio.run(
                     _watched_level(info["url"], prompts, streams, hooks, args, model)
                 )
@@ -210,7 +236,8 @@ def watch(args: argparse.Namespace) -> list[Path]:
                 print(
                     f"{label} c={streams}: {summary['tok_per_s']:.0f} tok/s; machine "
                     f"{summary['machine_cpu_share']:.2f} CPUs busy, server "
-                    f"{summary['server_cpu_share']:.2f}; cgroup {summary['cgroup_change'] or 'n/a'}"
+                    f"{summary['server_cpu_share']:.2f}; {passes_line(summary)}; "
+                    f"cgroup {summary['cgroup_change'] or 'n/a'}"
                 )
                 for row in summary["processes"][:6]:
                     flag = "*" if row["server"] else " "
@@ -220,6 +247,20 @@ def watch(args: argparse.Namespace) -> list[Path]:
             if before is not None:
                 server.push(before.table)
     return written
+
+
+def _scrape_or_none(server: ServerClient) -> Scrape | None:
+    try:
+        return server.scrape()
+    except ServerError:
+        return None
+
+
+def passes_line(summary: dict[str, Any]) -> str:
+    decode, prefill = summary.get("decode_passes"), summary.get("prefill_passes")
+    if decode is None or prefill is None:
+        return "passes unknown (no pass counter on /metrics)"
+    return f"{decode} decode / {prefill} prefill passes"
 
 
 def main(argv: list[str] | None = None) -> int:

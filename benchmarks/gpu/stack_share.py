@@ -3,6 +3,7 @@
 
     python -m benchmarks.gpu.stack_share show stacks.txt --top 30
     python -m benchmarks.gpu.stack_share compare plain/stacks.txt d0/stacks.txt --top 30
+    python -m benchmarks.gpu.stack_share compare --busy --per-pass plain/stacks.txt d0/stacks.txt
 
 Only the samples of one thread count (`--thread`, default the main thread, where SGLang's
 scheduler runs its loop; py-spy's `--threads` puts `thread (ID): NAME` first on each stack).
@@ -16,12 +17,19 @@ share times the iteration time is the host time it took.
 `WAIT_FRAME` anywhere on the stack), while they still count in the total: a function's share is
 then the host time it kept the process busy, so two servers sampled over windows of the same
 length compare by the work each did on the host, not by how long each waited.
+
+`--per-pass` turns each share into host milliseconds per decode iteration: the share times the
+window, over the decode iterations the server counted in it, both read from the host.json that
+`host_watch` writes beside the stacks. Two servers that ran at different rates then compare by
+what each iteration cost, not by how much of a window it filled; the prefill batches per decode
+iteration are printed with them, as they cost host time of their own.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -106,14 +114,69 @@ def show(s: Shares, top: int) -> list[str]:
     return lines
 
 
-def compare(a: Shares, b: Shares, top: int, names: tuple[str, str]) -> list[str]:
+@dataclass(frozen=True)
+class Window:
+    """What host_watch measured beside a stacks file: its window and the server's passes."""
+
+    seconds: float
+    decode_passes: int
+    prefill_passes: int
+
+    @property
+    def ms_per_share(self) -> float:
+        """Host milliseconds per decode iteration that a share of 1.0 stands for."""
+        return 1000.0 * self.seconds / self.decode_passes
+
+    def describe(self, name: str) -> str:
+        return (f"{name}: {self.seconds:.1f} s, {self.decode_passes} decode iterations, "
+                f"{self.prefill_passes} prefill batches "
+                f"({self.prefill_passes / self.decode_passes:.2f} a decode iteration)")
+
+
+def window_beside(stacks: Path) -> Window:
+    """The host.json in the stacks file's folder; SystemExit naming what is missing."""
+    path = stacks.parent / "host.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"error: --per-pass reads {path}, which host_watch writes beside the "
+                         f"stacks: {err}") from None
+    fields = ("seconds", "decode_passes", "prefill_passes")
+    missing = [f for f in fields if not isinstance(data.get(f), (int, float))]
+    if missing:
+        raise SystemExit(f"error: {path} has no {', '.join(missing)} (a host_watch from before "
+                         "it counted the server's passes, or a server without a pass counter); "
+                         "compare without --per-pass")
+    if data["decode_passes"] <= 0:
+        raise SystemExit(f"error: {path}: the server ran no decode iteration in the window")
+    return Window(float(data["seconds"]), int(data["decode_passes"]),
+                  int(data["prefill_passes"]))
+
+
+def compare(a: Shares, b: Shares, top: int, names: tuple[str, str],
+            windows: tuple[Window, Window] | None = None) -> list[str]:
+    """The largest changes first; with `windows`, in host ms per decode iteration."""
+    scale = (1.0, 1.0) if windows is None else (windows[0].ms_per_share,
+                                                windows[1].ms_per_share)
+
+    def value(s: Shares, key: str, i: int) -> float:
+        return s.share(key) * scale[i]
+
     keys = set(a.inclusive) | set(b.inclusive)
-    rows = sorted(keys, key=lambda k: -abs(b.share(k) - a.share(k)))[:top]
+    rows = sorted(keys, key=lambda k: -abs(value(b, k, 1) - value(a, k, 0)))[:top]
     head = f"{names[0][:12]:>12} {names[1][:12]:>12} {'change':>8}"
-    lines = [f"samples: {a.samples} / {b.samples}; inclusive shares", f"{head}  function"]
+    if windows is None:
+        lines = [f"samples: {a.samples} / {b.samples}; inclusive shares", f"{head}  function"]
+        for key in rows:
+            sa, sb = a.share(key), b.share(key)
+            lines.append(f"{sa:12.1%} {sb:12.1%} {100 * (sb - sa):+7.1f}%  {key}")
+        return lines
+    lines = [windows[0].describe(names[0]), windows[1].describe(names[1]),
+             f"samples: {a.samples} / {b.samples}; host ms per decode iteration, inclusive",
+             f"{head}  function"]
     for key in rows:
-        sa, sb = a.share(key), b.share(key)
-        lines.append(f"{sa:12.1%} {sb:12.1%} {100 * (sb - sa):+7.1f}%  {key}")
+        ma, mb = value(a, key, 0), value(b, key, 1)
+        lines.append(f"{ma:12.3f} {mb:12.3f} {mb - ma:+8.3f}  {key}")
     return lines
 
 
@@ -132,14 +195,18 @@ def main(argv: list[str] | None = None) -> int:
     for p in (one, two):
         p.add_argument("--busy", action="store_true",
                        help="samples waiting on the GPU count in the total, for no function")
+    two.add_argument("--per-pass", action="store_true",
+                     help="host ms per decode iteration (reads host.json beside each file)")
     args = ap.parse_args(argv)
     if args.cmd == "show":
         print("\n".join(show(load(args.stacks, args.thread, args.busy), args.top)))
     else:
         names = (args.before.parent.name or "before", args.after.parent.name or "after")
+        windows = ((window_beside(args.before), window_beside(args.after))
+                   if args.per_pass else None)
         before = load(args.before, args.thread, args.busy)
         after = load(args.after, args.thread, args.busy)
-        print("\n".join(compare(before, after, args.top, names)))
+        print("\n".join(compare(before, after, args.top, names, windows)))
     return 0
 
 

@@ -5,15 +5,18 @@ forward pass outside the GPU's forward rose from 0.4 to about 4 ms in 18 minutes
 forward itself held (docs/h200-runs.md, the twenty-third run). Which host work grew is what this
 records: beside a long series of benches, every `--every` seconds, py-spy samples each server's
 scheduler for `--seconds` (`--nonblocking`: the scheduler is never paused) and the scheduler's
-memory is read; `compare` then sets each server's first sample against its last by busy host
-time (`stack_share --busy`), the functions that grew first.
+memory and its prefill batches and decode iterations over the sample (its /metrics, scraped at
+both ends) are read; `compare` then sets each server's first sample against its last by busy
+host time (`stack_share --busy`), in host milliseconds per decode iteration where both samples
+counted passes, the functions that grew first.
 
     python -m benchmarks.gpu.stack_watch record --run-dir R --py-spy PATH --out DIR \\
         [--every 120] [--seconds 6] [--rate 200]        # until SIGTERM (or --rounds N)
     python -m benchmarks.gpu.stack_watch compare DIR [--top 25]
 
 `record` writes DIR/<server>_<round>.txt (py-spy's raw stacks) and DIR/samples.json (per sample:
-server, round, start time, seconds, py-spy's exit status, the scheduler's resident memory).
+server, round, start time, seconds, py-spy's exit status, the scheduler's resident memory, the
+passes the server counted and the seconds between the two scrapes).
 """
 
 from __future__ import annotations
@@ -30,9 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu import stack_share
-from benchmarks.gpu.host_watch import scheduler_pid
+from benchmarks.gpu.host_watch import passes_in, scheduler_pid
 from benchmarks.gpu.procs import rss_bytes, session_pids
 from benchmarks.gpu.state import RunState
+from controller.bench.metrics import Scrape
+from controller.bench.server_client import ServerClient, ServerError
 
 INDEX = "samples.json"
 
@@ -47,29 +52,66 @@ class Sample:
     rc: int | str | None  # py-spy's exit status ("timed out", or None where it did not run)
     scheduler_pid: int | None
     scheduler_rss_mb: float | None
+    # Over the sample, from the server's /metrics (None: a scrape failed or no pass counter).
+    decode_passes: int | None = None
+    prefill_passes: int | None = None
+    window_s: float | None = None  # between the two scrapes
 
 
-def schedulers(run_dir: Path, servers: list[str]) -> dict[str, int | None]:
-    """Each named server's scheduler pid, from the harness's state (None: not found)."""
+@dataclass(frozen=True)
+class Watched:
+    """One server of the run: its scheduler's pid (None: not found) and its URL."""
+
+    pid: int | None
+    url: str | None
+
+
+def schedulers(run_dir: Path, servers: list[str]) -> dict[str, Watched]:
+    """Each named server's scheduler and URL, from the harness's state."""
     state = RunState.load(run_dir).data
-    out: dict[str, int | None] = {}
+    out: dict[str, Watched] = {}
     for name in servers:
         info = state.get("servers", {}).get(name)
         if not info:
             raise SystemExit(f"error: no server {name!r} in {run_dir}/state.json "
                              "(start the servers with the harness first)")
-        out[name] = scheduler_pid(session_pids(int(info["pid"])))
+        out[name] = Watched(scheduler_pid(session_pids(int(info["pid"]))), info.get("url"))
     return out
 
 
-def _sample(py_spy: str, server: str, pid: int | None, n: int, args: argparse.Namespace,
+def _scraper(url: str | None) -> Any:
+    def scrape() -> Scrape | None:
+        if not url:
+            return None
+        try:
+            with ServerClient(url, None) as server:
+                return server.scrape()
+        except ServerError:
+            return None
+
+    return scrape
+
+
+def _sample(py_spy: str, server: str, watched: Watched, n: int, args: argparse.Namespace,
             stop: threading.Event) -> Sample:
     start = time.time()
+    pid = watched.pid
     rss = rss_bytes(pid) if pid is not None else None
     sample = Sample(server, n, round(start, 3), args.seconds, None, None, pid,
                     None if rss is None else round(rss / 2**20, 1))
     if pid is None:
         return sample
+    began = time.monotonic()
+    _, passes = passes_in(_scraper(watched.url), lambda: _spy(py_spy, server, pid, n, args,
+                                                               stop, sample))
+    sample.decode_passes, sample.prefill_passes = passes["decode_passes"], passes["prefill_passes"]
+    sample.window_s = round(time.monotonic() - began, 3)
+    return sample
+
+
+def _spy(py_spy: str, server: str, pid: int, n: int, args: argparse.Namespace,
+         stop: threading.Event, sample: Sample) -> None:
+    """py-spy over the scheduler for `args.seconds`; its file and exit status into `sample`."""
     name = f"{server}_{n}.txt"
     with open(args.out / f"{server}_{n}.log", "w") as log:
         spy = subprocess.Popen(
@@ -88,16 +130,15 @@ def _sample(py_spy: str, server: str, pid: int | None, n: int, args: argparse.Na
         else:
             sample.rc = spy.returncode
     sample.file = name if (args.out / name).exists() else None
-    return sample
 
 
-def _round(args: argparse.Namespace, pids: dict[str, int | None], n: int,
+def _round(args: argparse.Namespace, pids: dict[str, Watched], n: int,
            stop: threading.Event) -> list[Sample]:
     """One round: every server's scheduler sampled at once."""
     done: list[Sample] = []
 
-    def take(server: str, pid: int | None) -> None:
-        done.append(_sample(args.py_spy, server, pid, n, args, stop))
+    def take(server: str, watched: Watched) -> None:
+        done.append(_sample(args.py_spy, server, watched, n, args, stop))
 
     threads = [threading.Thread(target=take, args=item) for item in pids.items()]
     for t in threads:
@@ -110,7 +151,7 @@ def _round(args: argparse.Namespace, pids: dict[str, int | None], n: int,
 def record(args: argparse.Namespace) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     pids = schedulers(args.run_dir, args.servers)
-    missing = [name for name, pid in pids.items() if pid is None]
+    missing = [name for name, watched in pids.items() if watched.pid is None]
     if missing:
         print(f"stack_watch: no scheduler process found for {', '.join(missing)}; "
               "their rounds record nothing", file=sys.stderr)
@@ -172,8 +213,21 @@ def compare(folder: Path, top: int) -> list[str]:
             lines.append(f"  {err}")
             continue
         names = (f"round {first['round']}", f"round {last['round']}")
-        lines.extend(stack_share.compare(a, b, top, names))
+        lines.extend(stack_share.compare(a, b, top, names, _windows(first, last)))
     return lines
+
+
+def _windows(first: dict[str, Any], last: dict[str, Any]
+             ) -> tuple[stack_share.Window, stack_share.Window] | None:
+    """Both samples' windows where each counted decode iterations (older indices did not)."""
+    out = []
+    for s in (first, last):
+        decode, prefill, seconds = (s.get("decode_passes"), s.get("prefill_passes"),
+                                    s.get("window_s"))
+        if not decode or prefill is None or not seconds:
+            return None
+        out.append(stack_share.Window(float(seconds), int(decode), int(prefill)))
+    return out[0], out[1]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -764,6 +764,9 @@ hostwatch)
         [ -f "$H/plain-c$c/stacks.txt" ] && [ -f "$H/d0-c$c/stacks.txt" ] || continue
         "$PY" -m benchmarks.gpu.stack_share compare "$H/plain-c$c/stacks.txt" \
             "$H/d0-c$c/stacks.txt" --top 40 | tee "$H/compare_c$c.txt"
+        # Host ms per decode iteration: the two servers ran at different rates.
+        "$PY" -m benchmarks.gpu.stack_share compare --busy --per-pass "$H/plain-c$c/stacks.txt" \
+            "$H/d0-c$c/stacks.txt" --top 45 >"$H/per_pass_c$c.txt"
         for who in plain d0; do
             "$PY" -m benchmarks.gpu.stack_share show "$H/$who-c$c/stacks.txt" --top 60 \
                 >"$H/$who-c$c/shares.txt"

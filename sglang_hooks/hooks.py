@@ -416,11 +416,16 @@ def lean_resolve_extras(original: Callable[..., Any], future_map: Any, batch: An
 def lean_trivial_verify(original: Callable[..., Any], worker: Any, batch: Any, *args: Any,
                         **kwargs: Any) -> Any:
     """AROUND EAGLEWorkerV2._build_trivial_verify_input: under the host-work trims, the
-    input's index tensors reused per batch size (lean_host.py)."""
+    input's index tensors reused per batch size, and for a batch the plain decode path will
+    run, no mask fill or positions until the verify needs them (lean_host.py)."""
     if not RUNTIME.lean_host or args or kwargs:
         return original(worker, batch, *args, **kwargs)
     try:
-        return lean_host.trivial_verify_input(original, worker, batch)
+        for_plain = plain_decode.ENABLED and plain_decode.expects(worker, batch)
+        verify_input = lean_host.trivial_verify_input(original, worker, batch, for_plain)
+        if lean_host.unfinished(verify_input):
+            plain_decode.STATS.light_inputs += 1
+        return verify_input
     except Exception:
         _log_failure_once("lean_trivial_verify")
         lean_host.VERIFY_INDEXES.clear()
@@ -506,6 +511,7 @@ def plain_decode_verify(original: Callable[..., Any], worker: Any, batch: Any, *
     if reason not in (plain_decode.NOT_DEPTH_0, plain_decode.SWITCHED_OFF):
         plain_decode.STATS.fallbacks += 1
         plain_decode.STATS.last_fallback = reason
+    lean_host.finish_for_verify(batch.spec_info, batch)  # built for this path: the verify reads
     return original(worker, batch, *args, **kwargs)
 
 

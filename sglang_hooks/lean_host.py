@@ -7,7 +7,10 @@ iteration, with the same values handed to SGLang:
 
 - the trivial verify input of a depth-0 iteration (`_build_trivial_verify_input`): its three
   index tensors depend on the batch size only, so they are built once per batch size and
-  reused; the draft tokens, positions and the mask fill are still SGLang's per iteration;
+  reused; the draft tokens, positions and the mask fill are still SGLang's per iteration,
+  except for a batch that depth 0's plain decode path (plain_decode.py) will run, which reads
+  the draft tokens alone: its mask fill and positions (two kernel launches) are left until the
+  batch turns out to need the verify after all (`finish_for_verify`);
 - the zeroed draft inputs of a skipped draft extend (`_stub_skipped_draft_extend`): one set
   per batch size, reused (the overlap scheduler copies them into its own buffers and nothing
   reads them at depth 0);
@@ -67,8 +70,10 @@ VERIFY_INDEXES = PerBatchSize()
 STUBS = PerBatchSize()
 
 
-def trivial_verify_input(original: Callable[..., Any], worker: Any, batch: Any) -> Any:
-    """SGLang's trivial verify input for `batch`, its index tensors reused per batch size.
+def trivial_verify_input(original: Callable[..., Any], worker: Any, batch: Any,
+                         for_plain: bool = False) -> Any:
+    """SGLang's trivial verify input for `batch`, its index tensors reused per batch size;
+    `for_plain`: without the mask fill and the positions, which `finish_for_verify` adds.
 
     Falls back to SGLang's own body wherever the mask is not the backend's shared buffer
     (the input then carries per-batch values the cache would not know)."""
@@ -90,11 +95,12 @@ def trivial_verify_input(original: Callable[..., Any], worker: Any, batch: Any) 
         return first
     import torch
 
-    verify_mask.buffer.fill_(True)  # the draft writes this buffer at positive depths
-    return type_of_verify_input()(
+    if not for_plain:
+        verify_mask.buffer.fill_(True)  # the draft writes this buffer at positive depths
+    verify_input = type_of_verify_input()(
         draft_token=batch.spec_info.bonus_tokens,
         custom_mask=verify_mask.buffer,
-        positions=batch.seq_lens.to(torch.int64),
+        positions=None if for_plain else batch.seq_lens.to(torch.int64),
         retrieve_index=index,
         retrieve_next_token=next_token,
         retrieve_next_sibling=next_sibling,
@@ -106,6 +112,30 @@ def trivial_verify_input(original: Callable[..., Any], worker: Any, batch: Any) 
         seq_lens_sum=None,
         seq_lens_cpu=None,
     )
+    if for_plain:
+        verify_input.__dict__[_UNFINISHED] = True
+    return verify_input
+
+
+_UNFINISHED = "_specctl_unfinished"  # on a verify input built for the plain decode path
+
+
+def unfinished(verify_input: Any) -> bool:
+    return bool(getattr(verify_input, "__dict__", {}).get(_UNFINISHED))
+
+
+def finish_for_verify(verify_input: Any, batch: Any) -> bool:
+    """Give a verify input built for the plain decode path what SGLang's verify reads beside
+    the draft tokens (the mask filled, the positions), before the verify runs it after all.
+    True if it had to."""
+    if not unfinished(verify_input):
+        return False
+    import torch
+
+    verify_input.custom_mask.fill_(True)
+    verify_input.positions = batch.seq_lens.to(torch.int64)
+    del verify_input.__dict__[_UNFINISHED]
+    return True
 
 
 @functools.cache

@@ -93,6 +93,7 @@ class _Stats:
     fallbacks: int = 0  # depth-0 decodes that kept the verify (see `batch_reason`)
     last_fallback: str | None = None
     settled: int = 0  # results settled by `resolve_tokens` instead of SGLang's general body
+    light_inputs: int = 0  # verify inputs built without the mask fill and positions (lean_host)
     workers: list[PlainDecode] = field(default_factory=list)
 
 
@@ -148,6 +149,7 @@ def state_report() -> dict[str, Any]:
         "fallbacks": STATS.fallbacks,
         "last_fallback": STATS.last_fallback,
         "settled": STATS.settled,
+        "light_inputs": STATS.light_inputs,
     }
 
 
@@ -250,7 +252,27 @@ SWITCHED_OFF = "switched off (specctl_plain_decode 0)"
 
 def batch_reason(worker: Any, batch: Any) -> str | None:
     """Why this decode batch keeps the verify, or None (checked before anything changes)."""
-    plain = worker.__dict__.get(_ATTR)
+    reason = _launch_reason(worker, batch)
+    if reason is not None:
+        return reason
+    verify_input = batch.spec_info
+    if getattr(verify_input, "draft_token_num", None) != 1 \
+            or getattr(verify_input, "draft_token", None) is None:
+        return "not a one-token verify"
+    return None
+
+
+def expects(worker: Any, batch: Any) -> bool:
+    """Whether this batch goes to the plain path as far as can be told before its verify input
+    is built (`batch.spec_info` still the draft input with the previous bonus tokens): only the
+    DECODE runner's graph for its size is left to see."""
+    return _launch_reason(worker, batch) is None \
+        and getattr(batch.spec_info, "bonus_tokens", None) is not None
+
+
+def _launch_reason(worker: Any, batch: Any) -> str | None:
+    """What keeps a batch on the verify whatever its verify input."""
+    plain = worker.__dict__.get(_ATTR) if hasattr(worker, "__dict__") else None
     if plain is None or not plain.ready or getattr(worker, "speculative_num_steps", None) != 0:
         return NOT_DEPTH_0
     if not live():
@@ -261,10 +283,6 @@ def batch_reason(worker: Any, batch: Any) -> str | None:
         return "a grammar-constrained request"
     if batch.return_logprob:
         return "a request asking for logprobs"
-    verify_input = batch.spec_info
-    if getattr(verify_input, "draft_token_num", None) != 1 \
-            or getattr(verify_input, "draft_token", None) is None:
-        return "not a one-token verify"
     return None
 
 

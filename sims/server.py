@@ -336,7 +336,7 @@ class SimulatedServer:
                     "enabled": False, "env_error": None, "live": self._plain_decode,
                     "runners": 0, "unbuilt_reasons": [_NO_DECODE_GRAPHS], "build_s": 0.0,
                     "memory_gb": None, "launches": 0, "fallbacks": 0, "last_fallback": None,
-                    "settled": 0}
+                    "settled": 0, "light_inputs": 0}
             return state
 
     # ------------------------------------------------------------------ readback

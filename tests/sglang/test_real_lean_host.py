@@ -122,6 +122,57 @@ def test_without_the_shared_mask_buffer_sglangs_own_body_runs(trims: SchedulerRu
         .model_runner.attn_backend.verify_mask.buffer
 
 
+def _plain_ready(worker: Any, batch: Any) -> None:
+    """The worker as depth 0's plain decode path leaves it once its graphs are captured, and
+    the batch fields that path reads (plain_decode.py)."""
+    from sglang_hooks import plain_decode
+
+    worker.__dict__[plain_decode._ATTR] = plain_decode.PlainDecode(runner=object(),
+                                                                   backend=object())
+    batch.has_grammar = batch.return_logprob = False
+
+
+def test_a_batch_for_the_plain_path_gets_its_mask_and_positions_only_if_the_verify_runs_it(
+    trims: SchedulerRuntime, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With the path on, the input carries SGLang's draft tokens and indexes but no mask fill
+    and no positions (the DECODE graph reads neither); `finish_for_verify` gives it both, after
+    which it equals SGLang's own input. Without the path, or at a positive depth, nothing
+    changes."""
+    from sglang_hooks import plain_decode
+
+    monkeypatch.setattr(plain_decode, "ENABLED", True)
+    monkeypatch.setattr(plain_decode, "STATS", plain_decode._Stats())
+    mask = _Mask()
+    worker = _worker(mask)
+    _plain_ready(worker, warm := _batch([5, 9, 7]))
+    _verify_input(worker, warm)  # the first of a size is SGLang's own, whole
+    trims.lean_host = False
+    wanted = _verify_input(worker, _batch([6, 10, 8]))
+    trims.lean_host = True
+    mask.buffer.zero_()  # a positive depth's draft wrote its tree mask here
+    batch = _batch([6, 10, 8])
+    _plain_ready(worker, batch)
+    light = _verify_input(worker, batch)
+    assert light.positions is None and not bool(mask.buffer.any())
+    assert light.draft_token is batch.spec_info.bonus_tokens and lean_host.unfinished(light)
+    assert plain_decode.STATS.light_inputs == 1
+    assert lean_host.finish_for_verify(light, batch)
+    assert not lean_host.unfinished(light) and not lean_host.finish_for_verify(light, batch)
+    _same(light, wanted)
+    worker.speculative_num_steps = 3  # not depth 0: the verify reads what SGLang builds
+    mask.buffer.zero_()
+    whole = _verify_input(worker, batch)
+    assert whole.positions is not None and bool(mask.buffer.all())
+    batch.return_logprob = True  # a batch the path leaves to the verify
+    worker.speculative_num_steps = 0
+    assert not lean_host.unfinished(_verify_input(worker, batch))
+    monkeypatch.setattr(plain_decode, "ENABLED", False)
+    batch.return_logprob = False
+    assert not lean_host.unfinished(_verify_input(worker, batch))
+    assert plain_decode.STATS.light_inputs == 1
+
+
 @pytest.fixture
 def off_table(trims: SchedulerRuntime, plugin_loaded: bool) -> SchedulerRuntime:
     trims.activate({0, 1, 3}, None)

@@ -533,6 +533,31 @@ def test_the_hook_counts_plain_decodes_and_sends_the_rest_to_the_verify(
     assert stats.last_fallback == "a grammar-constrained request"
 
 
+def test_a_batch_sent_to_the_verify_after_all_gets_the_mask_and_positions_it_reads(
+    stats: plain_decode._Stats, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A verify input built for the path without its mask fill and positions (lean_host.py)
+    is finished before SGLang's verify runs it: here for a batch size with no DECODE graph."""
+    from sglang_hooks import lean_host
+
+    monkeypatch.setattr(plain_decode, "_PARTS", _parts())
+    batch = _batch(bs=3)
+    mask = torch.zeros(8, dtype=torch.bool)
+    batch.spec_info.custom_mask, batch.spec_info.positions = mask, None
+    batch.spec_info.__dict__[lean_host._UNFINISHED] = True
+    seen: list[tuple[Any, Any]] = []
+
+    def verify(worker: Any, batch: Any) -> Any:
+        seen.append((batch.spec_info.positions, batch.spec_info.custom_mask.clone()))
+        return "verified"
+
+    assert hooks.plain_decode_verify(verify, _worker(bs_limit=2), batch) == "verified"
+    positions, mask_seen = seen[0]
+    assert positions.dtype == torch.int64 and positions.tolist() == [5, 9, 3]
+    assert bool(mask_seen.all()) and not lean_host.unfinished(batch.spec_info)
+    assert stats.fallbacks == 1
+
+
 def test_a_failing_plain_decode_turns_the_path_off_for_that_worker(
     stats: plain_decode._Stats, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -736,3 +761,16 @@ def test_tp_ranks_compare_the_switch_before_a_table_steers(
     hooks.on_states_built(None, controller, [1, 2])
     [mine] = published
     assert f'"plain_decode":{str(enabled).lower()}' in mine
+
+
+def test_the_simulator_reports_the_same_plain_decode_fields_as_the_plugin() -> None:
+    """The simulator's /server_info speaks the plugin's language: the same keys, none
+    captured (it has no DECODE graphs), so tools that read one read the other."""
+    from sims.profile import load_profile
+    from sims.server import SimulatedServer
+    from sims.workload import Workload
+
+    server = SimulatedServer(load_profile("h200-sglang-llama8b-seeded"), Workload.closed(1))
+    simulated = server.specctl_state()["plain_decode"]
+    assert set(simulated) == set(plain_decode.state_report())
+    assert simulated["runners"] == 0 and simulated["light_inputs"] == 0

@@ -61,6 +61,8 @@ def test_levels_see_a_busy_neighbour_on_its_cores(sim_server_factory, tmp_path, 
         for part in ("irq", "steal"):  # read off this machine: parts of the busy time
             assert 0.0 <= row[part]["first"] <= row["busy"]["first"]
         assert any("cpu_log_standin" in label and share >= 0.5 for label, share in row["top"])
+        if cpu_log.cpu_mhz():  # this machine reports its clocks: every level has CPU 0's
+            assert row["mhz"]["first"] > 0
     assert "| bench | d0 | 1 |" in capsys.readouterr().out
 
 
@@ -128,3 +130,51 @@ def test_interrupt_and_steal_shares_come_apart_from_the_busy_share(tmp_path, cap
     assert row["steal"]["spec"] == pytest.approx(0.2 / 2, abs=0.01)
     out = capsys.readouterr().out
     assert "spec busy (irq, steal)" in out and "| 0.5 (0.1, 0.1) |" in out
+
+
+CPUINFO = """processor\t: 0
+model name\t: Some CPU
+cpu MHz\t\t: 2596.152
+flags\t\t: fpu
+
+processor\t: 1
+cpu MHz\t\t: 1800.5
+"""
+
+
+def test_clocks_come_from_cpufreq_where_the_kernel_has_it_else_from_cpuinfo(tmp_path):
+    """Files laid out as Linux lays them out (sysfs's kHz, /proc/cpuinfo's MHz)."""
+    info = tmp_path / "cpuinfo"
+    info.write_text(CPUINFO)
+    assert cpu_log.parse_cpuinfo_mhz(CPUINFO) == {0: 2596.2, 1: 1800.5}
+    sysfs = tmp_path / "cpu"
+    assert cpu_log.cpu_mhz(sysfs, info) == {0: 2596.2, 1: 1800.5}  # no cpufreq: cpuinfo
+    for cpu, khz in ((0, 3100000), (1, 1200000)):
+        freq = sysfs / f"cpu{cpu}" / "cpufreq"
+        freq.mkdir(parents=True)
+        (freq / "scaling_cur_freq").write_text(f"{khz}\n")
+    assert cpu_log.cpu_mhz(sysfs, info) == {0: 3100.0, 1: 1200.0}
+    assert cpu_log.cpu_mhz(tmp_path / "none", tmp_path / "missing") == {}
+
+
+def test_a_levels_clock_is_its_cores_mean_and_older_logs_show_none(tmp_path, capsys):
+    bench = tmp_path / "b"
+    bench.mkdir()
+    (bench / "bench.json").write_text(json.dumps({"results": [{
+        "series": "d0", "concurrency": 4, "window_start_unix": 100.0,
+        "window_end_unix": 104.0, "request_rate": None}]}))  # fmt: skip
+    line = {"unix": 102.0, "seconds": 1.0, "cpu_busy": {"0": 0.5, "1": 0.5}, "top": []}
+    log = tmp_path / "cpus.jsonl"
+    log.write_text(json.dumps(line) + "\n")
+    out = tmp_path / "out.json"
+    assert cpu_log.main(["levels", str(log), str(bench), "--cores", "spec=0-1",
+                         "--json", str(out)]) == 0  # fmt: skip
+    assert json.loads(out.read_text())[0]["mhz"] == {"spec": None}
+    assert "MHz" not in capsys.readouterr().out
+    log.write_text(json.dumps({**line, "cpu_mhz": {"0": 3000.0, "1": 2000.0}}) + "\n"
+                   + json.dumps({**line, "unix": 103.0, "cpu_mhz": {"0": 2800.0}}) + "\n")
+    assert cpu_log.main(["levels", str(log), str(bench), "--cores", "spec=0-1",
+                         "--cores", "plain=6", "--json", str(out)]) == 0  # fmt: skip
+    assert json.loads(out.read_text())[0]["mhz"] == {"spec": 2600, "plain": None}
+    text = capsys.readouterr().out
+    assert "| spec MHz |" in text and "plain MHz" not in text and "| 2600 |" in text

@@ -6,16 +6,18 @@
 
 `record` reads /proc every `--interval` seconds and writes a JSON line per interval: its end
 (Unix seconds), its length, each CPU's busy share, the part of it spent in interrupts and the
-part the hypervisor took for other guests (steal), and the busiest processes' CPU shares.
-`levels` takes the intervals whose middle falls inside each level's measured window
-(bench.json's `window_start_unix`, `window_end_unix`) and gives the busy cores of each
-`--cores` group, with their interrupt and steal time, and the busiest processes over the
-window.
+part the hypervisor took for other guests (steal), each CPU's clock at the interval's end (the
+kernel's cpufreq reading, else /proc/cpuinfo's, which a virtual machine may hold at the
+nominal clock) and the busiest processes' CPU shares. `levels` takes the intervals whose
+middle falls inside each level's measured window (bench.json's `window_start_unix`,
+`window_end_unix`) and gives the busy cores of each `--cores` group, with their interrupt and
+steal time and their mean clock, and the busiest processes over the window.
 
 Why: on the H200, depth 0's 128-stream level ran at 0.6-0.67 of the plain server's tok/s in
 some benches and at 0.96-1.16 in others, on the same servers, with its pass slower both inside
 and outside the GPU's timer. Each server is pinned to its own cores, so a busy neighbour on
-the speculative server's cores would show here and nowhere in the bench.
+the speculative server's cores would show here and nowhere in the bench; and over a long run
+both servers' host work slowed, which cores that clock down would explain.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -70,6 +72,43 @@ def cpu_jiffies() -> dict[int, Ticks]:
     return parse_stat(Path("/proc/stat").read_text())
 
 
+def parse_cpuinfo_mhz(text: str) -> dict[int, float]:
+    """cpu -> MHz from /proc/cpuinfo's text (a `processor` line, then its `cpu MHz`)."""
+    out: dict[int, float] = {}
+    cpu: int | None = None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        try:
+            if key == "processor":
+                cpu = int(value)
+            elif key == "cpu MHz" and cpu is not None:
+                out[cpu] = round(float(value), 1)
+        except ValueError:
+            continue
+    return out
+
+
+CPUFREQ = Path("/sys/devices/system/cpu")
+
+
+def cpu_mhz(root: Path = CPUFREQ, cpuinfo: Path = Path("/proc/cpuinfo")) -> dict[int, float]:
+    """Each CPU's clock now: the kernel's cpufreq reading (`scaling_cur_freq`, kHz) where the
+    machine exposes one, else /proc/cpuinfo's; {} where neither reads."""
+    out: dict[int, float] = {}
+    for path in root.glob("cpu[0-9]*/cpufreq/scaling_cur_freq"):
+        try:
+            out[int(path.parent.parent.name[3:])] = round(int(path.read_text()) / 1000, 1)
+        except (OSError, ValueError):
+            continue
+    if out:
+        return out
+    try:
+        return parse_cpuinfo_mhz(cpuinfo.read_text())
+    except OSError:
+        return {}
+
+
 def shares(before: dict[int, Ticks], after: dict[int, Ticks]) -> dict[str, dict[int, float]]:
     """Each CPU's busy, interrupt and steal share of the interval between two readings."""
     out: dict[str, dict[int, float]] = {key: {} for key in SHARE_KEYS}
@@ -96,7 +135,8 @@ def record(out: Path, interval: float, stop: threading.Event) -> int:
             busiest = sorted(used.items(), key=lambda kv: -kv[1])[:TOP]
             top = [[short_label(pid), round(s / seconds, 3)] for pid, s in busiest if s > 0]
             f.write(json.dumps({"unix": round(t1, 3), "seconds": round(seconds, 3),
-                                **shares(cpus0, cpus1), "top": top}) + "\n")  # fmt: skip
+                                **shares(cpus0, cpus1), "cpu_mhz": cpu_mhz(),
+                                "top": top}) + "\n")  # fmt: skip
             f.flush()
             written += 1
             cpus0, procs0, t0 = cpus1, procs1, t1
@@ -124,6 +164,7 @@ class LevelCpus:
     irq: dict[str, float]  # group -> cores' worth of interrupt handling (in busy)
     steal: dict[str, float]  # group -> cores' worth of time the hypervisor took (in busy)
     top: list[tuple[str, float]]  # (process, CPU share) over the window, busiest first
+    mhz: dict[str, float | None] = field(default_factory=dict)  # group -> mean clock (None: unread)
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:
@@ -142,6 +183,8 @@ def read_log(path: Path) -> list[dict[str, Any]]:
                 # Logs recorded before the interrupt and steal shares lack them: zeros.
                 **{key: {int(k): float(v) for k, v in entry.get(key, {}).items()}
                    for key in SHARE_KEYS},
+                # Logs recorded before clocks were read lack them: none.
+                "cpu_mhz": {int(k): float(v) for k, v in entry.get("cpu_mhz", {}).items()},
                 "top": [(str(a), float(b)) for a, b in entry["top"]]})  # fmt: skip
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             raise CpuLogError(
@@ -180,6 +223,16 @@ def _group_cores(inside: list[dict[str, Any]], key: str,
     }  # fmt: skip
 
 
+def _group_mhz(inside: list[dict[str, Any]], groups: dict[str, set[int]]
+               ) -> dict[str, float | None]:
+    """Per group, the mean clock of its cores over the intervals (None: no reading)."""
+    out: dict[str, float | None] = {}
+    for name, members in groups.items():
+        seen = [e["cpu_mhz"][c] for e in inside for c in members if c in e["cpu_mhz"]]
+        out[name] = round(sum(seen) / len(seen)) if seen else None
+    return out
+
+
 def levels(entries: list[dict[str, Any]], bench_dir: Path,
            groups: dict[str, set[int]]) -> list[LevelCpus]:  # fmt: skip
     out = []
@@ -195,20 +248,22 @@ def levels(entries: list[dict[str, Any]], bench_dir: Path,
                      key=lambda kv: -kv[1])[:3] if seconds else []  # fmt: skip
         busy, irq, steal = (_group_cores(inside, key, groups) for key in SHARE_KEYS)
         out.append(LevelCpus(w.bench, w.series, w.concurrency, len(inside), busy, irq, steal,
-                             top))
+                             top, _group_mhz(inside, groups)))
     return out
 
 
 def render(rows: list[LevelCpus], groups: dict[str, set[int]]) -> str:
     names = list(groups)
+    clocked = [n for n in names if any(r.mhz.get(n) is not None for r in rows)]
     head = ["bench", "series", "streams", "intervals",
-            *(f"{n} busy (irq, steal)" for n in names), "busiest processes (CPUs)"]
+            *(f"{n} busy (irq, steal)" for n in names), *(f"{n} MHz" for n in clocked),
+            "busiest processes (CPUs)"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         top = "; ".join(f"{label} {share:g}" for label, share in r.top)
         cells = [r.bench, r.series, str(r.concurrency), str(r.intervals),
                  *(f"{r.busy[n]:g} ({r.irq[n]:g}, {r.steal[n]:g})" for n in names),
-                 top]  # fmt: skip
+                 *(str(r.mhz.get(n) or "-") for n in clocked), top]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

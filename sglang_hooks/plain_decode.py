@@ -272,7 +272,7 @@ def expects(worker: Any, batch: Any) -> bool:
 
 def _launch_reason(worker: Any, batch: Any) -> str | None:
     """What keeps a batch on the verify whatever its verify input."""
-    plain = worker.__dict__.get(_ATTR) if hasattr(worker, "__dict__") else None
+    plain = worker.__dict__.get(_ATTR)
     if plain is None or not plain.ready or getattr(worker, "speculative_num_steps", None) != 0:
         return NOT_DEPTH_0
     if not live():

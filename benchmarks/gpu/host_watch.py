@@ -48,7 +48,7 @@ from controller.bench.loadgen import (
     make_client,
     run_level,
 )
-from controller.bench.metrics import Scrape, passes_between
+from controller.bench.metrics import ForwardPasses, Scrape, passes_between
 from controller.bench.prompts import DatasetError, read_dataset
 from controller.bench.server_client import ServerClient, ServerError
 from sglang_hooks.contract import single_depth_table
@@ -135,17 +135,16 @@ def summarise(win: Window, mine: set[int], top: int) -> dict[str, Any]:
 
 
 def passes_in(scrape: Callable[[], Scrape | None], window: Callable[[], T]
-              ) -> tuple[T, dict[str, int | None]]:
-    """`window()` between two scrapes of the server: the host window, and the prefill batches
+              ) -> tuple[T, ForwardPasses | None]:
+    """`window()` between two scrapes of the server: what it returned, and the prefill batches
     and decode iterations the server counted across it (None where a scrape failed or the
     server exports no pass counter)."""
     before = scrape()
     win = window()
     after = scrape()
-    passes = (passes_between(before, after)
-              if before is not None and after is not None else None)
-    return win, {"prefill_passes": None if passes is None else passes.prefill,
-                 "decode_passes": None if passes is None else passes.decode}
+    if before is None or after is None:
+        return win, None
+    return win, passes_between(before, after)
 
 
 class _WatchWindow(WindowHooks):
@@ -168,7 +167,9 @@ class _WatchWindow(WindowHooks):
 
     def _summary(self) -> dict[str, Any]:
         win, passes = passes_in(self.scrape, lambda: measure(self.args.seconds))
-        return {**summarise(win, self.mine, self.args.top), **passes}
+        return {**summarise(win, self.mine, self.args.top),
+                "prefill_passes": None if passes is None else passes.prefill,
+                "decode_passes": None if passes is None else passes.decode}
 
     def _watch(self) -> None:
         if not (self.args.py_spy and self.sched is not None):
@@ -224,7 +225,7 @@ def watch(args: argparse.Namespace) -> list[Path]:
             for streams in args.streams:
                 out = args.out / f"{label}-c{streams}"
                 out.mkdir(parents=True, exist_ok=True)
-                hooks = _WatchWindow(out, mine, sched, args, lambda: _scrape_or_none(server))
+                hooks = _WatchWindow(out, mine, sched, args, server.scrape_or_none)
                 load = asyncio.run(
                     _watched_level(info["url"], prompts, streams, hooks, args, model)
                 )
@@ -247,13 +248,6 @@ def watch(args: argparse.Namespace) -> list[Path]:
             if before is not None:
                 server.push(before.table)
     return written
-
-
-def _scrape_or_none(server: ServerClient) -> Scrape | None:
-    try:
-        return server.scrape()
-    except ServerError:
-        return None
 
 
 def passes_line(summary: dict[str, Any]) -> str:

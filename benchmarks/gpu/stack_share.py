@@ -34,6 +34,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 _LINE = re.compile(r":\d+\)$")
 MAIN_THREAD = "MainThread"
@@ -122,6 +123,19 @@ class Window:
     decode_passes: int
     prefill_passes: int
 
+    FIELDS = ("decode_passes", "prefill_passes")
+
+    @classmethod
+    def read(cls, data: dict[str, Any], seconds_key: str = "seconds") -> Window | None:
+        """From a record with the window's seconds and both pass counts, the seconds and the
+        decode ones above 0; None otherwise (a record from before passes were counted, or a
+        window without a decode iteration)."""
+        seconds, decode, prefill = (data.get(k) for k in (seconds_key, *cls.FIELDS))
+        if not (isinstance(seconds, (int, float)) and isinstance(decode, (int, float))
+                and isinstance(prefill, (int, float))) or seconds <= 0 or decode <= 0:
+            return None
+        return cls(float(seconds), int(decode), int(prefill))
+
     @property
     def ms_per_share(self) -> float:
         """Host milliseconds per decode iteration that a share of 1.0 stands for."""
@@ -141,16 +155,18 @@ def window_beside(stacks: Path) -> Window:
     except (OSError, ValueError) as err:
         raise SystemExit(f"error: --per-pass reads {path}, which host_watch writes beside the "
                          f"stacks: {err}") from None
-    fields = ("seconds", "decode_passes", "prefill_passes")
-    missing = [f for f in fields if not isinstance(data.get(f), (int, float))]
+    window = Window.read(data)
+    if window is not None:
+        return window
+    missing = [f for f in ("seconds", *Window.FIELDS)
+               if not isinstance(data.get(f), (int, float))]
     if missing:
         raise SystemExit(f"error: {path} has no {', '.join(missing)} (a host_watch from before "
                          "it counted the server's passes, or a server without a pass counter); "
                          "compare without --per-pass")
-    if data["decode_passes"] <= 0:
-        raise SystemExit(f"error: {path}: the server ran no decode iteration in the window")
-    return Window(float(data["seconds"]), int(data["decode_passes"]),
-                  int(data["prefill_passes"]))
+    if data["seconds"] <= 0:
+        raise SystemExit(f"error: {path}: a window of {data['seconds']} s")
+    raise SystemExit(f"error: {path}: the server ran no decode iteration in the window")
 
 
 def compare(a: Shares, b: Shares, top: int, names: tuple[str, str],

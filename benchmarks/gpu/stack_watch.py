@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from benchmarks.gpu.host_watch import passes_in, scheduler_pid
 from benchmarks.gpu.procs import rss_bytes, session_pids
 from benchmarks.gpu.state import RunState
 from controller.bench.metrics import Scrape
-from controller.bench.server_client import ServerClient, ServerError
+from controller.bench.server_client import ServerClient
 
 INDEX = "samples.json"
 
@@ -79,15 +80,12 @@ def schedulers(run_dir: Path, servers: list[str]) -> dict[str, Watched]:
     return out
 
 
-def _scraper(url: str | None) -> Any:
+def _scraper(url: str | None) -> Callable[[], Scrape | None]:
     def scrape() -> Scrape | None:
         if not url:
             return None
-        try:
-            with ServerClient(url, None) as server:
-                return server.scrape()
-        except ServerError:
-            return None
+        with ServerClient(url) as server:
+            return server.scrape_or_none()
 
     return scrape
 
@@ -104,7 +102,8 @@ def _sample(py_spy: str, server: str, watched: Watched, n: int, args: argparse.N
     began = time.monotonic()
     _, passes = passes_in(_scraper(watched.url), lambda: _spy(py_spy, server, pid, n, args,
                                                                stop, sample))
-    sample.decode_passes, sample.prefill_passes = passes["decode_passes"], passes["prefill_passes"]
+    if passes is not None:
+        sample.decode_passes, sample.prefill_passes = passes.decode, passes.prefill
     sample.window_s = round(time.monotonic() - began, 3)
     return sample
 
@@ -220,14 +219,8 @@ def compare(folder: Path, top: int) -> list[str]:
 def _windows(first: dict[str, Any], last: dict[str, Any]
              ) -> tuple[stack_share.Window, stack_share.Window] | None:
     """Both samples' windows where each counted decode iterations (older indices did not)."""
-    out = []
-    for s in (first, last):
-        decode, prefill, seconds = (s.get("decode_passes"), s.get("prefill_passes"),
-                                    s.get("window_s"))
-        if not decode or prefill is None or not seconds:
-            return None
-        out.append(stack_share.Window(float(seconds), int(decode), int(prefill)))
-    return out[0], out[1]
+    a, b = (stack_share.Window.read(s, "window_s") for s in (first, last))
+    return (a, b) if a is not None and b is not None else None
 
 
 def main(argv: list[str] | None = None) -> int:

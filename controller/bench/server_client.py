@@ -190,6 +190,13 @@ class ServerClient:
         except MetricsFormatError as err:
             raise ServerError(f"{self.url}/metrics: {err}") from None
 
+    def scrape_or_none(self) -> Scrape | None:
+        """`scrape`, or None where the server cannot be read (a level goes on without it)."""
+        try:
+            return self.scrape()
+        except ServerError:
+            return None
+
     def model_id(self) -> str | None:
         """The served model's id from `/v1/models`, if the server lists one."""
         try:

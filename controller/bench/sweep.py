@@ -445,7 +445,7 @@ SCRAPE_DEADLINE_S = 15.0
 async def scrape_by(server: ServerClient, deadline_s: float = SCRAPE_DEADLINE_S) -> Scrape | None:
     """One scrape off the event loop, given up after `deadline_s` (TimeoutError): the thread
     finishes on its own and its answer is dropped."""
-    return await asyncio.wait_for(asyncio.to_thread(_scrape_or_none, server), deadline_s)
+    return await asyncio.wait_for(asyncio.to_thread(server.scrape_or_none), deadline_s)
 
 
 async def drain(server: ServerClient, timeout_s: float, poll_s: float = 0.05) -> Drain:
@@ -486,17 +486,10 @@ async def wait_idle(server: ServerClient, timeout_s: float, quiet_s: float = 0.3
 
 
 def _iterations(server: ServerClient) -> float | None:
-    scrape = _scrape_or_none(server)
+    scrape = server.scrape_or_none()
     if scrape is None or not scrape.has_contract_counters():
         return None
     return sum(w.iterations for w in scrape.counters.values())
-
-
-def _scrape_or_none(server: ServerClient) -> Scrape | None:
-    try:
-        return server.scrape()
-    except ServerError:
-        return None
 
 
 # How often the request gauges are read inside a window. SGLang refreshes them at every prefill

@@ -341,6 +341,12 @@ plainab)
     pack
     ;;
 setup)
+    # Which CPUs share a physical core, and the machine's CPU model: an idle SGLang scheduler
+    # spins one CPU at 100% unless started with --sleep-on-idle, and a spinning sibling slows
+    # the core the other server's scheduler runs on.
+    mkdir -p "$R"
+    { lscpu 2>&1; echo; grep -H . /sys/devices/system/cpu/cpu*/topology/thread_siblings_list \
+        2>&1; } >"$R/cpu_topology.txt"
     stamp "models and servers"
     "$PY" -m benchmarks.gpu.harness models start "${HARNESS_OPTS[@]}" --budget 430
     [ "${ACCEPTANCE:-1}" = 0 ] && { pack; exit "$failed"; }

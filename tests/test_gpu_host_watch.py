@@ -140,6 +140,14 @@ def test_compare_lists_the_largest_change_first(tmp_path: Path) -> None:
     assert "work (s.py)" in lines[3] and "+40.0%" in lines[3]
 
 
+def test_equal_changes_print_in_name_order() -> None:
+    text = "".join(f"thread (1): MainThread;loop (s.py:1);{name} (s.py:2) 10\n"
+                   for name in ("zeta", "alpha", "mid"))
+    before = stack_share.parse("thread (1): MainThread;loop (s.py:1) 30\n")
+    lines = stack_share.compare(before, stack_share.parse(text), 5, ("a", "b"))
+    assert [line.split()[-2] for line in lines[2:5]] == ["alpha", "mid", "zeta"]
+
+
 def test_a_file_without_samples_is_refused(tmp_path: Path) -> None:
     empty = tmp_path / "stacks.txt"
     empty.write_text("not py-spy output\n")

@@ -179,7 +179,8 @@ def compare(a: Shares, b: Shares, top: int, names: tuple[str, str],
         return s.share(key) * scale[i]
 
     keys = set(a.inclusive) | set(b.inclusive)
-    rows = sorted(keys, key=lambda k: -abs(value(b, k, 1) - value(a, k, 0)))[:top]
+    # Ties by name: the same stacks print the same table (a set's order varies by process).
+    rows = sorted(keys, key=lambda k: (-abs(value(b, k, 1) - value(a, k, 0)), k))[:top]
     head = f"{names[0][:12]:>12} {names[1][:12]:>12} {'change':>8}"
     if windows is None:
         lines = [f"samples: {a.samples} / {b.samples}; inclusive shares", f"{head}  function"]

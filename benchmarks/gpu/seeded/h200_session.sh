@@ -52,13 +52,17 @@
 # offspell with the scrub (one round) 24 s, hostwatch at 4,16 streams 50 s, relay with
 # RELAY_ROUNDS=2 at 4,16 streams 250 s; run 19: setup 296-310 s, OFFSPELL_ROUNDS=3 offspell about
 # 70 s, hostwatch at 4,128 streams (no warm pass then) about 55 s, the warm pass and three
-# SERIES=3 LEVEL_S=10 series 450 s, the warm pass and one SWAP_CORES=1 series 175 s.
+# SERIES=3 LEVEL_S=10 series 450 s, the warm pass and one SWAP_CORES=1 series 175 s; run 24:
+# the 16 MiB parts about 3 s a call, setup 373 s, RELAY_PART=check relay 109 s, plainab with
+# its warm pass and AB_ROUNDS=2 at STREAMS=64,128 about 265 s, hostwatch at one load 28 s.
 # Issue each call as soon as the last returns: the machine is released after 30 s idle, and
 # starting again costs staging and setup. Every call after staging carries
 # .gpu/stage.sh (carry: [".gpu/stage.sh"]) and starts with `source .gpu/stage.sh .gpu env`.
 #
 # ACCEPTANCE=0 leaves the acceptance measurements out of `setup` (servers only); SERVER_ARGS
 # adds SGLang arguments to both servers (one string, e.g. "--gc-warning-threshold-secs 0.05").
+# Since run 24 the runs give both servers --sleep-on-idle: in a paired bench one server idles
+# while the other is measured, and an idle SGLang scheduler otherwise polls at 100% of a CPU.
 # DEVICE_TIMER=1 starts both servers with SGLANG_ENABLE_METRICS_DEVICE_TIMER=1: SGLang then
 # times every forward with CUDA events and exports the GPU seconds per forward kind, which
 # `specctl bench` splits into prefill and decode per level (GPU prefill/decode column). Off by

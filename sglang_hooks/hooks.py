@@ -511,7 +511,8 @@ def plain_decode_verify(original: Callable[..., Any], worker: Any, batch: Any, *
     if reason not in (plain_decode.NOT_DEPTH_0, plain_decode.SWITCHED_OFF):
         plain_decode.STATS.fallbacks += 1
         plain_decode.STATS.last_fallback = reason
-    lean_host.finish_for_verify(batch.spec_info, batch)  # built for this path: the verify reads
+    # An input built light for this path gets the mask fill and positions the verify reads.
+    lean_host.finish_for_verify(batch.spec_info, batch)
     return original(worker, batch, *args, **kwargs)
 
 

@@ -444,6 +444,41 @@ def lean_kv_lens(original: Callable[..., Any], tree_cache: Any, *args: Any,
     return original(tree_cache, *args, **kwargs)
 
 
+def lean_prepare(original: Callable[..., Any], batch: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND eagle_prepare_for_decode: under the host-work trims, 0.5.17's preparation with
+    its KV lengths copied to the GPU once, from pinned memory (lean_host.py)."""
+    if RUNTIME.lean_host and not args and not kwargs:
+        try:
+            ready = lean_host.prepares(RELEASE, batch)
+            if ready:
+                from sglang.srt.speculative import eagle_utils
+
+                reserve = eagle_utils.get_alloc_reserve_per_decode()
+                alloc = eagle_utils.alloc_for_spec_decode
+        except Exception:
+            _log_failure_once("lean_prepare")
+            ready = False
+        if ready:  # past here SGLang's own errors are raised as its body raises them
+            return lean_host.prepare_for_decode(batch, reserve, alloc)
+    return original(batch, *args, **kwargs)
+
+
+def lean_tokens_required(original: Callable[..., Any], batch: Any, requests: Any,
+                         page_size: Any, *args: Any, **kwargs: Any) -> Any:
+    """AROUND ScheduleBatch._new_tokens_required_next_decode_spec_v2: under the host-work
+    trims, 0.5.17's estimate at a page size of 1 without its page roundings (lean_host.py)."""
+    if RUNTIME.lean_host and page_size == 1 and not args and not kwargs \
+            and RELEASE in lean_host.PREPARE_RELEASES:
+        try:
+            from sglang.srt.managers import schedule_batch
+
+            return lean_host.tokens_required(requests,
+                                             schedule_batch.get_alloc_reserve_per_decode())
+        except Exception:
+            _log_failure_once("lean_tokens_required")
+    return original(batch, requests, page_size, *args, **kwargs)
+
+
 def verify_schedule_refresh(original: Callable[..., Any], backend: Any, *args: Any,
                             **kwargs: Any) -> Any:
     """AROUND FlashAttentionBackend._apply_cuda_graph_metadata: after SGLang's metadata, a

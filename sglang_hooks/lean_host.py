@@ -18,6 +18,17 @@ iteration, with the same values handed to SGLang:
   request's next KV length out of a CPU tensor one element at a time (a tensor select and an
   item per running request): handed the same values as a list (0.5.23 does this itself).
 
+Two more, in SGLang 0.5.17's spec-v2 scheduler at every depth, with a page size of 1 (read in
+that release's source; other releases and page sizes keep SGLang's own):
+
+- the decode preparation (`eagle_prepare_for_decode`): the same per-request loop and the same
+  KV reservation, with the current and next KV lengths in one CPU tensor, pinned, and one
+  copy to the GPU where SGLang makes two from pageable memory (the first of them stood out in
+  the schedulers' stacks on the H200, docs/h200-runs.md);
+- the next decode's KV estimate (`_new_tokens_required_next_decode_spec_v2`, asked before
+  every decode): the same sum without two page roundings per request, which at a page size
+  of 1 change nothing.
+
 Chosen at start-up with `SPECCTL_LEAN_HOST=1` (which `specctl serve` sets unless the
 environment has the variable) and at run time with the admin key `specctl_lean_host` (0 or 1)
 in `POST /set_internal_state`. Off where the variable is absent, so a server started without
@@ -27,7 +38,7 @@ in `POST /set_internal_state`. Off where the variable is absent, so a server sta
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from sglang_hooks import contract
@@ -38,6 +49,9 @@ KEY = contract.LEAN_HOST_KEY
 # Releases whose alloc_for_spec_decode reads `nxt_kv_lens_cpu` only in its per-request loop
 # when the page size is 1 (read in their source); other releases are left alone.
 KV_LIST_RELEASES = frozenset({"0.5.17"})
+# Releases whose decode preparation and next-decode KV estimate the page-size-1 trims
+# reproduce (read in their source).
+PREPARE_RELEASES = frozenset({"0.5.17"})
 _MAX_CACHED_SIZES = 512  # batch sizes kept per cache; SGLang's largest graph batch is 512
 
 
@@ -181,3 +195,63 @@ def kv_lens_as_list(release: str | None, tree_cache: Any, kwargs: dict[str, Any]
         return False
     kwargs["nxt_kv_lens_cpu"] = lens.tolist()
     return True
+
+
+def tokens_required(requests: Iterable[Any], reserve: int) -> int:
+    """SGLang 0.5.17's next-decode KV estimate at a page size of 1: what each request lacks
+    of its committed length plus the per-decode reserve, summed."""
+    total = 0
+    for req in requests:
+        lacking = req.kv_committed_len + reserve - req.kv.kv_allocated_len
+        if lacking > 0:
+            total += lacking
+    return total
+
+
+def prepares(release: str | None, batch: Any) -> bool:
+    """Whether `prepare_for_decode` reproduces this release's preparation of `batch`."""
+    return release in PREPARE_RELEASES \
+        and getattr(batch.token_to_kv_pool_allocator, "page_size", None) == 1
+
+
+def prepare_for_decode(batch: Any, reserve: int, alloc: Callable[..., Any]) -> None:
+    """SGLang 0.5.17's `eagle_prepare_for_decode` at a page size of 1, with `reserve` (its
+    `get_alloc_reserve_per_decode()`) and `alloc` (its `alloc_for_spec_decode`): each request
+    reserved up to its committed length plus `reserve`, never below what it holds."""
+    batch.maybe_evict_swa()
+    if batch.sampling_info.penalizer_orchestrator.is_required:
+        batch.cumulate_penalty_output_tokens()
+    reqs = batch.reqs
+    held: list[int] = []
+    wanted: list[int] = []
+    needed = 0
+    for req in reqs:
+        cur = req.kv.kv_allocated_len
+        nxt = req.kv_committed_len + reserve
+        if nxt < cur:
+            nxt = cur
+        held.append(cur)
+        wanted.append(nxt)
+        needed += nxt - cur
+        req.decode_batch_idx += 1
+    bs = len(reqs)
+    lens_cpu = host_tensor(held + wanted, batch.device)
+    lens = lens_cpu.to(device=batch.device, non_blocking=True)
+    alloc(batch.tree_cache, batch.req_to_token_pool, reqs=reqs,
+          req_pool_indices=batch.req_pool_indices, cur_kv_lens=lens[:bs],
+          cur_kv_lens_cpu=lens_cpu[:bs], nxt_kv_lens=lens[bs:], nxt_kv_lens_cpu=wanted,
+          num_needed_tokens=needed, batch=batch)
+
+
+def host_tensor(values: list[int], device: Any) -> Any:
+    """`values` as an int32 CPU tensor, pinned when it goes to a GPU: a copy from pinned memory
+    is queued without staging, so it never holds the host behind the stream. PyTorch keeps a
+    pinned block from reuse until the copies queued from it have run."""
+    import torch
+
+    if torch.device(device).type == "cpu":
+        return torch.tensor(values, dtype=torch.int32)
+    try:
+        return torch.tensor(values, dtype=torch.int32, pin_memory=True)
+    except RuntimeError:  # no pinned memory to be had: SGLang's own pageable copy
+        return torch.tensor(values, dtype=torch.int32)

@@ -78,6 +78,23 @@ def test_a_tagged_plain_decode_ab_keeps_its_rounds_apart(tmp_path: Path) -> None
     assert (tmp_path / "run" / "parity_plain_flush_on.txt").exists()
 
 
+def test_a_one_arm_ab_on_another_key_benches_that_key_on_each_round(tmp_path: Path) -> None:
+    """AB_KEY names the switch and AB_ARMS=on leaves out the off arm: two rounds, one bench
+    each, both with the key on (the plain server first in the even round)."""
+    (tmp_path / "run").mkdir()
+    done = _step(tmp_path, "plainab", SPECCTL_PLAIN_DECODE="1", WARM="0", AB_ROUNDS="2",
+                 AB_KEY="specctl_lean_host", AB_ARMS="on")  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    rounds = [line.split(" ", 2)[2] for line in done.stdout.splitlines()
+              if line.startswith("== ") and " round " in line]
+    assert [r.split(":")[0] for r in rounds] == ["round 1", "round 2"]
+    assert all("specctl_lean_host on" in r for r in rounds), rounds
+    assert (tmp_path / "run" / "parity_plain_on.txt").exists()
+    assert not (tmp_path / "run" / "parity_plain_off.txt").exists()  # no off arm benched
+    bad = _step(tmp_path, "plainab", SPECCTL_PLAIN_DECODE="1", AB_ARMS="off")
+    assert bad.returncode == 2 and "AB_ARMS: expected on,off or on, got off" in bad.stderr
+
+
 def test_a_refused_plugin_setting_fails_the_step(tmp_path: Path, sim_server_factory) -> None:
     """Against a served simulator, which has no DECODE graphs and answers
     `specctl_plain_decode: 1` with a 400: the step names the refused push on stderr and exits 1

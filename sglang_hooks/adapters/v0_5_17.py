@@ -21,6 +21,8 @@ _WORKER = "sglang.srt.speculative.eagle_worker_v2"
 _RUNNER = "sglang.srt.model_executor.runner.decode_cuda_graph_runner"
 _MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
 _FORWARD = "sglang.srt.model_executor.forward_batch_info"
+_EAGLE = "sglang.srt.speculative.eagle_utils"
+_BATCH = "sglang.srt.managers.schedule_batch"
 
 
 def _tokens(result: Any, batch_size: int) -> int:
@@ -44,10 +46,17 @@ ADAPTER = Adapter(
                  SymbolSpec(_OVERLAP, "FutureMap", "stash", ("future_indices", "payload"))),
         HookSpec(f"{_OVERLAP}.FutureMap._resolve_spec_extras", AROUND, "lean_resolve_extras",
                  SymbolSpec(_OVERLAP, "FutureMap", "_resolve_spec_extras", ("batch",))),
-        # host-work trims (lean_host.py): 0.5.23 reads the KV lengths as a list itself
+        # host-work trims (lean_host.py): 0.5.23 reads the KV lengths as a list itself; the
+        # decode preparation and the next decode's KV estimate as 0.5.17 writes them
         HookSpec(f"{_ALLOC}.alloc_for_spec_decode", AROUND, "lean_kv_lens",
                  SymbolSpec(_ALLOC, "", "alloc_for_spec_decode",
                             ("tree_cache", "nxt_kv_lens_cpu"))),
+        HookSpec(f"{_EAGLE}.eagle_prepare_for_decode", AROUND, "lean_prepare",
+                 SymbolSpec(_EAGLE, "", "eagle_prepare_for_decode", ("batch",))),
+        HookSpec(f"{_BATCH}.ScheduleBatch._new_tokens_required_next_decode_spec_v2", AROUND,
+                 "lean_tokens_required",
+                 SymbolSpec(_BATCH, "ScheduleBatch", "_new_tokens_required_next_decode_spec_v2",
+                            ("requests", "page_size"))),
         # depth 0 as a plain decode (plain_decode.py), registered only with
         # SPECCTL_PLAIN_DECODE: the capture after the adaptive states, and the verify it replaces
         HookSpec(f"{_WORKER}.EAGLEWorkerV2.init_cuda_graphs", AFTER, "plain_decode_build",

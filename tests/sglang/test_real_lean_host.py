@@ -260,3 +260,169 @@ def test_the_kv_lengths_stay_a_tensor_where_a_release_or_page_size_needs_it() ->
         cache = NS(token_to_kv_pool_allocator=NS(page_size=page))
         assert not lean_host.kv_lens_as_list(release, cache, kwargs)
         assert kwargs["nxt_kv_lens_cpu"] is lens
+
+
+def _compiled_0517(root: Path, rel: str, name: str, cls: str | None,
+                   namespace: dict[str, Any]) -> Any:
+    """One function (or one method of `cls`) of SGLang 0.5.17, compiled alone from its source
+    into `namespace`, which gives it the helpers it calls."""
+    path = root / rel
+    body = ast.parse(path.read_text()).body
+    if cls is not None:
+        body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    fn = next(n for n in body if isinstance(n, ast.FunctionDef) and n.name == name)
+    module = ast.Module(body=[ast.ImportFrom("__future__", [ast.alias("annotations")], 0),
+                              fn], type_ignores=[])
+    exec(compile(ast.fix_missing_locations(module), str(path), "exec"), namespace)
+    return namespace[name]
+
+
+def _requests(seed: int, n: int, reserve: int) -> list[Any]:
+    """Requests as the overlap scheduler leaves them: some with their reserve in hand, some
+    short of it (just admitted, or back from a lower depth), some holding more than it (a
+    higher depth's draft reserve)."""
+    import random
+
+    rng = random.Random(seed)
+    reqs = []
+    for _ in range(n):
+        committed = rng.randint(1, 300)
+        held = max(1, committed + rng.randint(-2, 2 * reserve))
+        reqs.append(NS(kv_committed_len=committed, kv=NS(kv_allocated_len=held),
+                       decode_batch_idx=rng.randint(0, 50)))
+    return reqs
+
+
+def test_0517_next_decode_estimate_is_sglangs_at_page_size_1(sglang17_root: Path) -> None:
+    reserve = 8
+    estimate = _compiled_0517(
+        sglang17_root, "srt/managers/schedule_batch.py",
+        "_new_tokens_required_next_decode_spec_v2", "ScheduleBatch",
+        {"get_alloc_reserve_per_decode": lambda: reserve,
+         "ceil_align": lambda x, a: (x + a - 1) // a * a})
+    for seed in range(20):
+        reqs = _requests(seed, 1 + seed * 7, reserve)
+        assert lean_host.tokens_required(reqs, reserve) == estimate(None, reqs, 1), seed
+    short = [NS(kv_committed_len=10, kv=NS(kv_allocated_len=4))]  # 14 short of 10 + 8
+    assert lean_host.tokens_required(short, reserve) == estimate(None, short, 1) == 14
+
+
+def _prepare_batch(reqs: list[Any], penalized: bool, calls: list[str]) -> Any:
+    import torch
+
+    return NS(
+        reqs=reqs, device="cpu", tree_cache="tree", req_to_token_pool="pool",
+        req_pool_indices=torch.arange(len(reqs)),
+        token_to_kv_pool_allocator=NS(page_size=1),
+        maybe_evict_swa=lambda: calls.append("evict_swa"),
+        sampling_info=NS(penalizer_orchestrator=NS(is_required=penalized)),
+        cumulate_penalty_output_tokens=lambda: calls.append("penalty"),
+        batch_size=lambda: len(reqs))
+
+
+def test_0517_decode_preparation_reserves_as_sglangs_with_one_copy(sglang17_root: Path) -> None:
+    """SGLang 0.5.17's `eagle_prepare_for_decode` compiled from its source against the lean
+    one, both handing their lengths to a recording `alloc_for_spec_decode` (the real one
+    assigns KV slots through a Triton kernel) on stand-in batches: the same calls, the same
+    lengths and slots asked for, the same per-request counters."""
+    reserve = 8
+
+    def record(calls: list[str], seen: list[dict[str, Any]]) -> Any:
+        def alloc(tree_cache: Any, req_to_token_pool: Any, **kwargs: Any) -> None:
+            calls.append(f"alloc {tree_cache} {req_to_token_pool}")
+            seen.append({k: v.tolist() if hasattr(v, "tolist") else v
+                         for k, v in kwargs.items() if k not in ("reqs", "batch")})
+            for req, nxt in zip(kwargs["reqs"], seen[-1]["nxt_kv_lens_cpu"], strict=True):
+                req.kv.kv_allocated_len = max(req.kv.kv_allocated_len, int(nxt))
+        return alloc
+
+    for seed, penalized in ((1, False), (2, True), (3, False)):
+        results = []
+        for lean in (False, True):
+            calls: list[str] = []
+            seen: list[dict[str, Any]] = []
+            reqs = _requests(seed, 40, reserve)
+            batch = _prepare_batch(reqs, penalized, calls)
+            if lean:
+                lean_host.prepare_for_decode(batch, reserve, record(calls, seen))
+            else:
+                import torch
+
+                sglang = _compiled_0517(
+                    sglang17_root, "srt/speculative/eagle_utils.py",
+                    "eagle_prepare_for_decode", None,
+                    {"torch": torch, "get_alloc_reserve_per_decode": lambda: reserve,
+                     "get_spec": lambda: NS(speculative_eagle_topk=1),
+                     "alloc_for_spec_decode": record(calls, seen)})
+                sglang(batch)
+            results.append((calls, seen,
+                            [(r.kv.kv_allocated_len, r.decode_batch_idx) for r in reqs]))
+        assert results[1] == results[0], seed
+        assert results[0][1][0]["num_needed_tokens"] > 0  # some requests were short
+
+
+def test_the_decode_preparation_is_sglangs_own_elsewhere() -> None:
+    for release, page in (("0.5.23", 1), ("0.5.17", 16), (None, 1)):
+        batch = NS(token_to_kv_pool_allocator=NS(page_size=page))
+        assert not lean_host.prepares(release, batch)
+    assert lean_host.prepares("0.5.17", NS(token_to_kv_pool_allocator=NS(page_size=1)))
+
+
+def test_lengths_for_a_gpu_are_pinned_only_there() -> None:
+    """On a CPU-only machine only the CPU branch runs; the pinned one ran on the H200 (the
+    GPU harness's switch check, docs/h200-runs.md)."""
+    lens = lean_host.host_tensor([3, 4, 5], "cpu")
+    assert lens.tolist() == [3, 4, 5] and str(lens.dtype) == "torch.int32"
+    assert not lens.is_pinned()
+
+
+def test_the_hooks_take_the_lean_preparation_only_where_it_is_sglangs(
+    runtime: SchedulerRuntime, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hooks against the real `eagle_utils` and `schedule_batch` modules of the installed
+    SGLang, with the 0.5.17 helpers they look up there (0.5.23 has other ones) set to
+    recording stand-ins: trims on and 0.5.17 take the lean bodies; trims off, another
+    release, another page size or a failing lookup leave SGLang's own."""
+    from sglang.srt.managers import schedule_batch
+    from sglang.srt.speculative import eagle_utils
+
+    from sglang_hooks import hooks
+
+    allocs: list[int] = []
+    monkeypatch.setattr(eagle_utils, "get_alloc_reserve_per_decode", lambda: 8, raising=False)
+    monkeypatch.setattr(schedule_batch, "get_alloc_reserve_per_decode", lambda: 8,
+                        raising=False)
+    monkeypatch.setattr(eagle_utils, "alloc_for_spec_decode",
+                        lambda *a, **k: allocs.append(k["num_needed_tokens"]))
+    originals: list[str] = []
+
+    def original_prepare(batch: Any) -> None:
+        originals.append("prepare")
+
+    def original_estimate(batch: Any, requests: Any, page_size: int) -> int:
+        originals.append("estimate")
+        return -1
+
+    reqs = [NS(kv_committed_len=10, kv=NS(kv_allocated_len=12), decode_batch_idx=0)]
+    monkeypatch.setattr(hooks, "RELEASE", "0.5.17")
+    runtime.lean_host = True
+    hooks.lean_prepare(original_prepare, _prepare_batch(reqs, False, []))
+    assert hooks.lean_tokens_required(original_estimate, None, reqs, 1) == 6
+    assert (allocs, originals) == ([6], [])
+    assert reqs[0].decode_batch_idx == 1
+    paged = _prepare_batch(reqs, False, [])
+    paged.token_to_kv_pool_allocator.page_size = 16
+    hooks.lean_prepare(original_prepare, paged)
+    assert hooks.lean_tokens_required(original_estimate, None, reqs, 16) == -1
+    monkeypatch.delattr(eagle_utils, "get_alloc_reserve_per_decode")
+    hooks.lean_prepare(original_prepare, _prepare_batch(reqs, False, []))
+    assert originals == ["prepare", "estimate", "prepare"]
+    monkeypatch.setattr(hooks, "RELEASE", "0.5.23")
+    hooks.lean_prepare(original_prepare, _prepare_batch(reqs, False, []))
+    assert hooks.lean_tokens_required(original_estimate, None, reqs, 1) == -1
+    monkeypatch.setattr(hooks, "RELEASE", "0.5.17")
+    runtime.lean_host = False
+    hooks.lean_prepare(original_prepare, _prepare_batch(reqs, False, []))
+    assert hooks.lean_tokens_required(original_estimate, None, reqs, 1) == -1
+    assert originals[3:] == ["prepare", "estimate", "prepare", "estimate"]
+    assert allocs == [6] and reqs[0].decode_batch_idx == 1

@@ -293,6 +293,15 @@ plainab)
     # (default 16,64,128), LEVEL_S and SPREAD as in `series`; each bench draws fresh prompts.
     # A later call (WARM=0) numbers its rounds on from the last in $R, and the verdict pools
     # them all, so rounds can spread over several calls. The path is left on.
+    # AB_KEY=KEY: the arms switch another 0/1 admin key instead (specctl_lean_host, say; name
+    # the rounds apart with AB_TAG); AB_ARMS=on: every round one bench, with the key on.
+    ab_key=${AB_KEY:-specctl_plain_decode}
+    ab_what="the plain decode path"; [ "$ab_key" = specctl_plain_decode ] || ab_what=$ab_key
+    case ${AB_ARMS:-on,off} in
+        on,off) ab_arms=(1 0) ;;
+        on) ab_arms=(1) ;;
+        *) echo "AB_ARMS: expected on,off or on, got $AB_ARMS" >&2; exit 2 ;;
+    esac
     if [ "${SPECCTL_PLAIN_DECODE:-0}" != 1 ]; then
         echo "plainab: start the spec server with SPECCTL_PLAIN_DECODE=1" >&2; exit 2
     fi
@@ -315,11 +324,14 @@ plainab)
         SIDE_PIDS+=($!)
     fi
     for i in $(seq "$first" $((first + ${AB_ROUNDS:-3} - 1))); do
-        arms=(1 0); order_flag=(); [ $((i % 2)) = 0 ] && { arms=(0 1); order_flag=(--plain-first); }
+        arms=("${ab_arms[@]}"); order_flag=()
+        if [ $((i % 2)) = 0 ]; then
+            order_flag=(--plain-first); [ ${#arms[@]} = 2 ] && arms=(0 1)
+        fi
         for on in "${arms[@]}"; do
             arm=off; [ "$on" = 1 ] && arm=on
-            stamp "round $i: depth 0 with the plain decode path $arm, and the plain server"
-            plugin_setting specctl_plain_decode "$on"
+            stamp "round $i: depth 0 with $ab_what $arm, and the plain server"
+            plugin_setting "$ab_key" "$on"
             spread_outputs "$(fresh_seed 3000)"
             bench "$R/${ab}_${arm}_$i" --depths 0 --no-spec-url "$(plain_url)" --paired \
                 "${order_flag[@]}" --client-processes 4 --warmup-per-level 2 \
@@ -336,8 +348,11 @@ plainab)
     fi
     "$PY" -m benchmarks.gpu.timeline "$R/${ab}"_o[nf]*_[0-9]*/ --json "$R/${ab}_timeline.json" \
         >"$R/${ab}_timeline.txt" && sed -n '/ms per pass over/,$p' "$R/${ab}_timeline.txt"
-    plugin_setting specctl_plain_decode 1
+    plugin_setting "$ab_key" 1
     for arm in on off; do
+        # with AB_ARMS=on, an off verdict only where earlier calls benched that arm
+        [ "$arm" = off ] && [ ${#ab_arms[@]} = 1 ] \
+            && ! compgen -G "$R/${ab}_off_[0-9]*/" >/dev/null && continue
         "$PY" -m benchmarks.gpu.parity "$R/${ab}_${arm}"_[0-9]*/ \
             --json "$R/parity_plain${AB_TAG:+_$AB_TAG}_$arm.json" \
             | tee "$R/parity_plain${AB_TAG:+_$AB_TAG}_$arm.txt"

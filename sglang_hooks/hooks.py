@@ -479,6 +479,22 @@ def lean_tokens_required(original: Callable[..., Any], batch: Any, requests: Any
     return original(batch, requests, page_size, *args, **kwargs)
 
 
+def lean_free_group_end(original: Callable[..., Any], allocator: Any, *args: Any,
+                        **kwargs: Any) -> Any:
+    """AROUND BaseTokenToKVPoolAllocator.free_group_end: under the host-work trims, the
+    page-size-1 allocator's freed group joined to its list in one concatenation
+    (lean_host.py)."""
+    if RUNTIME.lean_host and not args and not kwargs:
+        try:
+            ours = lean_host.free_group_is_ours(RELEASE, allocator)
+        except Exception:
+            _log_failure_once("lean_free_group_end")
+            ours = False
+        if ours:  # past here the group is being freed: no second try through SGLang's
+            return lean_host.end_free_group(allocator)
+    return original(allocator, *args, **kwargs)
+
+
 def verify_schedule_refresh(original: Callable[..., Any], backend: Any, *args: Any,
                             **kwargs: Any) -> Any:
     """AROUND FlashAttentionBackend._apply_cuda_graph_metadata: after SGLang's metadata, a

@@ -28,6 +28,10 @@ that release's source; other releases and page sizes keep SGLang's own):
 - the next decode's KV estimate (`_new_tokens_required_next_decode_spec_v2`, asked before
   every decode): the same sum without two page roundings per request, which at a page size
   of 1 change nothing.
+- the end of a result's free group (`free_group_end` of the page-size-1 allocator): the KV
+  slots freed while settling a decode result (a finished request's reserve beyond its
+  committed length, which a server without speculation does not hold) joined to the
+  allocator's free list in one concatenation where SGLang makes two.
 
 Chosen at start-up with `SPECCTL_LEAN_HOST=1` (which `specctl serve` sets unless the
 environment has the variable) and at run time with the admin key `specctl_lean_host` (0 or 1)
@@ -255,3 +259,28 @@ def host_tensor(values: list[int], device: Any) -> Any:
         return torch.tensor(values, dtype=torch.int32, pin_memory=True)
     except RuntimeError:  # no pinned memory to be had: SGLang's own pageable copy
         return torch.tensor(values, dtype=torch.int32)
+
+
+def free_group_is_ours(release: str | None, allocator: Any) -> bool:
+    """Whether `end_free_group` reproduces this allocator's `free_group_end`: the page-size-1
+    `TokenToKVPoolAllocator` itself of a release read, which keeps the base class's."""
+    cls = type(allocator)
+    return release in PREPARE_RELEASES and cls.__name__ == "TokenToKVPoolAllocator" \
+        and cls.__module__ == "sglang.srt.mem_cache.allocator.token" \
+        and "free_group_end" not in cls.__dict__ and "free" in cls.__dict__
+
+
+def end_free_group(allocator: Any) -> None:
+    """SGLang 0.5.17's `free_group_end` and `free` of the page-size-1 allocator in one
+    concatenation: the group's slots appended to the released (or free) list in order. Its
+    entries are never empty (`free` leaves empty ones out of the group)."""
+    import torch
+
+    allocator.is_not_in_free_group = True
+    group = allocator.free_group
+    if not group:
+        return
+    if allocator.need_sort:
+        allocator.release_pages = torch.cat((allocator.release_pages, *group))
+    else:
+        allocator.free_pages = torch.cat((allocator.free_pages, *group))

@@ -23,6 +23,7 @@ _MODEL_RUNNER = "sglang.srt.model_executor.model_runner"
 _FORWARD = "sglang.srt.model_executor.forward_batch_info"
 _EAGLE = "sglang.srt.speculative.eagle_utils"
 _BATCH = "sglang.srt.managers.schedule_batch"
+_BASE_ALLOC = "sglang.srt.mem_cache.allocator.base"
 
 
 def _tokens(result: Any, batch_size: int) -> int:
@@ -47,7 +48,8 @@ ADAPTER = Adapter(
         HookSpec(f"{_OVERLAP}.FutureMap._resolve_spec_extras", AROUND, "lean_resolve_extras",
                  SymbolSpec(_OVERLAP, "FutureMap", "_resolve_spec_extras", ("batch",))),
         # host-work trims (lean_host.py): 0.5.23 reads the KV lengths as a list itself; the
-        # decode preparation and the next decode's KV estimate as 0.5.17 writes them
+        # decode preparation, the next decode's KV estimate and the free group's end as
+        # 0.5.17 writes them
         HookSpec(f"{_ALLOC}.alloc_for_spec_decode", AROUND, "lean_kv_lens",
                  SymbolSpec(_ALLOC, "", "alloc_for_spec_decode",
                             ("tree_cache", "nxt_kv_lens_cpu"))),
@@ -57,6 +59,9 @@ ADAPTER = Adapter(
                  "lean_tokens_required",
                  SymbolSpec(_BATCH, "ScheduleBatch", "_new_tokens_required_next_decode_spec_v2",
                             ("requests", "page_size"))),
+        HookSpec(f"{_BASE_ALLOC}.BaseTokenToKVPoolAllocator.free_group_end", AROUND,
+                 "lean_free_group_end",
+                 SymbolSpec(_BASE_ALLOC, "BaseTokenToKVPoolAllocator", "free_group_end")),
         # depth 0 as a plain decode (plain_decode.py), registered only with
         # SPECCTL_PLAIN_DECODE: the capture after the adaptive states, and the verify it replaces
         HookSpec(f"{_WORKER}.EAGLEWorkerV2.init_cuda_graphs", AFTER, "plain_decode_build",
@@ -66,6 +71,12 @@ ADAPTER = Adapter(
     ),
     reads=(
         *COMMON_READS,
+        # the free group's end: the allocator state it joins the group to
+        SymbolSpec("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator", "free",
+                   ("free_index",)),
+        *(SymbolSpec(_BASE_ALLOC, "BaseTokenToKVPoolAllocator", name, instance=True)
+          for name in ("need_sort", "free_pages", "release_pages", "is_not_in_free_group",
+                       "free_group")),
         # depth-0 relay trims: the runner the WAR barrier reads, and the FutureMap state the
         # bonus-only stash reads and writes
         SymbolSpec("sglang.srt.speculative.eagle_worker_v2", "EAGLEWorkerV2",

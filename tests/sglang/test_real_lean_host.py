@@ -426,3 +426,87 @@ def test_the_hooks_take_the_lean_preparation_only_where_it_is_sglangs(
     assert hooks.lean_tokens_required(original_estimate, None, reqs, 1) == -1
     assert originals[3:] == ["prepare", "estimate", "prepare", "estimate"]
     assert allocs == [6] and reqs[0].decode_batch_idx == 1
+
+
+def _allocator_0517(root: Path, need_sort: bool) -> Any:
+    """SGLang 0.5.17's page-size-1 `TokenToKVPoolAllocator` and its base class, loaded from
+    the 0.5.17 source under their own module names (the installed SGLang is 0.5.23)."""
+    import torch
+
+    base_ns: dict[str, Any] = {"__name__": "sglang.srt.mem_cache.allocator.base"}
+    base_path = root / "srt/mem_cache/allocator/base.py"
+    exec(compile(base_path.read_text(), str(base_path), "exec"), base_ns)
+    token_path = root / "srt/mem_cache/allocator/token.py"
+    source = token_path.read_text().replace(
+        "from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator", "")
+    token_ns: dict[str, Any] = {"__name__": "sglang.srt.mem_cache.allocator.token",
+                                "BaseTokenToKVPoolAllocator": base_ns[
+                                    "BaseTokenToKVPoolAllocator"]}
+    exec(compile(source, str(token_path), "exec"), token_ns)
+    return token_ns["TokenToKVPoolAllocator"](64, torch.bfloat16, "cpu", None, need_sort)
+
+
+def test_0517_free_group_ends_as_sglangs_in_one_concatenation(sglang17_root: Path) -> None:
+    """Groups of none, one and three freed spans (int32 views of a request-to-token row, as
+    a finished request's reserve is freed), ended by SGLang's `free_group_end` and by the
+    lean one: the same free and released lists, in value, order and dtype, and the same
+    slots handed out after."""
+    import torch
+
+    row = torch.arange(100, 140, dtype=torch.int32)
+    for need_sort in (True, False):
+        for spans in ((), ((0, 3),), ((3, 5), (10, 18), (20, 21))):
+            ends = []
+            for lean in (False, True):
+                allocator = _allocator_0517(sglang17_root, need_sort)
+                assert lean_host.free_group_is_ours("0.5.17", allocator)
+                taken = allocator.alloc(40)
+                allocator.free(taken[:4])  # freed outside a group, before
+                allocator.free_group_begin()
+                for start, end in spans:
+                    allocator.free(row[start:end])
+                if lean:
+                    lean_host.end_free_group(allocator)
+                else:
+                    allocator.free_group_end()
+                ends.append((allocator.is_not_in_free_group, allocator.free_pages.tolist(),
+                             allocator.free_pages.dtype, allocator.release_pages.tolist(),
+                             allocator.release_pages.dtype, allocator.alloc(26).tolist()))
+            assert ends[1] == ends[0], (need_sort, spans)
+    assert not lean_host.free_group_is_ours("0.5.23", _allocator_0517(sglang17_root, True))
+
+
+def test_other_allocators_keep_their_own_free_group_end(sglang17_root: Path) -> None:
+    allocator = _allocator_0517(sglang17_root, True)
+
+    class Paged(type(allocator)):  # type: ignore[misc]
+        def free_group_end(self) -> None:
+            super().free_group_end()
+
+    paged = Paged.__new__(Paged)
+    assert not lean_host.free_group_is_ours("0.5.17", paged)
+    assert not lean_host.free_group_is_ours("0.5.17", NS(free=None))
+
+
+def test_the_free_group_hook_ends_it_once_whichever_body_runs(
+    runtime: SchedulerRuntime, monkeypatch: pytest.MonkeyPatch, sglang17_root: Path,
+) -> None:
+    from sglang_hooks import hooks
+
+    for lean, release in ((True, "0.5.17"), (False, "0.5.17"), (True, "0.5.23")):
+        monkeypatch.setattr(hooks, "RELEASE", release)
+        runtime.lean_host = lean
+        allocator = _allocator_0517(sglang17_root, True)
+        taken = allocator.alloc(8)
+        allocator.free_group_begin()
+        allocator.free(taken[:3])
+        calls: list[str] = []
+
+        def original(a: Any, calls: list[str] = calls) -> None:
+            calls.append("sglang")
+            type(a).free_group_end(a)
+
+        hooks.lean_free_group_end(original, allocator)
+        assert allocator.release_pages.tolist() == taken[:3].tolist()
+        assert allocator.is_not_in_free_group
+        assert calls == ([] if lean and release == "0.5.17" else ["sglang"])

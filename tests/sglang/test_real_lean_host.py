@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks import sglang17_source
 from sglang_hooks import lean_host
 from sglang_hooks.contract import PolicyTable, Tier
 from sglang_hooks.runtime import SchedulerRuntime
@@ -264,17 +265,7 @@ def test_the_kv_lengths_stay_a_tensor_where_a_release_or_page_size_needs_it() ->
 
 def _compiled_0517(root: Path, rel: str, name: str, cls: str | None,
                    namespace: dict[str, Any]) -> Any:
-    """One function (or one method of `cls`) of SGLang 0.5.17, compiled alone from its source
-    into `namespace`, which gives it the helpers it calls."""
-    path = root / rel
-    body = ast.parse(path.read_text()).body
-    if cls is not None:
-        body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == cls).body
-    fn = next(n for n in body if isinstance(n, ast.FunctionDef) and n.name == name)
-    module = ast.Module(body=[ast.ImportFrom("__future__", [ast.alias("annotations")], 0),
-                              fn], type_ignores=[])
-    exec(compile(ast.fix_missing_locations(module), str(path), "exec"), namespace)
-    return namespace[name]
+    return sglang17_source.compiled(root, rel, name, cls, namespace)
 
 
 def _requests(seed: int, n: int, reserve: int) -> list[Any]:
@@ -429,21 +420,7 @@ def test_the_hooks_take_the_lean_preparation_only_where_it_is_sglangs(
 
 
 def _allocator_0517(root: Path, need_sort: bool) -> Any:
-    """SGLang 0.5.17's page-size-1 `TokenToKVPoolAllocator` and its base class, loaded from
-    the 0.5.17 source under their own module names (the installed SGLang is 0.5.23)."""
-    import torch
-
-    base_ns: dict[str, Any] = {"__name__": "sglang.srt.mem_cache.allocator.base"}
-    base_path = root / "srt/mem_cache/allocator/base.py"
-    exec(compile(base_path.read_text(), str(base_path), "exec"), base_ns)
-    token_path = root / "srt/mem_cache/allocator/token.py"
-    source = token_path.read_text().replace(
-        "from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator", "")
-    token_ns: dict[str, Any] = {"__name__": "sglang.srt.mem_cache.allocator.token",
-                                "BaseTokenToKVPoolAllocator": base_ns[
-                                    "BaseTokenToKVPoolAllocator"]}
-    exec(compile(source, str(token_path), "exec"), token_ns)
-    return token_ns["TokenToKVPoolAllocator"](64, torch.bfloat16, "cpu", None, need_sort)
+    return sglang17_source.allocator(root, 64, need_sort)
 
 
 def test_0517_free_group_ends_as_sglangs_in_one_concatenation(sglang17_root: Path) -> None:
@@ -510,3 +487,16 @@ def test_the_free_group_hook_ends_it_once_whichever_body_runs(
         assert allocator.release_pages.tolist() == taken[:3].tolist()
         assert allocator.is_not_in_free_group
         assert calls == ([] if lean and release == "0.5.17" else ["sglang"])
+
+
+def test_the_host_trims_benchmark_runs_at_a_tiny_scale(
+    sglang17_root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    from benchmarks import host_trims
+
+    monkeypatch.setattr("sys.argv", ["host_trims", "--sglang17-src", str(sglang17_root),
+                                     "--requests", "8", "--calls", "3", "--rounds", "1"])
+    assert host_trims.main() == 0
+    out = capsys.readouterr().out
+    for body in ("next-decode KV estimate", "decode preparation", "free group end"):
+        assert body in out

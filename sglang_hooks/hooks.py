@@ -177,6 +177,8 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
             logger.error("specctl: %s", prefill_error)
         if plain_decode.ENV_ERROR is not None:
             logger.error("specctl: %s", plain_decode.ENV_ERROR)
+        if lean_host.PREPARE_ENV_ERROR is not None:
+            logger.error("specctl: %s", lean_host.PREPARE_ENV_ERROR)
         startup = None
         path = policy_file_from_env()
         if path is not None:
@@ -203,6 +205,7 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
                 "lean_host": rt.lean_host, "lean_relay": rt.lean_relay,
                 "skip_draft_prefill": rt.skip_draft_prefill,
                 "plain_decode": plain_decode.ENABLED,
+                "lean_prepare": lean_host.PREPARE_ENABLED,
                 SKIP_EXTEND_ENV: os.environ.get(SKIP_EXTEND_ENV, ""),
             }))
         rt.activate(usable, startup, peers)

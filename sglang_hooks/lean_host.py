@@ -18,8 +18,10 @@ iteration, with the same values handed to SGLang:
   request's next KV length out of a CPU tensor one element at a time (a tensor select and an
   item per running request): handed the same values as a list (0.5.23 does this itself).
 
-Two more, in SGLang 0.5.17's spec-v2 scheduler at every depth, with a page size of 1 (read in
-that release's source; other releases and page sizes keep SGLang's own):
+Three more, in SGLang 0.5.17's spec-v2 scheduler at every depth, with a page size of 1 (read
+in that release's source; other releases and page sizes keep SGLang's own), registered only
+with `SPECCTL_LEAN_PREPARE=1` in the server's environment (read once, at plugin load) until an
+H200 run has checked them, and then on and off with the trims above:
 
 - the decode preparation (`eagle_prepare_for_decode`): the same per-request loop and the same
   KV reservation, with the current and next KV lengths in one CPU tensor, pinned, and one
@@ -49,6 +51,9 @@ from sglang_hooks import contract
 from sglang_hooks.env_switch import read_switch
 
 ENV = "SPECCTL_LEAN_HOST"
+PREPARE_ENV = "SPECCTL_LEAN_PREPARE"
+# The hooks (names in sglang_hooks.hooks) registered only when PREPARE_ENABLED.
+PREPARE_HOOKS = ("lean_prepare", "lean_tokens_required", "lean_free_group_end")
 KEY = contract.LEAN_HOST_KEY
 # Releases whose alloc_for_spec_decode reads `nxt_kv_lens_cpu` only in its per-request loop
 # when the page size is 1 (read in their source); other releases are left alone.
@@ -62,6 +67,9 @@ _MAX_CACHED_SIZES = 512  # batch sizes kept per cache; SGLang's largest graph ba
 def from_env() -> tuple[bool, str | None]:
     """(on, error): the start-up setting, and why the variable was ignored if it was."""
     return read_switch(ENV, "the trims")
+
+
+PREPARE_ENABLED, PREPARE_ENV_ERROR = read_switch(PREPARE_ENV, "the decode-preparation trims")
 
 
 class PerBatchSize:

@@ -52,11 +52,12 @@ def register() -> bool:
 
 def wanted_hooks(adapter: Adapter) -> list[HookSpec]:
     """The adapter's hooks, less those of switches the server's environment leaves off."""
-    from sglang_hooks import plain_decode, verify_schedule
+    from sglang_hooks import lean_host, plain_decode, verify_schedule
 
     return [spec for spec in adapter.hooks
             if (verify_schedule.ENABLED or spec.hook not in verify_schedule.HOOKS)
-            and (plain_decode.ENABLED or spec.hook not in plain_decode.HOOKS)]
+            and (plain_decode.ENABLED or spec.hook not in plain_decode.HOOKS)
+            and (lean_host.PREPARE_ENABLED or spec.hook not in lean_host.PREPARE_HOOKS)]
 
 
 def _plugin_source() -> object:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sglang_hooks import off_mode, plain_decode, verify_schedule
+from sglang_hooks import lean_host, off_mode, plain_decode, verify_schedule
 from sglang_hooks.contract import (
     PolicyError,
     PolicyTable,
@@ -277,6 +277,7 @@ class SchedulerRuntime:
         state["off_mode"] = self.off_mode
         state["lean_host"] = self.lean_host
         state["lean_relay"] = self.lean_relay
+        state["lean_prepare"] = lean_host.PREPARE_ENABLED
         state["early_fences"] = self.early_fences
         state["lean_stashes"] = self.lean_stashes
         state["lean_gathers"] = self.lean_gathers

@@ -223,3 +223,29 @@ def test_per_pass_names_what_host_json_lacks(tmp_path: Path) -> None:
     (tmp_path / "bare" / "stacks.txt").write_text(stacks)
     with pytest.raises(SystemExit, match=r"host\.json, which host_watch writes"):
         stack_share.main(["compare", "--per-pass", str(new), str(tmp_path / "bare" / "stacks.txt")])
+
+
+def test_lines_split_a_function_by_its_line_and_callee(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`prepare` on 60 of 100 main-thread samples: 30 in its own line 14 (C code, say), 20 in
+    what line 41 called, 10 in its line 33; another thread's samples and a second call of
+    `prepare` deeper on the same stack count once, at the outermost."""
+    stacks = ("thread (1): MainThread;loop (s.py:1);prepare (/x/sglang/u.py:14) 30\n"
+              "thread (1): MainThread;loop (s.py:1);prepare (/x/sglang/u.py:41);"
+              "alloc (a.py:7);prepare (/x/sglang/u.py:14) 20\n"
+              "thread (1): MainThread;loop (s.py:1);prepare (/x/sglang/u.py:33) 10\n"
+              "thread (1): MainThread;loop (s.py:1);other (s.py:5) 40\n"
+              "thread (2): Helper;prepare (/x/sglang/u.py:14) 99\n")
+    d0 = _watched(tmp_path / "d0", stacks, seconds=8.0, decode_passes=800, prefill_passes=80)
+    assert stack_share.main(["lines", str(d0), "prepare"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "prepare: 60.000 (% of samples), 60 of 100 samples"
+    assert out[2:] == ["  30.000    14  (own)", "  20.000    41  alloc (a.py)",
+                       "  10.000    33  (own)"]
+    # per pass: 0.3 of 8 s over 800 iterations = 3 ms; by its file-qualified name
+    assert stack_share.main(["lines", "--per-pass", str(d0), "prepare (sglang/u.py)"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].startswith("prepare (sglang/u.py): 6.000 (host ms per decode iteration)")
+    assert out[3] == "   3.000    14  (own)"
+    with pytest.raises(SystemExit, match=r"'missing' is on none of the 100 stacks"):
+        stack_share.main(["lines", str(d0), "missing"])

@@ -4,6 +4,7 @@
     python -m benchmarks.gpu.stack_share show stacks.txt --top 30
     python -m benchmarks.gpu.stack_share compare plain/stacks.txt d0/stacks.txt --top 30
     python -m benchmarks.gpu.stack_share compare --busy --per-pass plain/stacks.txt d0/stacks.txt
+    python -m benchmarks.gpu.stack_share lines --per-pass d0/stacks.txt eagle_prepare_for_decode
 
 Only the samples of one thread count (`--thread`, default the main thread, where SGLang's
 scheduler runs its loop; py-spy's `--threads` puts `thread (ID): NAME` first on each stack).
@@ -23,6 +24,11 @@ window, over the decode iterations the server counted in it, both read from the 
 `host_watch` writes beside the stacks. Two servers that ran at different rates then compare by
 what each iteration cost, not by how much of a window it filled; the prefill batches per decode
 iteration are printed with them, as they cost host time of their own.
+
+`lines` splits one function's inclusive share by where in it the time went: its line, and the
+function that line was in (`(own)` where the sample stopped in the function itself, which
+includes C code such as a tensor operation's). The function is named as the tables print it,
+or by its bare name (any file's; the outermost on a stack counts).
 """
 
 from __future__ import annotations
@@ -33,10 +39,12 @@ import json
 import re
 from collections import Counter
 from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 _LINE = re.compile(r":\d+\)$")
+_LINE_NUMBER = re.compile(r":(\d+)\)$")
 MAIN_THREAD = "MainThread"
 WAIT_FRAME = "Event.synchronize"  # where SGLang's scheduler waits for a forward's results
 
@@ -63,27 +71,35 @@ class Shares:
         return counts[key] / self.samples if self.samples else 0.0
 
 
+def _samples(text: str, thread: str) -> Iterator[tuple[int, list[str]]]:
+    """(count, raw frames outermost first) of each stack of `thread` ("": every thread's)."""
+    for line in text.splitlines():
+        stack, _, count = line.rstrip().rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        raw = [f for f in stack.split(";") if f.strip()]
+        if raw and raw[0].startswith("thread ("):
+            if thread and raw[0].partition("): ")[2].strip() != thread:
+                continue
+            raw = raw[1:]
+        if raw:
+            yield int(count), raw
+
+
+def _waits(frames: list[str]) -> bool:
+    return any(f.startswith(WAIT_FRAME + " (") or f == WAIT_FRAME for f in frames)
+
+
 def parse(text: str, thread: str = MAIN_THREAD, busy: bool = False) -> Shares:
     """`thread`: the thread whose samples count, by name ("": every thread's). `busy`: samples
     waiting on the GPU count in the total only."""
     inclusive: Counter[str] = Counter()
     own: Counter[str] = Counter()
     total = 0
-    for line in text.splitlines():
-        stack, _, count = line.rstrip().rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
-        raw = [f for f in stack.split(";") if f.strip()]
-        if raw and raw[0].startswith("thread ("):
-            if thread and raw[0].partition("): ")[2].strip() != thread:
-                continue
-            raw = raw[1:]
+    for n, raw in _samples(text, thread):
         frames = [frame_key(f) for f in raw]
-        if not frames:
-            continue
         total += n
-        if busy and any(f.startswith(WAIT_FRAME + " (") or f == WAIT_FRAME for f in frames):
+        if busy and _waits(frames):
             continue
         for key in set(frames):
             inclusive[key] += n
@@ -91,21 +107,71 @@ def parse(text: str, thread: str = MAIN_THREAD, busy: bool = False) -> Shares:
     return Shares(total, inclusive, own)
 
 
-def load(path: Path, thread: str = MAIN_THREAD, busy: bool = False) -> Shares:
+OWN = "(own)"
+
+
+def parse_lines(text: str, function: str, thread: str = MAIN_THREAD,
+                busy: bool = False) -> tuple[int, Counter[tuple[int, str]]]:
+    """(samples of the thread, samples with `function` on the stack by (its line, the
+    function that line was in or OWN)). `function`: a key as `frame_key` makes it, or a bare
+    name."""
+    where: Counter[tuple[int, str]] = Counter()
+    total = 0
+    for n, raw in _samples(text, thread):
+        frames = [frame_key(f) for f in raw]
+        total += n
+        if busy and _waits(frames):
+            continue
+        at = next((i for i, key in enumerate(frames)
+                   if key == function or key.partition(" (")[0] == function), None)
+        if at is None:
+            continue
+        number = _LINE_NUMBER.search(raw[at].strip())
+        callee = frames[at + 1] if at + 1 < len(frames) else OWN
+        where[(int(number[1]) if number else 0, callee)] += n
+    return total, where
+
+
+def _read(path: Path) -> str:
     """A raw stacks file, or one compressed with gzip (`.gz`, as results are checked in)."""
     if path.suffix == ".gz":
         with gzip.open(path, "rt", errors="replace") as f:
-            text = f.read()
-    else:
-        text = path.read_text(errors="replace")
-    shares = parse(text, thread, busy)
+            return f.read()
+    return path.read_text(errors="replace")
+
+
+def _no_samples(path: Path, thread: str) -> SystemExit:
+    which = f" of thread {thread!r}" if thread else ""
+    return SystemExit(f"error: {path} holds no py-spy samples{which} (a `--format raw` file? "
+                      "--thread '' counts every thread)")
+
+
+def load(path: Path, thread: str = MAIN_THREAD, busy: bool = False) -> Shares:
+    shares = parse(_read(path), thread, busy)
     if not shares.samples:
-        which = f" of thread {thread!r}" if thread else ""
-        raise SystemExit(
-            f"error: {path} holds no py-spy samples{which} (a `--format raw` file? "
-            "--thread '' counts every thread)"
-        )
+        raise _no_samples(path, thread)
     return shares
+
+
+def lines(path: Path, function: str, top: int, thread: str = MAIN_THREAD, busy: bool = False,
+          window: Window | None = None) -> list[str]:
+    """Where `function`'s time went in the stacks at `path`, the largest first; with `window`,
+    in host ms per decode iteration."""
+    total, where = parse_lines(_read(path), function, thread, busy)
+    if not total:
+        raise _no_samples(path, thread)
+    if not where:
+        raise SystemExit(f"error: {function!r} is on none of the {total} stacks of {path} "
+                         "(name it as `show` prints it, or by its bare name)")
+    scale = window.ms_per_share if window is not None else 100.0
+    unit = "host ms per decode iteration" if window is not None else "% of samples"
+    inside = sum(where.values())
+    out = [] if window is None else [window.describe(path.parent.name or "stacks")]
+    out += [f"{function}: {inside / total * scale:.3f} ({unit}), {inside} of {total} samples",
+            f"{'share':>8}  line  called"]
+    for (number, callee), n in sorted(where.items(), key=lambda kv: (-kv[1], kv[0]))[:top]:
+        out.append(f"{n / total * scale:8.3f}  {number:>4}  {callee}")
+    return out
 
 
 def show(s: Shares, top: int) -> list[str]:
@@ -209,14 +275,24 @@ def main(argv: list[str] | None = None) -> int:
     two.add_argument("after", type=Path)
     two.add_argument("--top", type=int, default=30)
     two.add_argument("--thread", default=MAIN_THREAD, help="thread name ('': every thread)")
-    for p in (one, two):
+    where = sub.add_parser("lines", help="one function's time by its line and what it called")
+    where.add_argument("stacks", type=Path)
+    where.add_argument("function", help="as `show` prints it, or its bare name")
+    where.add_argument("--top", type=int, default=20)
+    where.add_argument("--thread", default=MAIN_THREAD, help="thread name ('': every thread)")
+    for p in (one, two, where):
         p.add_argument("--busy", action="store_true",
                        help="samples waiting on the GPU count in the total, for no function")
-    two.add_argument("--per-pass", action="store_true",
-                     help="host ms per decode iteration (reads host.json beside each file)")
+    for p in (two, where):
+        p.add_argument("--per-pass", action="store_true",
+                       help="host ms per decode iteration (reads host.json beside each file)")
     args = ap.parse_args(argv)
     if args.cmd == "show":
         print("\n".join(show(load(args.stacks, args.thread, args.busy), args.top)))
+    elif args.cmd == "lines":
+        window = window_beside(args.stacks) if args.per_pass else None
+        print("\n".join(lines(args.stacks, args.function, args.top, args.thread, args.busy,
+                              window)))
     else:
         names = (args.before.parent.name or "before", args.after.parent.name or "after")
         windows = ((window_beside(args.before), window_beside(args.after))

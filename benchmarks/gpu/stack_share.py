@@ -38,8 +38,8 @@ import gzip
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

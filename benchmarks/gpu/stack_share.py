@@ -90,17 +90,26 @@ def _waits(frames: list[str]) -> bool:
     return any(f.startswith(WAIT_FRAME + " (") or f == WAIT_FRAME for f in frames)
 
 
+def _counted(text: str, thread: str, busy: bool
+             ) -> tuple[int, list[tuple[int, list[str], list[str]]]]:
+    """(the thread's samples, its stacks as (count, raw frames, keys) less those waiting on the
+    GPU when `busy`)."""
+    total, kept = 0, []
+    for n, raw in _samples(text, thread):
+        frames = [frame_key(f) for f in raw]
+        total += n
+        if not (busy and _waits(frames)):
+            kept.append((n, raw, frames))
+    return total, kept
+
+
 def parse(text: str, thread: str = MAIN_THREAD, busy: bool = False) -> Shares:
     """`thread`: the thread whose samples count, by name ("": every thread's). `busy`: samples
     waiting on the GPU count in the total only."""
     inclusive: Counter[str] = Counter()
     own: Counter[str] = Counter()
-    total = 0
-    for n, raw in _samples(text, thread):
-        frames = [frame_key(f) for f in raw]
-        total += n
-        if busy and _waits(frames):
-            continue
+    total, stacks = _counted(text, thread, busy)
+    for n, _, frames in stacks:
         for key in set(frames):
             inclusive[key] += n
         own[frames[-1]] += n
@@ -116,12 +125,8 @@ def parse_lines(text: str, function: str, thread: str = MAIN_THREAD,
     function that line was in or OWN)). `function`: a key as `frame_key` makes it, or a bare
     name."""
     where: Counter[tuple[int, str]] = Counter()
-    total = 0
-    for n, raw in _samples(text, thread):
-        frames = [frame_key(f) for f in raw]
-        total += n
-        if busy and _waits(frames):
-            continue
+    total, stacks = _counted(text, thread, busy)
+    for n, raw, frames in stacks:
         at = next((i for i, key in enumerate(frames)
                    if key == function or key.partition(" (")[0] == function), None)
         if at is None:

@@ -502,22 +502,6 @@ def test_the_host_trims_benchmark_runs_at_a_tiny_scale(
         assert body in out
 
 
-@pytest.mark.parametrize("enabled", [False, True])
-def test_the_preparation_trims_are_registered_only_with_their_switch_on(
-    enabled: bool, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from sglang_hooks import hooks, plugin
-    from sglang_hooks.adapters import v0_5_17, v0_5_23
-
-    monkeypatch.setattr(lean_host, "PREPARE_ENABLED", enabled)
-    names = {spec.hook for spec in plugin.wanted_hooks(v0_5_17.ADAPTER)}
-    assert (set(lean_host.PREPARE_HOOKS) <= names) is enabled
-    assert not set(lean_host.PREPARE_HOOKS) & {
-        s.hook for s in plugin.wanted_hooks(v0_5_23.ADAPTER)}
-    assert all(callable(getattr(hooks, name)) for name in lean_host.PREPARE_HOOKS)
-    assert "lean_kv_lens" in names  # the older trims are registered either way
-
-
 def test_the_preparation_switch_reads_0_or_1(monkeypatch: pytest.MonkeyPatch) -> None:
     from sglang_hooks.env_switch import read_switch
 

@@ -726,18 +726,26 @@ def test_a_failed_capture_leaves_depth_0_on_the_verify(stats: plain_decode._Stat
     assert SPEC == {"steps": 3, "draft_tokens": 4}  # the override was undone
 
 
-@pytest.mark.parametrize("enabled", [False, True])
+@pytest.mark.parametrize("switch", ["plain_decode", "lean_prepare"])
 def test_the_hooks_are_registered_only_with_the_switch_on(
-    enabled: bool, monkeypatch: pytest.MonkeyPatch,
+    switch: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from sglang_hooks import plugin
+    """Each start-up switch's hooks (this path's, and the decode-preparation trims of
+    lean_host.py), 0.5.17's only; the adapter's other hooks registered either way."""
+    from sglang_hooks import lean_host, plugin
     from sglang_hooks.adapters import v0_5_17, v0_5_23
 
-    monkeypatch.setattr(plain_decode, "ENABLED", enabled)
-    names = {spec.hook for spec in plugin.wanted_hooks(v0_5_17.ADAPTER)}
-    assert (set(plain_decode.HOOKS) <= names) is enabled
-    assert not set(plain_decode.HOOKS) & {s.hook for s in plugin.wanted_hooks(v0_5_23.ADAPTER)}
-    assert all(callable(getattr(hooks, name)) for name in plain_decode.HOOKS)
+    module, flag, names = {"plain_decode": (plain_decode, "ENABLED", plain_decode.HOOKS),
+                           "lean_prepare": (lean_host, "PREPARE_ENABLED",
+                                            lean_host.PREPARE_HOOKS)}[switch]
+    registered = {}
+    for enabled in (False, True):
+        monkeypatch.setattr(module, flag, enabled)
+        registered[enabled] = {spec.hook for spec in plugin.wanted_hooks(v0_5_17.ADAPTER)}
+        assert not set(names) & {s.hook for s in plugin.wanted_hooks(v0_5_23.ADAPTER)}
+    assert registered[True] - registered[False] == set(names)
+    assert registered[False] <= registered[True]
+    assert all(callable(getattr(hooks, name)) for name in names)
 
 
 @pytest.mark.parametrize("enabled", [False, True])

@@ -11,7 +11,6 @@ allocator, the token-slot and req-to-token helpers it calls (recorded, not run).
 
 from __future__ import annotations
 
-import ast
 import types
 from pathlib import Path
 from types import SimpleNamespace as NS
@@ -211,11 +210,6 @@ def test_the_skipped_extends_stub_is_sglangs_zeros_reused_per_batch_size(
 def _alloc_for_spec_decode_0517(root: Path, calls: list[str]) -> Any:
     """SGLang 0.5.17's alloc_for_spec_decode, compiled alone from its source, with the
     helpers it calls recorded instead of run (they need the real pools)."""
-    source = (root / "srt" / "mem_cache" / "allocation.py").read_text()
-    tree = ast.parse(source)
-    fn = next(n for n in tree.body
-              if isinstance(n, ast.FunctionDef) and n.name == "alloc_for_spec_decode")
-    module = ast.Module(body=[fn], type_ignores=[])
     namespace: dict[str, Any] = {
         "Optional": Any, "BasePrefixCache": Any, "ReqToTokenPool": Any, "Req": Any,
         "ScheduleBatch": Any, "torch": __import__("torch"),
@@ -224,8 +218,8 @@ def _alloc_for_spec_decode_0517(root: Path, calls: list[str]) -> Any:
         "get_last_loc": lambda *a: calls.append("last_loc"),
         "ALLOC_EXTEND_FUNCS": {},
     }
-    exec(compile(module, str(root / "srt/mem_cache/allocation.py"), "exec"), namespace)
-    return namespace["alloc_for_spec_decode"]
+    return sglang17_source.compiled(root, "srt/mem_cache/allocation.py",
+                                    "alloc_for_spec_decode", None, namespace)
 
 
 def test_0517_allocator_takes_the_kv_lengths_as_a_list_with_the_same_result(
@@ -263,11 +257,6 @@ def test_the_kv_lengths_stay_a_tensor_where_a_release_or_page_size_needs_it() ->
         assert kwargs["nxt_kv_lens_cpu"] is lens
 
 
-def _compiled_0517(root: Path, rel: str, name: str, cls: str | None,
-                   namespace: dict[str, Any]) -> Any:
-    return sglang17_source.compiled(root, rel, name, cls, namespace)
-
-
 def _requests(seed: int, n: int, reserve: int) -> list[Any]:
     """Requests as the overlap scheduler leaves them: some with their reserve in hand, some
     short of it (just admitted, or back from a lower depth), some holding more than it (a
@@ -286,7 +275,7 @@ def _requests(seed: int, n: int, reserve: int) -> list[Any]:
 
 def test_0517_next_decode_estimate_is_sglangs_at_page_size_1(sglang17_root: Path) -> None:
     reserve = 8
-    estimate = _compiled_0517(
+    estimate = sglang17_source.compiled(
         sglang17_root, "srt/managers/schedule_batch.py",
         "_new_tokens_required_next_decode_spec_v2", "ScheduleBatch",
         {"get_alloc_reserve_per_decode": lambda: reserve,
@@ -339,7 +328,7 @@ def test_0517_decode_preparation_reserves_as_sglangs_with_one_copy(sglang17_root
             else:
                 import torch
 
-                sglang = _compiled_0517(
+                sglang = sglang17_source.compiled(
                     sglang17_root, "srt/speculative/eagle_utils.py",
                     "eagle_prepare_for_decode", None,
                     {"torch": torch, "get_alloc_reserve_per_decode": lambda: reserve,
@@ -360,8 +349,9 @@ def test_the_decode_preparation_is_sglangs_own_elsewhere() -> None:
 
 
 def test_lengths_for_a_gpu_are_pinned_only_there() -> None:
-    """On a CPU-only machine only the CPU branch runs; the pinned one ran on the H200 (the
-    GPU harness's switch check, docs/h200-runs.md)."""
+    """On a CPU-only machine only the CPU branch runs; the pinned one runs on the H200 in the
+    GPU harness's switch check (not run yet: docs/h200-runs.md, "three bookkeeping trims
+    waiting for a GPU")."""
     lens = lean_host.host_tensor([3, 4, 5], "cpu")
     assert lens.tolist() == [3, 4, 5] and str(lens.dtype) == "torch.int32"
     assert not lens.is_pinned()

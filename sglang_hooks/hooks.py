@@ -593,20 +593,24 @@ def count_result(original: Callable[..., Any], processor: Any, result: Any, batc
     (plain_decode.resolve_tokens), any other by SGLang; then what it emitted counted at the
     depth it ran."""
     ret = None
+    counted: tuple[int, int] | None = None
     try:
         if not args and not kwargs and plain_decode.plain_result(result, batch):
-            ret = plain_decode.resolve_tokens(processor, result, batch)
+            ret, rows = plain_decode.resolve_tokens(processor, result, batch)
+            counted = (rows, rows)  # one token a row
             plain_decode.STATS.settled += 1
     except Exception:
         _log_failure_once("count_result:plain")
         ret = None
     if ret is None:
         ret = original(processor, result, batch, *args, **kwargs)
-    _count(ret, result, batch)
+    _count(ret, result, batch, counted)
     return ret
 
 
-def _count(ret: Any, result: Any, batch: Any) -> None:
+def _count(ret: Any, result: Any, batch: Any, counted: tuple[int, int] | None = None) -> None:
+    """Count a result at its depth: `counted` (rows, tokens) where the settling knew them,
+    else read from what SGLang's body returned."""
     rt = RUNTIME
     if not rt.active:
         return
@@ -614,7 +618,8 @@ def _count(ret: Any, result: Any, batch: Any) -> None:
         width = result.speculative_num_draft_tokens
         if width:
             launched = len(batch.reqs)
-            counted = emitted(batch.reqs, ret)
+            if counted is None:
+                counted = emitted(batch.reqs, ret)
             if counted is None:  # unexpected return value: count every row, as SGLang sums
                 assert ADAPTER is not None
                 counted = (launched, ADAPTER.tokens_of(result, launched))

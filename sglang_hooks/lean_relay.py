@@ -118,10 +118,9 @@ def resolve_bonus_only(release: str | None, future_map: Any, batch: Any) -> bool
             or getattr(future_map, "draft_probs_buf", None) is not None \
             or getattr(draft_input, "future_dsa_topk_indices_available", False):
         return False
-    if indices.is_cuda:  # as SGLang's gather: the indices live until this stream is done
-        import torch
-
-        indices.record_stream(torch.get_device_module(future_map.device).current_stream())
+    # No record of the indices, where SGLang's gather makes one: they are the batch's pool
+    # rows, which the overlap scheduler keeps for two iterations (0.5.17 says the record is
+    # redundant there), and a record costs a call and an event the allocator polls.
     draft_input.bonus_tokens = future_map.output_tokens_buf[indices]
     draft_input.dsa_topk_indices = None
     return True

@@ -389,7 +389,15 @@ def decode(worker: Any, batch: Any, parts: SglangParts | None = None, *,
     saved = _Saved.of(batch)
     verify_input = saved.spec_info
     seq_lens = saved.seq_lens
-    parts.record_streams(batch, verify_input)
+    overlap = bool(getattr(batch, "enable_overlap", False))
+    if not overlap:
+        parts.record_streams(batch, verify_input)
+    # The overlap scheduler needs no record: of what this forward reads, the schedule stream
+    # made the lengths and the pool rows, fields of the batch that 0.5.17's
+    # `record_batch_in_overlap` keeps for two iterations, past this forward's result; the
+    # bonus tokens and the rest are made on the forward stream. A record costs a call, and the
+    # allocator an event it polls at later allocations (tests/sglang/test_real_plain_decode.py
+    # holds 0.5.17's scheduler to this).
     # The slot spec-v2 reserved for this token (where the verify would write it).
     out_cache_loc = worker.req_to_token_pool.req_to_token[
         batch.req_pool_indices, seq_lens].to(torch.int64)
@@ -421,7 +429,6 @@ def decode(worker: Any, batch: Any, parts: SglangParts | None = None, *,
         model_runner.decode_cuda_graph_runner = verify_runner
         model_runner.attn_backend = verify_backend
     next_token_ids = output.next_token_ids
-    overlap = bool(getattr(batch, "enable_overlap", False))
     # With the overlap scheduler and the extend skipped, only the host reads them.
     accept_lens = accept_ones(seq_lens.shape[0],
                               "cpu" if overlap and extend_skipped else seq_lens.device)
@@ -457,17 +464,20 @@ def plain_result(result: Any, batch: Any) -> bool:
         and result.block_accept_lens is None and result.cap_lens is None
 
 
-def resolve_tokens(processor: Any, result: Any, batch: Any) -> list[list[int]]:
+def resolve_tokens(processor: Any, result: Any, batch: Any) -> tuple[list[list[int]], int]:
     """SGLang 0.5.17's `_resolve_spec_v2_tokens` for a `plain_result`, in one pass: the same
     return value and the same effects on the result, the requests and the adaptive feedback
-    as its general body, which reads accept lengths that are all 1 here."""
+    as its general body, which reads accept lengths that are all 1 here. Returned with it:
+    the rows SGLang emits (requests neither finished nor retracted, one token each), which
+    the per-depth count would otherwise find in a pass of its own."""
     assert result.next_token_ids.is_cpu
     runs = [[token] for token in result.next_token_ids.tolist()]
     reqs = batch.reqs
     # Everything read before anything changes: a failure up to here leaves SGLang's body to
     # settle the result. Finished and retracted requests are settled at release.
+    # (`finished_reason is None` is 0.5.17's `Req.finished()`, without a call per request.)
     live = [(req, req.kv_committed_len, req.spec_verify_ct, req.spec_correct_drafts_histogram)
-            for req in reqs if not (req.is_retracted or req.finished())]
+            for req in reqs if not req.is_retracted and req.finished_reason is None]
     zeros = [0] * len(reqs)
     processor.model_worker.on_verify_complete_cpu(zeros, batch_size=len(reqs))
     result.num_correct_drafts = 0
@@ -481,4 +491,4 @@ def resolve_tokens(processor: Any, result: Any, batch: Any) -> list[list[int]]:
             histogram[0] += 1
         else:
             histogram.append(1)
-    return runs
+    return runs, len(live)

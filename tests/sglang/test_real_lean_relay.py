@@ -210,13 +210,16 @@ def _gather_0517(root: Path) -> Any:
     return namespace["_resolve_spec_extras"]
 
 
+RECORDS: list[Any] = []  # streams passed to the pool indices' `record_stream`
+
+
 def _indices(values: list[int]) -> Any:
-    """Pool indices whose `record_stream` does nothing: CPU tensors have no streams."""
+    """Pool indices whose `record_stream` only notes the call: CPU tensors have no streams."""
     import torch
 
     class NoStreams(torch.Tensor):
         def record_stream(self, stream: Any) -> None:
-            return None
+            RECORDS.append(stream)
 
     return torch.tensor(values).as_subclass(NoStreams)
 
@@ -265,12 +268,16 @@ def test_0517_gather_waits_for_the_depth_choice_and_matches_sglangs(
     rows = [1, 4, 6]
     full_map, lean_map = _gather_map(sglang17_root), _gather_map(sglang17_root)
     full, lean = _decode_batch(rows), _decode_batch(rows)
+    RECORDS.clear()
     full_map._resolve_spec_extras(full)  # SGLang's own, at the start of the iteration
+    assert len(RECORDS) == 1  # SGLang records the indices on the stream; the trim does not
+    RECORDS.clear()
+
     def sglang_gather(fm: Any, batch: Any) -> None:
         fm._resolve_spec_extras(batch)
 
     assert hooks.lean_resolve_extras(sglang_gather, lean_map, lean) is None
-    assert lean.spec_info.bonus_tokens.tolist() == [201, 204, 206]
+    assert lean.spec_info.bonus_tokens.tolist() == [201, 204, 206] and RECORDS == []
     assert lean.spec_info.topk_p.tolist() == [[-1.0]] * 3  # not gathered yet
     assert relay.lean_gathers == 1 and relay.owed_gather is not None
     depth = hooks.choose_depth(lambda *a: pytest.fail("a table rules"), NS(), batch_size)

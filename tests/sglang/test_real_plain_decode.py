@@ -237,6 +237,66 @@ def test_with_the_overlap_scheduler_the_bonus_tokens_stay_int64_and_lengths_are_
     assert result.new_seq_lens.tolist() == [6, 10, 4]
 
 
+@pytest.mark.parametrize("overlap", [True, False])
+def test_only_the_synchronous_scheduler_records_the_batchs_tensors_on_the_forward_stream(
+    overlap: bool,
+) -> None:
+    """Under the overlap scheduler the batch's fields outlive the forward (the test below
+    holds 0.5.17 to it), so the path makes none of the verify's records; the synchronous
+    scheduler keeps SGLang's call."""
+    recorded: list[tuple[Any, Any]] = []
+    parts = _parts()
+    parts.record_streams = lambda batch, verify_input: recorded.append((batch, verify_input))
+    batch = _batch(enable_overlap=overlap)
+    verify_input = batch.spec_info
+    assert plain_decode.decode(_worker(), batch, parts) is not None
+    assert recorded == ([] if overlap else [(batch, verify_input)])
+
+
+def test_0517_overlap_scheduler_keeps_a_batchs_fields_until_two_forwards_later(
+    sglang17_root: Path,
+) -> None:
+    """What lets the plain path drop the records: SGLang 0.5.17's `_forward_isolation` and
+    `record_batch_in_overlap` (compiled from its source) pin every field the batch holds when
+    its forward starts, and let go two forwards later, after the overlap loop has processed
+    that forward's result (its copy-done event waited on). Here a batch's lengths, rebound
+    during and after the forward as the scheduler does, stay alive through the next forward
+    and are freed by the one after."""
+    import dataclasses
+    import gc
+    import weakref
+
+    from benchmarks import sglang17_source
+
+    rel = "srt/managers/scheduler.py"
+    names: dict[str, Any] = {"dataclasses": dataclasses,
+                             "contextmanager": contextlib.contextmanager}
+    record = sglang17_source.compiled(sglang17_root, rel, "record_batch_in_overlap",
+                                      "Scheduler", names)
+    isolation = sglang17_source.compiled(sglang17_root, rel, "_forward_isolation",
+                                         "Scheduler", names)
+
+    @dataclasses.dataclass
+    class Batch:  # the ScheduleBatch fields these bodies and the plain path touch
+        seq_lens: Any
+        req_pool_indices: Any
+        spec_info: Any = None
+        sampling_info: Any = None
+        spec_algorithm: Any = dataclasses.field(default_factory=lambda: NS(is_none=lambda: False))
+
+    scheduler = NS(batch_record_buf=[None] * 2, batch_record_ct=0)
+    scheduler.record_batch_in_overlap = lambda batch: record(scheduler, batch)
+    batch = Batch(seq_lens=torch.tensor([5, 9]), req_pool_indices=torch.tensor([2, 0]))
+    lengths = []
+    for _ in range(3):
+        lengths.append(weakref.ref(batch.seq_lens))
+        with isolation(scheduler, batch, overlap=True):
+            batch.seq_lens = batch.seq_lens + 1  # rebound mid-forward (restored at the exit)
+        batch.seq_lens = batch.seq_lens + 1  # the next iteration's resolve rebinds it
+        gc.collect()
+    assert [ref() is not None for ref in lengths] == [False, True, True]
+
+
 @pytest.mark.parametrize(("overlap", "skipped", "on_host"), [
     (True, True, True), (True, False, False), (False, True, False), (False, False, False),
 ])
@@ -405,7 +465,9 @@ def test_the_one_pass_result_processing_equals_sglangs_0517_body(
         if settle == "sglang":
             runs = resolve_0517(processor, result, batch)
         else:
-            runs = plain_decode.resolve_tokens(processor, result, batch)
+            runs, rows = plain_decode.resolve_tokens(processor, result, batch)
+            assert rows == 5 - len(finished | retracted)  # the rows SGLang emits
+            assert hooks.emitted(reqs, runs) == (rows, rows)
         outcomes.append((runs, _req_state(reqs), feedback, result.num_correct_drafts,
                          list(result.num_correct_drafts_per_req_cpu),
                          result.num_block_accept_tokens, result.num_cap_tokens))
@@ -452,6 +514,38 @@ def test_the_result_hook_settles_plain_results_itself_and_counts_both_kinds(
     from sglang_hooks.contract import bs_bucket
 
     assert runtime.counters.pending[(0, bs_bucket(3))][0] == 2  # two depth-0 iterations
+
+
+def test_a_settled_result_is_counted_as_a_count_of_sglangs_return_would_count_it(
+    runtime: Any, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The one pass hands the per-depth count its rows, so the count makes no second pass
+    over the requests: the same depth, rows, tokens and unemitted rows as when SGLang's body
+    (a recorder returning one token a row) settles the same result."""
+    runtime.activate({0, 1, 3}, None)
+    recorded: list[tuple[int, int, int]] = []
+    monkeypatch.setattr(runtime, "record_result",
+                        lambda depth, rows, tokens, launch: recorded.append((depth, rows, tokens)))
+    passes: list[int] = []
+    real_emitted = hooks.emitted
+    monkeypatch.setattr(hooks, "emitted",
+                        lambda reqs, runs: passes.append(len(reqs)) or real_emitted(reqs, runs))
+    processor = NS(model_worker=NS(on_verify_complete_cpu=lambda d, batch_size: None))
+    settled_by: list[str] = []
+    for settle in ("plain", "sglang"):
+        reqs = _reqs_0517({1}, {3})
+        result = _plain_result(len(reqs))
+        if settle == "sglang":
+            result.specctl_plain = False  # not one of the path's: the hook leaves it to the body
+
+        def body(processor: Any, result: Any, batch: Any, settle: str = settle) -> Any:
+            settled_by.append(settle)
+            return [[7]] * len(batch.reqs)
+
+        hooks.count_result(body, processor, result, NS(reqs=reqs, has_grammar=False))
+    assert settled_by == ["sglang"] and passes == [5]  # a pass for SGLang's return only
+    assert recorded == [(0, 3, 3), (0, 3, 3)]
+    assert runtime.unemitted_rows == 4
 
 
 def test_a_failing_read_leaves_the_result_to_sglangs_body_with_nothing_changed(

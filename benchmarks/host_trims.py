@@ -11,6 +11,10 @@ the unpacked 0.5.17 source and timed beside the trim on the same stand-in reques
   is measured on the H200 (docs/h200-runs.md);
 - the end of a free group holding one freed span (`free_group_end` of the page-size-1
   allocator, real class): CPU concatenations here, GPU launches on a server.
+And the operators of the depth-0 relay trims' bonus-token stash and gather
+(sglang_hooks/lean_relay.py: `index_copy_`, `index_select`) beside the indexing SGLang 0.5.17's
+FutureMap writes for them. On a server they are GPU launches; here the host side of the
+operator alone.
 
 Run: SPECCTL_SGLANG17_SRC=<unpacked sglang 0.5.17>/sglang python benchmarks/host_trims.py
 (torch needed; scripts/test.sh's .venv-sglang has it).
@@ -127,6 +131,24 @@ def main() -> int:
                  *_us_per_call(end_group(sglang17_source.allocator(root, 4096, True), False),
                                args.calls, args.rounds),
                  *_us_per_call(end_group(sglang17_source.allocator(root, 4096, True), True),
+                               args.calls, args.rounds)))
+
+    # The relay trims' operators alone: their checks around them are the same as before.
+    tokens_buf = torch.zeros(4096, dtype=torch.int64)
+    pool_rows = torch.randperm(4096, generator=torch.Generator().manual_seed(0))[:args.requests]
+    bonus = torch.arange(args.requests)
+
+    def indexed_assignment() -> None:
+        tokens_buf[pool_rows] = bonus.to(tokens_buf.dtype)
+
+    rows.append(("bonus tokens' stash (the operator)",
+                 *_us_per_call(indexed_assignment, args.calls, args.rounds),
+                 *_us_per_call(lambda: tokens_buf.index_copy_(0, pool_rows,
+                                                              bonus.to(tokens_buf.dtype)),
+                               args.calls, args.rounds)))
+    rows.append(("bonus tokens' gather (the operator)",
+                 *_us_per_call(lambda: tokens_buf[pool_rows], args.calls, args.rounds),
+                 *_us_per_call(lambda: tokens_buf.index_select(0, pool_rows),
                                args.calls, args.rounds)))
 
     print(f"python {platform.python_version()}, torch {torch.__version__} on "

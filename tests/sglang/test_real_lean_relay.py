@@ -149,13 +149,17 @@ def _payload(n: int) -> Any:
               dsa_topk_indices=None)
 
 
+@pytest.mark.parametrize("index_dtype", ["int64", "int32"])
 def test_0517_stash_bonus_only_writes_sglangs_bonus_rows_and_nothing_else(
-    sglang17_root: Path, relay: SchedulerRuntime, monkeypatch: pytest.MonkeyPatch
+    sglang17_root: Path, relay: SchedulerRuntime, monkeypatch: pytest.MonkeyPatch,
+    index_dtype: str,
 ) -> None:
+    """Pool rows as int64 take the direct copy, any other dtype SGLang's indexed assignment:
+    the same rows either way."""
     import torch
 
     monkeypatch.setattr(hooks, "RELEASE", "0.5.17")
-    indices = torch.tensor([1, 4, 6])
+    indices = torch.tensor([1, 4, 6], dtype=getattr(torch, index_dtype))
     full, lean = _future_map(sglang17_root), _future_map(sglang17_root)
     full.stash(indices, _payload(3))  # SGLang's own: every field
     relay.launch_stubbed = True

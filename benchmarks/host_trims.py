@@ -141,6 +141,11 @@ def main() -> int:
     def indexed_assignment() -> None:
         tokens_buf[pool_rows] = bonus.to(tokens_buf.dtype)
 
+    copied = torch.full_like(tokens_buf, -1).index_copy_(0, pool_rows, bonus)
+    indexed_assignment()
+    assert torch.equal(copied[pool_rows], bonus) and torch.equal(
+        tokens_buf.index_select(0, pool_rows), tokens_buf[pool_rows])
+
     rows.append(("bonus tokens' stash (the operator)",
                  *_us_per_call(indexed_assignment, args.calls, args.rounds),
                  *_us_per_call(lambda: tokens_buf.index_copy_(0, pool_rows,

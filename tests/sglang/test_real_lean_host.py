@@ -488,7 +488,8 @@ def test_the_host_trims_benchmark_runs_at_a_tiny_scale(
                                      "--requests", "8", "--calls", "3", "--rounds", "1"])
     assert host_trims.main() == 0
     out = capsys.readouterr().out
-    for body in ("next-decode KV estimate", "decode preparation", "free group end"):
+    for body in ("next-decode KV estimate", "decode preparation", "free group end",
+                 "bonus tokens' stash", "bonus tokens' gather"):
         assert body in out
 
 

@@ -27,7 +27,8 @@ batch takes the plain server's path for its target forward:
   are ones, built once per batch size and shared, and kept on the host where no GPU work reads
   them (the overlap scheduler with the draft's extend skipped: its copy to the host is then
   none); in the overlap scheduler the bonus tokens stay in the sampler's int64, which is the
-  dtype the FutureMap relays them in anyway.
+  dtype the FutureMap relays them in anyway, and the verify's `record_stream` calls are left
+  out (the scheduler keeps the batch's tensors for two iterations).
 - **Its result processing** (AROUND `_resolve_spec_v2_tokens`, with the per-depth counts):
   a result of this path is one token per request with no draft, so SGLang's accept-length
   bookkeeping comes down to one pass over the requests with the same effects (committed KV

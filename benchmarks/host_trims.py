@@ -1,7 +1,7 @@
 """Host time of SGLang 0.5.17's spec-v2 decode bookkeeping against the plugin's trims, on the
 CPU, per call at one batch size.
 
-Three bodies the host-work trims reproduce (sglang_hooks/lean_host.py), each compiled from
+Four bodies the host-work trims reproduce (sglang_hooks/lean_host.py), each compiled from
 the unpacked 0.5.17 source and timed beside the trim on the same stand-in requests:
 - the next decode's KV estimate (`_new_tokens_required_next_decode_spec_v2`, page size 1);
 - the decode preparation (`eagle_prepare_for_decode`) up to the slot assignment, which both
@@ -10,7 +10,10 @@ the unpacked 0.5.17 source and timed beside the trim on the same stand-in reques
   this times the Python and tensor building only; what the one pinned copy to a GPU saves
   is measured on the H200 (docs/h200-runs.md);
 - the end of a free group holding one freed span (`free_group_end` of the page-size-1
-  allocator, real class): CPU concatenations here, GPU launches on a server.
+  allocator, real class): CPU concatenations here, GPU launches on a server;
+- the hand-over of the next lengths (`FutureMap.resolve_seq_lens_cpu`), its CUDA event and
+  side stream replaced by objects that return at once: the two gathers, the copy to the
+  mirror and the sum, as CPU operations.
 And the operators of the depth-0 relay trims' bonus-token stash and gather
 (sglang_hooks/lean_relay.py: `index_copy_`, `index_select`) beside the indexing SGLang 0.5.17's
 FutureMap writes for them. On a server they are GPU launches; here the host side of the
@@ -131,6 +134,40 @@ def main() -> int:
                  *_us_per_call(end_group(sglang17_source.allocator(root, 4096, True), False),
                                args.calls, args.rounds),
                  *_us_per_call(end_group(sglang17_source.allocator(root, 4096, True), True),
+                               args.calls, args.rounds)))
+
+    class NoCuda:  # the hand-over's event and side stream: no CUDA here, nothing to wait for
+        def wait(self) -> None:
+            return None
+
+        def wait_event(self, event: Any) -> None:
+            return None
+
+        def synchronize(self) -> None:
+            return None
+
+    def handover() -> tuple[Any, Any]:
+        published = torch.arange(4096, dtype=torch.int64)
+        pool_rows = torch.randperm(4096, generator=torch.Generator().manual_seed(1))[
+            :args.requests]
+        future_map = NS(device="cpu", publish_ready=NoCuda(), fwd_prepare_d2h_stream=NoCuda(),
+                        needs_cpu_seq_lens=True, new_seq_lens_buf=published,
+                        new_seq_lens_cpu_pinned=torch.empty_like(published))
+        return future_map, NS(spec_info=NS(future_indices=pool_rows),
+                              req_pool_indices_cpu=pool_rows)
+
+    resolve = sglang17_source.compiled(
+        root, "srt/managers/overlap_utils.py", "resolve_seq_lens_cpu", "FutureMap",
+        {"torch": torch, "_is_hip": False, "_DEBUG_ASSERT": False})
+    sglang_map, sglang_batch = handover()
+    lean_map, lean_batch = handover()
+    resolve(sglang_map, sglang_batch)
+    lean_host.resolve_seq_lens(lean_map, lean_batch)
+    assert sglang_batch.seq_lens_sum == lean_batch.seq_lens_sum
+    rows.append(("next lengths' hand-over",
+                 *_us_per_call(lambda: resolve(sglang_map, sglang_batch), args.calls,
+                               args.rounds),
+                 *_us_per_call(lambda: lean_host.resolve_seq_lens(lean_map, lean_batch),
                                args.calls, args.rounds)))
 
     # The relay trims' operators alone: their checks around them are the same as before.

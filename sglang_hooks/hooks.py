@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -480,6 +481,24 @@ def lean_tokens_required(original: Callable[..., Any], batch: Any, requests: Any
         except Exception:
             _log_failure_once("lean_tokens_required")
     return original(batch, requests, page_size, *args, **kwargs)
+
+
+def lean_seq_lens(original: Callable[..., Any], future_map: Any, batch: Any, *args: Any,
+                  **kwargs: Any) -> Any:
+    """AROUND FutureMap.resolve_seq_lens_cpu: under the host-work trims, 0.5.17's hand-over
+    of the next lengths with its two gathers through `index_select` (lean_host.py)."""
+    if RUNTIME.lean_host and not args and not kwargs:
+        try:
+            # the module of the hooked method, loaded with it: where its ROCm and debug
+            # switches are
+            module = sys.modules.get("sglang.srt.managers.overlap_utils")
+            ours = lean_host.resolves_seq_lens(RELEASE, future_map, module)
+        except Exception:
+            _log_failure_once("lean_seq_lens")
+            ours = False
+        if ours:  # past here SGLang's own errors are raised as its body raises them
+            return lean_host.resolve_seq_lens(future_map, batch)
+    return original(future_map, batch, *args, **kwargs)
 
 
 def lean_free_group_end(original: Callable[..., Any], allocator: Any, *args: Any,

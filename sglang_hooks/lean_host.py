@@ -18,10 +18,10 @@ iteration, with the same values handed to SGLang:
   request's next KV length out of a CPU tensor one element at a time (a tensor select and an
   item per running request): handed the same values as a list (0.5.23 does this itself).
 
-Three more, in SGLang 0.5.17's spec-v2 scheduler at every depth, with a page size of 1 (read
-in that release's source; other releases and page sizes keep SGLang's own), registered only
-with `SPECCTL_LEAN_PREPARE=1` in the server's environment (read once, at plugin load) until an
-H200 run has checked them, and then on and off with the trims above:
+Four more, in SGLang 0.5.17's spec-v2 scheduler at every depth, three of them with a page
+size of 1 (read in that release's source; other releases and page sizes keep SGLang's own),
+registered only with `SPECCTL_LEAN_PREPARE=1` in the server's environment (read once, at
+plugin load) until an H200 run has checked them, and then on and off with the trims above:
 
 - the decode preparation (`eagle_prepare_for_decode`): the same per-request loop and the same
   KV reservation, with the current and next KV lengths in one CPU tensor, pinned, and one
@@ -33,7 +33,12 @@ H200 run has checked them, and then on and off with the trims above:
 - the end of a result's free group (`free_group_end` of the page-size-1 allocator): the KV
   slots freed while settling a decode result (a finished request's reserve beyond its
   committed length, which a server without speculation does not hold) joined to the
-  allocator's free list in one concatenation where SGLang makes two.
+  allocator's free list in one concatenation where SGLang makes two;
+- the hand-over of the next lengths (`FutureMap.resolve_seq_lens_cpu`, before every decode
+  launch of the overlap scheduler; any page size): the same event waits, copy and
+  synchronization, with the batch's rows gathered out of the published lengths (on the GPU)
+  and out of their host mirror through `index_select` where SGLang indexes, which costs the
+  scheduler more host time per call.
 
 Chosen at start-up with `SPECCTL_LEAN_HOST=1` (which `specctl serve` sets unless the
 environment has the variable) and at run time with the admin key `specctl_lean_host` (0 or 1)
@@ -53,7 +58,8 @@ from sglang_hooks.env_switch import read_switch
 ENV = "SPECCTL_LEAN_HOST"
 PREPARE_ENV = "SPECCTL_LEAN_PREPARE"
 # The hooks (names in sglang_hooks.hooks) registered only when PREPARE_ENABLED.
-PREPARE_HOOKS = ("lean_prepare", "lean_tokens_required", "lean_free_group_end")
+PREPARE_HOOKS = ("lean_prepare", "lean_tokens_required", "lean_free_group_end",
+                 "lean_seq_lens")
 KEY = contract.LEAN_HOST_KEY
 # Releases whose alloc_for_spec_decode reads `nxt_kv_lens_cpu` only in its per-request loop
 # when the page size is 1 (read in their source); other releases are left alone.
@@ -292,3 +298,40 @@ def end_free_group(allocator: Any) -> None:
         allocator.release_pages = torch.cat((allocator.release_pages, *group))
     else:
         allocator.free_pages = torch.cat((allocator.free_pages, *group))
+
+
+def resolves_seq_lens(release: str | None, future_map: Any, overlap_module: Any) -> bool:
+    """Whether `resolve_seq_lens` reproduces this FutureMap's `resolve_seq_lens_cpu`: a
+    release read, on CUDA (not ROCm, which synchronizes on the event instead), its debug
+    checks off, after the first publish, with the host mirror of the lengths in use."""
+    return release in PREPARE_RELEASES \
+        and not getattr(overlap_module, "_is_hip", True) \
+        and not getattr(overlap_module, "_DEBUG_ASSERT", True) \
+        and future_map.publish_ready is not None and bool(future_map.needs_cpu_seq_lens) \
+        and future_map.fwd_prepare_d2h_stream is not None
+
+
+def resolve_seq_lens(future_map: Any, batch: Any) -> None:
+    """SGLang 0.5.17's `FutureMap.resolve_seq_lens_cpu` where `resolves_seq_lens` holds: the
+    schedule stream waits for the last publish; the batch's lengths are gathered out of the
+    published ones; a side stream copies them all to the pinned host mirror, which the host
+    waits for; the batch's host lengths are gathered out of the mirror, and summed."""
+    import torch
+
+    draft_input = batch.spec_info
+    if draft_input is None:
+        return
+    rows = draft_input.future_indices
+    if rows is None:
+        return
+    published = future_map.publish_ready
+    published.wait()
+    batch.seq_lens = future_map.new_seq_lens_buf.index_select(0, rows)
+    side = future_map.fwd_prepare_d2h_stream
+    side.wait_event(published)
+    with torch.get_device_module(future_map.device).stream(side):
+        future_map.new_seq_lens_cpu_pinned.copy_(future_map.new_seq_lens_buf, non_blocking=True)
+    side.synchronize()
+    batch.seq_lens_cpu = future_map.new_seq_lens_cpu_pinned.index_select(
+        0, batch.req_pool_indices_cpu)
+    batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())

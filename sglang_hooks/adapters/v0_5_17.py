@@ -48,8 +48,8 @@ ADAPTER = Adapter(
         HookSpec(f"{_OVERLAP}.FutureMap._resolve_spec_extras", AROUND, "lean_resolve_extras",
                  SymbolSpec(_OVERLAP, "FutureMap", "_resolve_spec_extras", ("batch",))),
         # host-work trims (lean_host.py): 0.5.23 reads the KV lengths as a list itself; the
-        # decode preparation, the next decode's KV estimate and the free group's end as
-        # 0.5.17 writes them
+        # decode preparation, the next decode's KV estimate, the free group's end and the
+        # next lengths' hand-over as 0.5.17 writes them
         HookSpec(f"{_ALLOC}.alloc_for_spec_decode", AROUND, "lean_kv_lens",
                  SymbolSpec(_ALLOC, "", "alloc_for_spec_decode",
                             ("tree_cache", "nxt_kv_lens_cpu"))),
@@ -62,6 +62,8 @@ ADAPTER = Adapter(
         HookSpec(f"{_BASE_ALLOC}.BaseTokenToKVPoolAllocator.free_group_end", AROUND,
                  "lean_free_group_end",
                  SymbolSpec(_BASE_ALLOC, "BaseTokenToKVPoolAllocator", "free_group_end")),
+        HookSpec(f"{_OVERLAP}.FutureMap.resolve_seq_lens_cpu", AROUND, "lean_seq_lens",
+                 SymbolSpec(_OVERLAP, "FutureMap", "resolve_seq_lens_cpu", ("batch",))),
         # depth 0 as a plain decode (plain_decode.py), registered only with
         # SPECCTL_PLAIN_DECODE: the capture after the adaptive states, and the verify it replaces
         HookSpec(f"{_WORKER}.EAGLEWorkerV2.init_cuda_graphs", AFTER, "plain_decode_build",
@@ -83,6 +85,10 @@ ADAPTER = Adapter(
                    "war_fastpath_runner"),
         SymbolSpec(_OVERLAP, "FutureMap", "_forward_buf_initialized", instance=True),
         SymbolSpec(_OVERLAP, "FutureMap", "output_tokens_buf", instance=True),
+        # the next lengths' hand-over (host-work trims)
+        *(SymbolSpec(_OVERLAP, "FutureMap", name, instance=True)
+          for name in ("publish_ready", "new_seq_lens_buf", "needs_cpu_seq_lens",
+                       "fwd_prepare_d2h_stream", "new_seq_lens_cpu_pinned", "device")),
         # depth 0 as a plain decode: what builds its runner and what it calls per batch
         SymbolSpec(_WORKER, "EAGLEWorkerV2", "_override_worker_state",
                    ("speculative_num_steps", "speculative_num_draft_tokens")),

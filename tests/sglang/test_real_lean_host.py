@@ -479,6 +479,109 @@ def test_the_free_group_hook_ends_it_once_whichever_body_runs(
         assert calls == ([] if lean and release == "0.5.17" else ["sglang"])
 
 
+class _Stream:
+    """The CUDA event and side stream of the hand-over, as stand-ins that log their calls (no
+    CUDA here); `torch.cpu.stream` takes one as its stream."""
+
+    def __init__(self, name: str, log: list[tuple[str, ...]]) -> None:
+        self.name, self.log = name, log
+
+    def wait(self) -> None:
+        self.log.append((self.name, "wait"))
+
+    def wait_event(self, event: Any) -> None:
+        self.log.append((self.name, "wait_event", event.name))
+
+    def synchronize(self) -> None:
+        self.log.append((self.name, "synchronize"))
+
+
+def _handover(log: list[tuple[str, ...]], rows: list[int]) -> tuple[Any, Any]:
+    """A FutureMap after a publish, and a decode batch whose pool rows are `rows`."""
+    import torch
+
+    published = torch.tensor([31, 7, 12, 55, 9, 40, 3, 18], dtype=torch.int64)
+    future_map = NS(device="cpu", publish_ready=_Stream("published", log),
+                    fwd_prepare_d2h_stream=_Stream("side", log), needs_cpu_seq_lens=True,
+                    new_seq_lens_buf=published.clone(),
+                    new_seq_lens_cpu_pinned=torch.full((8,), -1, dtype=torch.int64))
+    batch = NS(spec_info=NS(future_indices=torch.tensor(rows)), seq_lens=None,
+               seq_lens_cpu=None, seq_lens_sum=None, req_pool_indices_cpu=torch.tensor(rows))
+    return future_map, batch
+
+
+def _resolve_0517(root: Path) -> Any:
+    import torch
+
+    return sglang17_source.compiled(
+        root, "srt/managers/overlap_utils.py", "resolve_seq_lens_cpu", "FutureMap",
+        {"torch": torch, "_is_hip": False, "_DEBUG_ASSERT": False, "ScheduleBatch": Any})
+
+
+@pytest.mark.parametrize("rows", [[5, 0, 3], [7], list(range(8))])
+def test_0517_lengths_hand_over_as_sglangs_with_index_select(
+    sglang17_root: Path, rows: list[int],
+) -> None:
+    """SGLang 0.5.17's `resolve_seq_lens_cpu` (compiled from its source) and the lean one,
+    on the same published lengths: the same batch lengths on the device and the host, in
+    value and dtype, the same sum, the same mirror, and the same waits in the same order."""
+    ends = []
+    for lean in (False, True):
+        log: list[tuple[str, ...]] = []
+        future_map, batch = _handover(log, rows)
+        overlap = NS(_is_hip=False, _DEBUG_ASSERT=False)
+        assert lean_host.resolves_seq_lens("0.5.17", future_map, overlap)
+        if lean:
+            lean_host.resolve_seq_lens(future_map, batch)
+        else:
+            _resolve_0517(sglang17_root)(future_map, batch)
+        ends.append((batch.seq_lens.tolist(), batch.seq_lens.dtype, batch.seq_lens_cpu.tolist(),
+                     batch.seq_lens_cpu.dtype, batch.seq_lens_sum,
+                     future_map.new_seq_lens_cpu_pinned.tolist(), log))
+    assert ends[1] == ends[0]
+    assert ends[0][-1] == [("published", "wait"), ("side", "wait_event", "published"),
+                           ("side", "synchronize")]
+
+
+@pytest.mark.parametrize("case", ["lean", "0.5.23", "before the first publish",
+                                  "no host mirror", "no side stream", "ROCm", "debug checks",
+                                  "trims off"])
+def test_the_hand_over_hook_runs_sglangs_body_but_where_the_lean_one_reproduces_it(
+    case: str, runtime: SchedulerRuntime, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The hook reads the ROCm and debug switches off the hooked method's module (a stand-in
+    here: the installed SGLang is 0.5.23)."""
+    import sys
+
+    from sglang_hooks import hooks
+
+    log: list[tuple[str, ...]] = []
+    future_map, batch = _handover(log, [1, 2])
+    monkeypatch.setitem(sys.modules, "sglang.srt.managers.overlap_utils",
+                        NS(_is_hip=case == "ROCm", _DEBUG_ASSERT=case == "debug checks"))
+    monkeypatch.setattr(hooks, "RELEASE", "0.5.23" if case == "0.5.23" else "0.5.17")
+    runtime.lean_host = case != "trims off"
+    if case == "before the first publish":
+        future_map.publish_ready = None
+    future_map.needs_cpu_seq_lens = case != "no host mirror"
+    if case == "no side stream":
+        future_map.fwd_prepare_d2h_stream = None
+    calls: list[Any] = []
+    hooks.lean_seq_lens(lambda fm, b: calls.append((fm, b)), future_map, batch)
+    if case == "lean":
+        assert calls == [] and batch.seq_lens.tolist() == [7, 12] and len(log) == 3
+    else:
+        assert calls == [(future_map, batch)] and batch.seq_lens is None and log == []
+
+
+def test_a_batch_without_a_draft_input_or_rows_hands_nothing_over() -> None:
+    for batch in (NS(spec_info=None), NS(spec_info=NS(future_indices=None))):
+        log: list[tuple[str, ...]] = []
+        future_map, _ = _handover(log, [1])
+        lean_host.resolve_seq_lens(future_map, batch)
+        assert log == [] and not hasattr(batch, "seq_lens")
+
+
 def test_the_host_trims_benchmark_runs_at_a_tiny_scale(
     sglang17_root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -489,7 +592,7 @@ def test_the_host_trims_benchmark_runs_at_a_tiny_scale(
     assert host_trims.main() == 0
     out = capsys.readouterr().out
     for body in ("next-decode KV estimate", "decode preparation", "free group end",
-                 "bonus tokens' stash", "bonus tokens' gather"):
+                 "next lengths' hand-over", "bonus tokens' stash", "bonus tokens' gather"):
         assert body in out
 
 

@@ -332,6 +332,8 @@ def resolve_seq_lens(future_map: Any, batch: Any) -> None:
     with torch.get_device_module(future_map.device).stream(side):
         future_map.new_seq_lens_cpu_pinned.copy_(future_map.new_seq_lens_buf, non_blocking=True)
     side.synchronize()
-    batch.seq_lens_cpu = future_map.new_seq_lens_cpu_pinned.index_select(
-        0, batch.req_pool_indices_cpu)
+    mirror, mirror_rows = future_map.new_seq_lens_cpu_pinned, batch.req_pool_indices_cpu
+    # 0.5.17 keeps the host rows as an int64 tensor; anything else is indexed as SGLang does
+    batch.seq_lens_cpu = mirror.index_select(0, mirror_rows) \
+        if isinstance(mirror_rows, torch.Tensor) else mirror[mirror_rows]
     batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())

@@ -518,17 +518,22 @@ def _resolve_0517(root: Path) -> Any:
         {"torch": torch, "_is_hip": False, "_DEBUG_ASSERT": False, "ScheduleBatch": Any})
 
 
-@pytest.mark.parametrize("rows", [[5, 0, 3], [7], list(range(8))])
+@pytest.mark.parametrize(("rows", "host_rows_as"), [
+    ([5, 0, 3], "tensor"), ([7], "tensor"), (list(range(8)), "tensor"), ([5, 0, 3], "list"),
+])
 def test_0517_lengths_hand_over_as_sglangs_with_index_select(
-    sglang17_root: Path, rows: list[int],
+    sglang17_root: Path, rows: list[int], host_rows_as: str,
 ) -> None:
     """SGLang 0.5.17's `resolve_seq_lens_cpu` (compiled from its source) and the lean one,
     on the same published lengths: the same batch lengths on the device and the host, in
-    value and dtype, the same sum, the same mirror, and the same waits in the same order."""
+    value and dtype, the same sum, the same mirror, and the same waits in the same order.
+    Host rows that are not a tensor (0.5.17 keeps a tensor) are indexed as SGLang does."""
     ends = []
     for lean in (False, True):
         log: list[tuple[str, ...]] = []
         future_map, batch = _handover(log, rows)
+        if host_rows_as == "list":
+            batch.req_pool_indices_cpu = list(rows)
         overlap = NS(_is_hip=False, _DEBUG_ASSERT=False)
         assert lean_host.resolves_seq_lens("0.5.17", future_map, overlap)
         if lean:

@@ -463,6 +463,7 @@ def lean_prepare(original: Callable[..., Any], batch: Any, *args: Any, **kwargs:
             _log_failure_once("lean_prepare")
             ready = False
         if ready:  # past here SGLang's own errors are raised as its body raises them
+            RUNTIME.prepare_trims["prepare"] += 1
             return lean_host.prepare_for_decode(batch, reserve, alloc)
     return original(batch, *args, **kwargs)
 
@@ -476,8 +477,10 @@ def lean_tokens_required(original: Callable[..., Any], batch: Any, requests: Any
         try:
             from sglang.srt.managers import schedule_batch
 
-            return lean_host.tokens_required(requests,
-                                             schedule_batch.get_alloc_reserve_per_decode())
+            needed = lean_host.tokens_required(requests,
+                                               schedule_batch.get_alloc_reserve_per_decode())
+            RUNTIME.prepare_trims["estimate"] += 1
+            return needed
         except Exception:
             _log_failure_once("lean_tokens_required")
     return original(batch, requests, page_size, *args, **kwargs)
@@ -497,6 +500,7 @@ def lean_seq_lens(original: Callable[..., Any], future_map: Any, batch: Any, *ar
             _log_failure_once("lean_seq_lens")
             ours = False
         if ours:  # past here SGLang's own errors are raised as its body raises them
+            RUNTIME.prepare_trims["hand_over"] += 1
             return lean_host.resolve_seq_lens(future_map, batch)
     return original(future_map, batch, *args, **kwargs)
 
@@ -513,6 +517,7 @@ def lean_free_group_end(original: Callable[..., Any], allocator: Any, *args: Any
             _log_failure_once("lean_free_group_end")
             ours = False
         if ours:  # past here the group is being freed: no second try through SGLang's
+            RUNTIME.prepare_trims["free_group_end"] += 1
             return lean_host.end_free_group(allocator)
     return original(allocator, *args, **kwargs)
 

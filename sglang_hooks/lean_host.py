@@ -60,6 +60,8 @@ PREPARE_ENV = "SPECCTL_LEAN_PREPARE"
 # The hooks (names in sglang_hooks.hooks) registered only when PREPARE_ENABLED.
 PREPARE_HOOKS = ("lean_prepare", "lean_tokens_required", "lean_free_group_end",
                  "lean_seq_lens")
+# What /server_info counts of them (`lean_prepare_runs`): calls each trim took over.
+PREPARE_TRIMS = ("prepare", "estimate", "free_group_end", "hand_over")
 KEY = contract.LEAN_HOST_KEY
 # Releases whose alloc_for_spec_decode reads `nxt_kv_lens_cpu` only in its per-request loop
 # when the page size is 1 (read in their source); other releases are left alone.

@@ -113,6 +113,8 @@ class SchedulerRuntime:
         self.lean_stashes = 0  # relays that stashed the bonus tokens alone
         self.lean_gathers = 0  # iterations that gathered the bonus tokens alone
         self.late_gathers = 0  # of those, launches that drafted and gathered the rest late
+        # calls each decode-bookkeeping trim of lean_host.py took over (SPECCTL_LEAN_PREPARE)
+        self.prepare_trims = dict.fromkeys(lean_host.PREPARE_TRIMS, 0)
         # (SGLang's gather, the FutureMap, the batch) owed to a launch that drafts
         self.owed_gather: tuple[Any, Any, Any] | None = None
         self.skip_draft_prefill = False  # draft_prefill.py: no draft prefill while off
@@ -278,6 +280,7 @@ class SchedulerRuntime:
         state["lean_host"] = self.lean_host
         state["lean_relay"] = self.lean_relay
         state["lean_prepare"] = lean_host.PREPARE_ENABLED
+        state["lean_prepare_runs"] = dict(self.prepare_trims)
         state["early_fences"] = self.early_fences
         state["lean_stashes"] = self.lean_stashes
         state["lean_gathers"] = self.lean_gathers

@@ -407,6 +407,9 @@ def test_the_hooks_take_the_lean_preparation_only_where_it_is_sglangs(
     assert hooks.lean_tokens_required(original_estimate, None, reqs, 1) == -1
     assert originals[3:] == ["prepare", "estimate", "prepare", "estimate"]
     assert allocs == [6] and reqs[0].decode_batch_idx == 1
+    # /server_info counts the calls each trim took over, none that SGLang's body ran
+    assert runtime.report()["lean_prepare_runs"] == {
+        "prepare": 1, "estimate": 1, "free_group_end": 0, "hand_over": 0}
 
 
 def _allocator_0517(root: Path, need_sort: bool) -> Any:
@@ -477,6 +480,7 @@ def test_the_free_group_hook_ends_it_once_whichever_body_runs(
         assert allocator.release_pages.tolist() == taken[:3].tolist()
         assert allocator.is_not_in_free_group
         assert calls == ([] if lean and release == "0.5.17" else ["sglang"])
+    assert runtime.prepare_trims["free_group_end"] == 1
 
 
 class _Stream:
@@ -577,6 +581,7 @@ def test_the_hand_over_hook_runs_sglangs_body_but_where_the_lean_one_reproduces_
         assert calls == [] and batch.seq_lens.tolist() == [7, 12] and len(log) == 3
     else:
         assert calls == [(future_map, batch)] and batch.seq_lens is None and log == []
+    assert runtime.prepare_trims["hand_over"] == (1 if case == "lean" else 0)
 
 
 def test_a_batch_without_a_draft_input_or_rows_hands_nothing_over() -> None:

@@ -12,8 +12,9 @@ the unpacked 0.5.17 source and timed beside the trim on the same stand-in reques
 - the end of a free group holding one freed span (`free_group_end` of the page-size-1
   allocator, real class): CPU concatenations here, GPU launches on a server;
 - the hand-over of the next lengths (`FutureMap.resolve_seq_lens_cpu`), its CUDA event and
-  side stream replaced by objects that return at once: the two gathers, the copy to the
-  mirror and the sum, as CPU operations.
+  side stream replaced by objects that return at once: with FlashAttention 3's backends (no
+  host lengths) the gather alone, with backends that want host lengths also the copy to the
+  mirror, its gather and the sum, as CPU operations.
 And the operators of the depth-0 relay trims' bonus-token stash and gather
 (sglang_hooks/lean_relay.py: `index_copy_`, `index_select`) beside the indexing SGLang 0.5.17's
 FutureMap writes for them. On a server they are GPU launches; here the host side of the
@@ -146,12 +147,12 @@ def main() -> int:
         def synchronize(self) -> None:
             return None
 
-    def handover() -> tuple[Any, Any]:
+    def handover(host_lengths: bool) -> tuple[Any, Any]:
         published = torch.arange(4096, dtype=torch.int64)
         pool_rows = torch.randperm(4096, generator=torch.Generator().manual_seed(1))[
             :args.requests]
         future_map = NS(device="cpu", publish_ready=NoCuda(), fwd_prepare_d2h_stream=NoCuda(),
-                        needs_cpu_seq_lens=True, new_seq_lens_buf=published,
+                        needs_cpu_seq_lens=host_lengths, new_seq_lens_buf=published,
                         new_seq_lens_cpu_pinned=torch.empty_like(published))
         return future_map, NS(spec_info=NS(future_indices=pool_rows),
                               req_pool_indices_cpu=pool_rows)
@@ -159,16 +160,19 @@ def main() -> int:
     resolve = sglang17_source.compiled(
         root, "srt/managers/overlap_utils.py", "resolve_seq_lens_cpu", "FutureMap",
         {"torch": torch, "_is_hip": False, "_DEBUG_ASSERT": False})
-    sglang_map, sglang_batch = handover()
-    lean_map, lean_batch = handover()
-    resolve(sglang_map, sglang_batch)
-    lean_host.resolve_seq_lens(lean_map, lean_batch)
-    assert sglang_batch.seq_lens_sum == lean_batch.seq_lens_sum
-    rows.append(("next lengths' hand-over",
-                 *_us_per_call(lambda: resolve(sglang_map, sglang_batch), args.calls,
-                               args.rounds),
-                 *_us_per_call(lambda: lean_host.resolve_seq_lens(lean_map, lean_batch),
-                               args.calls, args.rounds)))
+    for host_lengths, name in ((False, "lengths' hand-over, FA3 (device only)"),
+                               (True, "lengths' hand-over, host lengths too")):
+        sglang_map, sglang_batch = handover(host_lengths)
+        lean_map, lean_batch = handover(host_lengths)
+        resolve(sglang_map, sglang_batch)
+        lean_host.resolve_seq_lens(lean_map, lean_batch)
+        assert torch.equal(sglang_batch.seq_lens, lean_batch.seq_lens)
+        assert sglang_batch.seq_lens_sum == lean_batch.seq_lens_sum
+        rows.append((name,
+                     *_us_per_call(lambda m=sglang_map, b=sglang_batch: resolve(m, b),
+                                   args.calls, args.rounds),
+                     *_us_per_call(lambda m=lean_map, b=lean_batch:
+                                   lean_host.resolve_seq_lens(m, b), args.calls, args.rounds)))
 
     # The relay trims' operators alone: their checks around them are the same as before.
     tokens_buf = torch.zeros(4096, dtype=torch.int64)

@@ -35,9 +35,10 @@ plugin load) until an H200 run has checked them, and then on and off with the tr
   committed length, which a server without speculation does not hold) joined to the
   allocator's free list in one concatenation where SGLang makes two;
 - the hand-over of the next lengths (`FutureMap.resolve_seq_lens_cpu`, before every decode
-  launch of the overlap scheduler; any page size): the same event waits, copy and
-  synchronization, with the batch's rows gathered out of the published lengths (on the GPU)
-  and out of their host mirror through `index_select` where SGLang indexes, which costs the
+  launch of the overlap scheduler; any page size): the same event waits (and, where the
+  backends want host lengths, which FlashAttention 3 does not, the same copy and
+  synchronization), with the batch's rows gathered out of the published lengths on the GPU
+  (and out of their host mirror) through `index_select` where SGLang indexes, which costs the
   scheduler more host time per call.
 
 Chosen at start-up with `SPECCTL_LEAN_HOST=1` (which `specctl serve` sets unless the
@@ -305,19 +306,21 @@ def end_free_group(allocator: Any) -> None:
 def resolves_seq_lens(release: str | None, future_map: Any, overlap_module: Any) -> bool:
     """Whether `resolve_seq_lens` reproduces this FutureMap's `resolve_seq_lens_cpu`: a
     release read, on CUDA (not ROCm, which synchronizes on the event instead), its debug
-    checks off, after the first publish, with the host mirror of the lengths in use."""
+    checks off, after the first publish, and where the backends want host lengths (not
+    FlashAttention 3's case), with the side stream that copies them."""
     return release in PREPARE_RELEASES \
         and not getattr(overlap_module, "_is_hip", True) \
         and not getattr(overlap_module, "_DEBUG_ASSERT", True) \
-        and future_map.publish_ready is not None and bool(future_map.needs_cpu_seq_lens) \
-        and future_map.fwd_prepare_d2h_stream is not None
+        and future_map.publish_ready is not None \
+        and (not future_map.needs_cpu_seq_lens or future_map.fwd_prepare_d2h_stream is not None)
 
 
 def resolve_seq_lens(future_map: Any, batch: Any) -> None:
     """SGLang 0.5.17's `FutureMap.resolve_seq_lens_cpu` where `resolves_seq_lens` holds: the
-    schedule stream waits for the last publish; the batch's lengths are gathered out of the
-    published ones; a side stream copies them all to the pinned host mirror, which the host
-    waits for; the batch's host lengths are gathered out of the mirror, and summed."""
+    schedule stream waits for the last publish, and the batch's lengths are gathered out of
+    the published ones. Where the backends want host lengths, a side stream copies them all
+    to the pinned host mirror, which the host waits for, and the batch's host lengths are
+    gathered out of the mirror and summed; elsewhere the batch has none."""
     import torch
 
     draft_input = batch.spec_info
@@ -329,6 +332,10 @@ def resolve_seq_lens(future_map: Any, batch: Any) -> None:
     published = future_map.publish_ready
     published.wait()
     batch.seq_lens = future_map.new_seq_lens_buf.index_select(0, rows)
+    if not future_map.needs_cpu_seq_lens:
+        batch.seq_lens_cpu = None
+        batch.seq_lens_sum = None
+        return
     side = future_map.fwd_prepare_d2h_stream
     side.wait_event(published)
     with torch.get_device_module(future_map.device).stream(side):

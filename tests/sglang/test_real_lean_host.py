@@ -524,18 +524,22 @@ def _resolve_0517(root: Path) -> Any:
 
 @pytest.mark.parametrize(("rows", "host_rows_as"), [
     ([5, 0, 3], "tensor"), ([7], "tensor"), (list(range(8)), "tensor"), ([5, 0, 3], "list"),
+    ([5, 0, 3], None),
 ])
 def test_0517_lengths_hand_over_as_sglangs_with_index_select(
-    sglang17_root: Path, rows: list[int], host_rows_as: str,
+    sglang17_root: Path, rows: list[int], host_rows_as: str | None,
 ) -> None:
     """SGLang 0.5.17's `resolve_seq_lens_cpu` (compiled from its source) and the lean one,
     on the same published lengths: the same batch lengths on the device and the host, in
     value and dtype, the same sum, the same mirror, and the same waits in the same order.
-    Host rows that are not a tensor (0.5.17 keeps a tensor) are indexed as SGLang does."""
+    Host rows that are not a tensor (0.5.17 keeps a tensor) are indexed as SGLang does; with
+    backends that want no host lengths (`None`: FlashAttention 3's case, the H200's) the
+    batch gets none, and nothing is copied."""
     ends = []
     for lean in (False, True):
         log: list[tuple[str, ...]] = []
         future_map, batch = _handover(log, rows)
+        future_map.needs_cpu_seq_lens = host_rows_as is not None
         if host_rows_as == "list":
             batch.req_pool_indices_cpu = list(rows)
         overlap = NS(_is_hip=False, _DEBUG_ASSERT=False)
@@ -544,17 +548,22 @@ def test_0517_lengths_hand_over_as_sglangs_with_index_select(
             lean_host.resolve_seq_lens(future_map, batch)
         else:
             _resolve_0517(sglang17_root)(future_map, batch)
-        ends.append((batch.seq_lens.tolist(), batch.seq_lens.dtype, batch.seq_lens_cpu.tolist(),
-                     batch.seq_lens_cpu.dtype, batch.seq_lens_sum,
+        host = batch.seq_lens_cpu
+        ends.append((batch.seq_lens.tolist(), batch.seq_lens.dtype,
+                     None if host is None else (host.tolist(), host.dtype), batch.seq_lens_sum,
                      future_map.new_seq_lens_cpu_pinned.tolist(), log))
     assert ends[1] == ends[0]
-    assert ends[0][-1] == [("published", "wait"), ("side", "wait_event", "published"),
-                           ("side", "synchronize")]
+    if host_rows_as is None:
+        assert ends[0][2:4] == (None, None) and ends[0][-1] == [("published", "wait")]
+        assert ends[0][4] == [-1] * 8  # the mirror untouched
+    else:
+        assert ends[0][-1] == [("published", "wait"), ("side", "wait_event", "published"),
+                               ("side", "synchronize")]
 
 
-@pytest.mark.parametrize("case", ["lean", "0.5.23", "before the first publish",
-                                  "no host mirror", "no side stream", "ROCm", "debug checks",
-                                  "trims off"])
+@pytest.mark.parametrize("case", ["lean", "lean without host lengths", "0.5.23",
+                                  "before the first publish", "no side stream", "ROCm",
+                                  "debug checks", "trims off"])
 def test_the_hand_over_hook_runs_sglangs_body_but_where_the_lean_one_reproduces_it(
     case: str, runtime: SchedulerRuntime, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -572,16 +581,18 @@ def test_the_hand_over_hook_runs_sglangs_body_but_where_the_lean_one_reproduces_
     runtime.lean_host = case != "trims off"
     if case == "before the first publish":
         future_map.publish_ready = None
-    future_map.needs_cpu_seq_lens = case != "no host mirror"
-    if case == "no side stream":
+    future_map.needs_cpu_seq_lens = case != "lean without host lengths"
+    if case == "no side stream":  # with host lengths wanted: SGLang's bootstrap copy
         future_map.fwd_prepare_d2h_stream = None
     calls: list[Any] = []
     hooks.lean_seq_lens(lambda fm, b: calls.append((fm, b)), future_map, batch)
-    if case == "lean":
-        assert calls == [] and batch.seq_lens.tolist() == [7, 12] and len(log) == 3
+    lean = case.startswith("lean")
+    if lean:
+        assert calls == [] and batch.seq_lens.tolist() == [7, 12]
+        assert len(log) == (3 if case == "lean" else 1)
     else:
         assert calls == [(future_map, batch)] and batch.seq_lens is None and log == []
-    assert runtime.prepare_trims["hand_over"] == (1 if case == "lean" else 0)
+    assert runtime.prepare_trims["hand_over"] == (1 if lean else 0)
 
 
 def test_a_batch_without_a_draft_input_or_rows_hands_nothing_over() -> None:
@@ -602,7 +613,8 @@ def test_the_host_trims_benchmark_runs_at_a_tiny_scale(
     assert host_trims.main() == 0
     out = capsys.readouterr().out
     for body in ("next-decode KV estimate", "decode preparation", "free group end",
-                 "next lengths' hand-over", "bonus tokens' stash", "bonus tokens' gather"):
+                 "hand-over, FA3", "hand-over, host lengths", "bonus tokens' stash",
+                 "bonus tokens' gather"):
         assert body in out
 
 

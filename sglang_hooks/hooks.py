@@ -489,7 +489,7 @@ def lean_tokens_required(original: Callable[..., Any], batch: Any, requests: Any
 def lean_seq_lens(original: Callable[..., Any], future_map: Any, batch: Any, *args: Any,
                   **kwargs: Any) -> Any:
     """AROUND FutureMap.resolve_seq_lens_cpu: under the host-work trims, 0.5.17's hand-over
-    of the next lengths with its two gathers through `index_select` (lean_host.py)."""
+    of the next lengths with its gathers through `index_select` (lean_host.py)."""
     if RUNTIME.lean_host and not args and not kwargs:
         try:
             # the module of the hooked method, loaded with it: where its ROCm and debug

@@ -67,8 +67,7 @@ KEY = contract.LEAN_HOST_KEY
 # Releases whose alloc_for_spec_decode reads `nxt_kv_lens_cpu` only in its per-request loop
 # when the page size is 1 (read in their source); other releases are left alone.
 KV_LIST_RELEASES = frozenset({"0.5.17"})
-# Releases whose decode preparation and next-decode KV estimate the page-size-1 trims
-# reproduce (read in their source).
+# Releases whose bodies the PREPARE_HOOKS trims reproduce (read in their source).
 PREPARE_RELEASES = frozenset({"0.5.17"})
 _MAX_CACHED_SIZES = 512  # batch sizes kept per cache; SGLang's largest graph batch is 512
 
@@ -306,7 +305,7 @@ def end_free_group(allocator: Any) -> None:
 def resolves_seq_lens(release: str | None, future_map: Any, overlap_module: Any) -> bool:
     """Whether `resolve_seq_lens` reproduces this FutureMap's `resolve_seq_lens_cpu`: a
     release read, on CUDA (not ROCm, which synchronizes on the event instead), its debug
-    checks off, after the first publish, and where the backends want host lengths (not
+    checks off, after the first publish and, where the backends want host lengths (not
     FlashAttention 3's case), with the side stream that copies them."""
     return release in PREPARE_RELEASES \
         and not getattr(overlap_module, "_is_hip", True) \

@@ -13,7 +13,6 @@ draft input's fields).
 
 from __future__ import annotations
 
-import ast
 import types
 from pathlib import Path
 from types import SimpleNamespace as NS
@@ -21,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks import sglang17_source
 from sglang_hooks import hooks, lean_relay
 from sglang_hooks.contract import PolicyTable, Tier
 from sglang_hooks.runtime import SchedulerRuntime
@@ -117,13 +117,8 @@ def test_the_skipped_extend_hands_the_event_over_on_a_real_draft_worker(
 
 def _stash_0517(root: Path) -> Any:
     """SGLang 0.5.17's FutureMap.stash, compiled alone from its source."""
-    source = (root / "srt" / "managers" / "overlap_utils.py").read_text()
-    tree = ast.parse(source)
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "FutureMap")
-    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "stash")
-    namespace: dict[str, Any] = {"torch": __import__("torch"), "RelayPayload": Any}
-    exec(compile(ast.Module(body=[fn], type_ignores=[]), "overlap_utils.py", "exec"), namespace)
-    return namespace["stash"]
+    return sglang17_source.compiled(root, "srt/managers/overlap_utils.py", "stash", "FutureMap",
+                                    {"torch": __import__("torch")})
 
 
 def _future_map(root: Path, slots: int = 8) -> Any:
@@ -196,22 +191,14 @@ def _gather_0517(root: Path) -> Any:
     fused gather kernel (`gather_spec_extras`, Triton) is replaced by the indexing it does."""
     import torch
 
-    source = (root / "srt" / "managers" / "overlap_utils.py").read_text()
-    tree = ast.parse(source)
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "FutureMap")
-    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef)
-              and n.name == "_resolve_spec_extras")
-
     def gather_spec_extras(indices: Any, topk_p: Any, topk_index: Any, tokens: Any,
                            hidden: Any) -> tuple[Any, ...]:
         return (topk_p[indices], topk_index[indices], tokens[indices],
                 None if hidden is None else hidden[indices])
 
-    namespace: dict[str, Any] = {"torch": torch, "EagleDraftInput": Any, "ScheduleBatch": Any,
-                                 "gather_spec_extras": gather_spec_extras,
-                                 "_DEBUG_ASSERT": False}
-    exec(compile(ast.Module(body=[fn], type_ignores=[]), "overlap_utils.py", "exec"), namespace)
-    return namespace["_resolve_spec_extras"]
+    return sglang17_source.compiled(
+        root, "srt/managers/overlap_utils.py", "_resolve_spec_extras", "FutureMap",
+        {"torch": torch, "gather_spec_extras": gather_spec_extras, "_DEBUG_ASSERT": False})
 
 
 RECORDS: list[Any] = []  # streams passed to the pool indices' `record_stream`

@@ -16,7 +16,6 @@ The H200 run checks the real path end to end: greedy outputs against the plain s
 """
 
 from __future__ import annotations
-import __future__
 
 import ast
 import contextlib
@@ -28,6 +27,7 @@ from typing import Any
 import pytest
 import torch
 
+from benchmarks import sglang17_source
 from sglang_hooks import hooks, plain_decode
 
 RUNNER_FILE = "srt/model_executor/runner/decode_cuda_graph_runner.py"
@@ -266,8 +266,6 @@ def test_0517_overlap_scheduler_keeps_a_batchs_fields_until_two_forwards_later(
     import gc
     import weakref
 
-    from benchmarks import sglang17_source
-
     rel = "srt/managers/scheduler.py"
     names: dict[str, Any] = {"dataclasses": dataclasses,
                              "contextmanager": contextlib.contextmanager}
@@ -389,18 +387,10 @@ def test_the_result_goes_through_sglangs_result_processing_as_one_token_per_requ
 def _resolve_0517(root: Path) -> Any:
     """SGLang 0.5.17's `SchedulerBatchResultProcessor._resolve_spec_v2_tokens`, compiled alone
     from its source."""
-    source = (root / "srt/managers/scheduler_components/batch_result_processor.py").read_text()
-    tree = ast.parse(source)
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef)
-               and n.name == "SchedulerBatchResultProcessor")
-    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef)
-              and n.name == "_resolve_spec_v2_tokens")
-    namespace: dict[str, Any] = {}
-    # as its module compiles it: annotations unevaluated (`from __future__ import annotations`)
-    code = compile(ast.Module(body=[fn], type_ignores=[]), "batch_result_processor.py", "exec",
-                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
-    exec(code, namespace)
-    return namespace["_resolve_spec_v2_tokens"]
+    # annotations unevaluated, as its module compiles it (`from __future__ import annotations`)
+    return sglang17_source.compiled(
+        root, "srt/managers/scheduler_components/batch_result_processor.py",
+        "_resolve_spec_v2_tokens", "SchedulerBatchResultProcessor", {})
 
 
 def _reqs_0517(finished: set[int], retracted: set[int], n: int = 5) -> list[Any]:
@@ -528,8 +518,12 @@ def test_a_settled_result_is_counted_as_a_count_of_sglangs_return_would_count_it
                         lambda depth, rows, tokens, launch: recorded.append((depth, rows, tokens)))
     passes: list[int] = []
     real_emitted = hooks.emitted
-    monkeypatch.setattr(hooks, "emitted",
-                        lambda reqs, runs: passes.append(len(reqs)) or real_emitted(reqs, runs))
+
+    def emitted(reqs: Any, runs: Any) -> Any:
+        passes.append(len(reqs))
+        return real_emitted(reqs, runs)
+
+    monkeypatch.setattr(hooks, "emitted", emitted)
     processor = NS(model_worker=NS(on_verify_complete_cpu=lambda d, batch_size: None))
     settled_by: list[str] = []
     for settle in ("plain", "sglang"):

@@ -1,7 +1,7 @@
 """Host time of SGLang 0.5.17's spec-v2 decode bookkeeping against the plugin's trims, on the
 CPU, per call at one batch size.
 
-Four bodies the host-work trims reproduce (sglang_hooks/lean_host.py), each compiled from
+Five bodies the host-work trims reproduce (sglang_hooks/lean_host.py), each compiled from
 the unpacked 0.5.17 source and timed beside the trim on the same stand-in requests:
 - the next decode's KV estimate (`_new_tokens_required_next_decode_spec_v2`, page size 1);
 - the decode preparation (`eagle_prepare_for_decode`) up to the slot assignment, which both
@@ -15,6 +15,8 @@ the unpacked 0.5.17 source and timed beside the trim on the same stand-in reques
   side stream replaced by objects that return at once: with FlashAttention 3's backends (no
   host lengths) the gather alone, with backends that want host lengths also the copy to the
   mirror, its gather and the sum, as CPU operations.
+- the forward's isolation (`Scheduler._forward_isolation`) of a speculative batch, on a
+  dataclass with 0.5.17's ScheduleBatch fields: every field snapshotted and set back.
 And the operators of the depth-0 relay trims' bonus-token stash and gather
 (sglang_hooks/lean_relay.py: `index_copy_`, `index_select`) beside the indexing SGLang 0.5.17's
 FutureMap writes for them. On a server they are GPU launches; here the host side of the
@@ -27,6 +29,8 @@ Run: SPECCTL_SGLANG17_SRC=<unpacked sglang 0.5.17>/sglang python benchmarks/host
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import os
 import platform
 import random
@@ -196,6 +200,32 @@ def main() -> int:
                  *_us_per_call(lambda: tokens_buf[pool_rows], args.calls, args.rounds),
                  *_us_per_call(lambda: tokens_buf.index_select(0, pool_rows),
                                args.calls, args.rounds)))
+
+    # The forward's isolation: a dataclass with 0.5.17's ScheduleBatch fields, snapshotted
+    # and restored around an empty forward (no sampling info, no pinning: both the same).
+    field_names = sglang17_source.dataclass_fields(root, "srt/managers/schedule_batch.py",
+                                                   "ScheduleBatch")
+    batch_class = dataclasses.make_dataclass("ScheduleBatch", field_names)
+    isolated = batch_class(*range(len(field_names)))
+    isolated.spec_algorithm = NS(is_none=lambda: False)
+    isolated.sampling_info = None
+    isolation = sglang17_source.compiled(
+        root, "srt/managers/scheduler.py", "_forward_isolation", "Scheduler",
+        {"dataclasses": dataclasses, "contextmanager": contextlib.contextmanager})
+    fields = lean_host.isolation_fields("0.5.17", isolated)
+    assert fields is not None
+
+    def isolate_sglang() -> None:
+        with isolation(None, isolated, overlap=False):
+            pass
+
+    def isolate_trim() -> None:
+        with lean_host.Isolation(None, isolated, False, fields):
+            pass
+
+    rows.append((f"forward isolation ({len(field_names)} fields)",
+                 *_us_per_call(isolate_sglang, args.calls, args.rounds),
+                 *_us_per_call(isolate_trim, args.calls, args.rounds)))
 
     print(f"python {platform.python_version()}, torch {torch.__version__} on "
           f"{platform.machine()}, {os.cpu_count()} CPUs; {args.requests} requests, "

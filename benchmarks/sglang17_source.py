@@ -40,3 +40,14 @@ def allocator(root: Path, size: int, need_sort: bool) -> Any:
                                     "BaseTokenToKVPoolAllocator"]}
     exec(compile(source, str(token_path), "exec"), token_ns)
     return token_ns["TokenToKVPoolAllocator"](size, torch.bfloat16, "cpu", None, need_sort)
+
+
+def dataclass_fields(root: Path, rel: str, cls: str) -> list[str]:
+    """The field names of the dataclass `cls` in the file `rel` under `root`, in order: its
+    annotated class-level names, `ClassVar`s left out (its bases' fields are not included)."""
+    path = root / rel
+    node = next(n for n in ast.parse(path.read_text()).body
+                if isinstance(n, ast.ClassDef) and n.name == cls)
+    return [n.target.id for n in node.body
+            if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+            and "ClassVar" not in ast.unparse(n.annotation)]

@@ -10,7 +10,9 @@ prefill ms per request, depth 0 against a plain server).
 With the switch on, a prefill batch admitted while the table's live tier is a depth-0 tier
 that skips its extend (the same tiers `skip-extend` and `skip-extend-all` skip) gets the
 draft input the skipped extend's stub gives a depth-0 iteration: the target's bonus tokens,
-zeroed top-k and hidden state (SGLang's `_stub_skipped_draft_extend`). No draft forward runs.
+zeroed top-k and hidden state (SGLang's `_stub_skipped_draft_extend`; with the host-work trims
+on, the same zeros reused per batch size). No draft forward runs; with the depth-0 relay
+trims on, the overlap scheduler then stashes the bonus tokens alone (lean_relay.py).
 The target still prefills and samples, so outputs do not change. A request admitted so has
 no draft KV for its prompt: if it is still running when its tier drafts again, the draft
 starts cold (its first drafts almost surely rejected) and attends to whatever its prompt's
@@ -30,7 +32,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from sglang_hooks import contract
+from sglang_hooks import contract, lean_host
 from sglang_hooks.env_switch import read_switch
 
 ENV = "SPECCTL_SKIP_DRAFT_PREFILL"
@@ -56,12 +58,19 @@ def skippable_batch(draft_worker: Any, batch: Any, extra: tuple[Any, ...],
     return not getattr(draft_worker, "seed_dsa_topk_from_draft_extend", False)
 
 
-def stub_draft_input(spec_worker: Any, batch: Any, next_token_ids: Any) -> Any:
+def stub_draft_input(spec_worker: Any, batch: Any, next_token_ids: Any, *,
+                     reuse_stubs: bool = False) -> Any:
     """The next draft input of a prefill whose draft extend was skipped: the bonus tokens
-    and the zeros SGLang's own stub for a skipped extend writes (one row per request)."""
+    and the zeros SGLang's own stub for a skipped extend writes (one row per request).
+    `reuse_stubs` (the host-work trims): those zeros built once per batch size and shared
+    with the depth-0 decodes' stubs, which nothing writes into."""
     from sglang.srt.speculative.eagle_info import EagleDraftInput
 
     draft_input = EagleDraftInput(bonus_tokens=next_token_ids, num_tokens_per_req=1,
                                   num_tokens_for_logprob_per_req=1)
-    spec_worker._stub_skipped_draft_extend(batch, SimpleNamespace(next_draft_input=draft_input))
+    holder = SimpleNamespace(next_draft_input=draft_input)
+    if reuse_stubs:
+        lean_host.stub_skipped_extend(spec_worker, batch, holder)
+    else:
+        spec_worker._stub_skipped_draft_extend(batch, holder)
     return draft_input

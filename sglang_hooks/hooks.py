@@ -274,9 +274,11 @@ def time_launch(original: Callable[..., Any], worker: Any, batch: Any, *args: An
                 **kwargs: Any) -> Any:
     """AROUND EAGLEWorkerV2.forward_batch_generation: bracket a decode launch for timing."""
     rt = RUNTIME
+    # Reset even while inactive: a stub flag left from the last steered launch would make
+    # the relay stash a drafting launch's bonus tokens alone.
+    rt.launched = rt.launch_skips_extend = rt.launch_stubbed = False
     if not rt.active:
         return original(worker, batch, *args, **kwargs)
-    rt.launched = rt.launch_skips_extend = rt.launch_stubbed = False
     rt.spec_worker = worker
     try:
         token = rt.timer.begin()
@@ -376,20 +378,23 @@ def skip_draft_prefill(original: Callable[..., Any], draft_worker: Any, batch: A
         if (worker is not None
                 and draft_prefill.skippable_batch(draft_worker, batch, args, kwargs)
                 and rt.prefill_skips_draft(len(batch.reqs))):
-            stub = draft_prefill.stub_draft_input(worker, batch, next_token_ids)
+            stub = draft_prefill.stub_draft_input(worker, batch, next_token_ids,
+                                                  reuse_stubs=rt.lean_host)
     except Exception:  # SGLang's own extend then runs
         _log_failure_once("skip_draft_prefill")
     if stub is None:
         return original(draft_worker, batch, target_hidden_states, next_token_ids, *args,
                         **kwargs)
     rt.skipped_prefills += 1
+    rt.launch_stubbed = True  # its relay: the bonus tokens alone (lean_relay.py)
     return stub
 
 
 def lean_stash(original: Callable[..., Any], future_map: Any, future_indices: Any,
                payload: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND FutureMap.stash: under the depth-0 relay trims, a launch that skipped the
-    extend stashes its bonus tokens alone (lean_relay.py)."""
+    """AROUND FutureMap.stash: under the depth-0 relay trims, a launch that skipped its
+    draft work (a depth-0 decode's extend, an admission's draft prefill) stashes its bonus
+    tokens alone (lean_relay.py)."""
     rt = RUNTIME
     if rt.lean_relay and rt.launch_stubbed and not args and not kwargs:
         try:
@@ -503,6 +508,22 @@ def lean_seq_lens(original: Callable[..., Any], future_map: Any, batch: Any, *ar
             RUNTIME.prepare_trims["hand_over"] += 1
             return lean_host.resolve_seq_lens(future_map, batch)
     return original(future_map, batch, *args, **kwargs)
+
+
+def lean_isolation(original: Callable[..., Any], scheduler: Any, batch: Any, *args: Any,
+                   **kwargs: Any) -> Any:
+    """AROUND Scheduler._forward_isolation: under the host-work trims, 0.5.17's isolation of
+    a speculative batch with its snapshot and restore in one call each (lean_host.py)."""
+    if RUNTIME.lean_host and not args and len(kwargs) == 1 and "overlap" in kwargs:
+        try:
+            fields = lean_host.isolation_fields(RELEASE, batch)
+        except Exception:
+            _log_failure_once("lean_isolation")
+            fields = None
+        if fields is not None:
+            RUNTIME.prepare_trims["isolation"] += 1
+            return lean_host.Isolation(scheduler, batch, bool(kwargs["overlap"]), fields)
+    return original(scheduler, batch, *args, **kwargs)
 
 
 def lean_free_group_end(original: Callable[..., Any], allocator: Any, *args: Any,

@@ -18,7 +18,7 @@ iteration, with the same values handed to SGLang:
   request's next KV length out of a CPU tensor one element at a time (a tensor select and an
   item per running request): handed the same values as a list (0.5.23 does this itself).
 
-Four more, in SGLang 0.5.17's spec-v2 scheduler at every depth, three of them with a page
+Five more, in SGLang 0.5.17's spec-v2 scheduler at every depth, three of them with a page
 size of 1 (read in that release's source; other releases and page sizes keep SGLang's own),
 registered only with `SPECCTL_LEAN_PREPARE=1` in the server's environment (read once, at
 plugin load) until an H200 run has checked them, and then on and off with the trims above:
@@ -29,7 +29,7 @@ plugin load) until an H200 run has checked them, and then on and off with the tr
   the schedulers' stacks on the H200, docs/h200-runs.md);
 - the next decode's KV estimate (`_new_tokens_required_next_decode_spec_v2`, asked before
   every decode): the same sum without two page roundings per request, which at a page size
-  of 1 change nothing.
+  of 1 change nothing;
 - the end of a result's free group (`free_group_end` of the page-size-1 allocator): the KV
   slots freed while settling a decode result (a finished request's reserve beyond its
   committed length, which a server without speculation does not hold) joined to the
@@ -39,7 +39,13 @@ plugin load) until an H200 run has checked them, and then on and off with the tr
   backends want host lengths, which FlashAttention 3 does not, the same copy and
   synchronization), with the batch's rows gathered out of the published lengths on the GPU
   (and out of their host mirror) through `index_select` where SGLang indexes, which costs the
-  scheduler more host time per call.
+  scheduler more host time per call;
+- the forward's isolation (`Scheduler._forward_isolation`, around every launch of a
+  speculative server, any page size): a server without speculation keeps only the sampling
+  info aside; spec-v2 snapshots every field of the batch (about a hundred) and sets each
+  back after the forward, in Python loops. The same snapshot and restore, in one call each
+  (`operator.attrgetter`, the instance dictionary's `update`), where the batch's class keeps
+  its fields as plain instance attributes.
 
 Chosen at start-up with `SPECCTL_LEAN_HOST=1` (which `specctl serve` sets unless the
 environment has the variable) and at run time with the admin key `specctl_lean_host` (0 or 1)
@@ -49,7 +55,10 @@ in `POST /set_internal_state`. Off where the variable is absent, so a server sta
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
+import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -60,9 +69,9 @@ ENV = "SPECCTL_LEAN_HOST"
 PREPARE_ENV = "SPECCTL_LEAN_PREPARE"
 # The hooks (names in sglang_hooks.hooks) registered only when PREPARE_ENABLED.
 PREPARE_HOOKS = ("lean_prepare", "lean_tokens_required", "lean_free_group_end",
-                 "lean_seq_lens")
+                 "lean_seq_lens", "lean_isolation")
 # What /server_info counts of them (`lean_prepare_runs`): calls each trim took over.
-PREPARE_TRIMS = ("prepare", "estimate", "free_group_end", "hand_over")
+PREPARE_TRIMS = ("prepare", "estimate", "free_group_end", "hand_over", "isolation")
 KEY = contract.LEAN_HOST_KEY
 # Releases whose alloc_for_spec_decode reads `nxt_kv_lens_cpu` only in its per-request loop
 # when the page size is 1 (read in their source); other releases are left alone.
@@ -345,3 +354,59 @@ def resolve_seq_lens(future_map: Any, batch: Any) -> None:
     batch.seq_lens_cpu = mirror.index_select(0, mirror_rows) \
         if isinstance(mirror_rows, torch.Tensor) else mirror[mirror_rows]
     batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
+
+
+BatchFields = tuple[tuple[str, ...], Callable[[Any], tuple[Any, ...]]]
+
+
+@functools.cache
+def batch_fields(cls: type) -> BatchFields | None:
+    """A batch class's dataclass field names and one getter of them all, where setting the
+    instance dictionary is what `setattr` does for each: no `__setattr__` of its own, no
+    slots, no field behind a data descriptor. Else None."""
+    if not dataclasses.is_dataclass(cls) or cls.__setattr__ is not object.__setattr__:
+        return None
+    if any("__slots__" in vars(klass) for klass in cls.__mro__):
+        return None
+    names = tuple(f.name for f in dataclasses.fields(cls))
+    if len(names) < 2:  # attrgetter of one name returns the value, not a tuple
+        return None
+    for name in names:
+        if hasattr(type(inspect.getattr_static(cls, name, None)), "__set__"):
+            return None
+    return names, operator.attrgetter(*names)
+
+
+def isolation_fields(release: str | None, batch: Any) -> BatchFields | None:
+    """What `Isolation` needs to reproduce this release's `_forward_isolation` of `batch` (a
+    speculative one, whose every field SGLang snapshots), or None."""
+    if release not in PREPARE_RELEASES or batch.spec_algorithm.is_none():
+        return None
+    return batch_fields(batch.__class__)
+
+
+class Isolation:
+    """SGLang 0.5.17's `Scheduler._forward_isolation` of a speculative batch: its fields
+    snapshotted where the forward starts, the sampling info swapped for a forward-only copy,
+    the batch pinned for two iterations under the overlap scheduler, and every field set
+    back where the forward ends (raised or not). The snapshot is one `attrgetter` call and
+    the restore one dictionary update, where SGLang loops over `dataclasses.fields`."""
+
+    __slots__ = ("_batch", "_getter", "_names", "_overlap", "_scheduler", "_values")
+
+    def __init__(self, scheduler: Any, batch: Any, overlap: bool, fields: BatchFields) -> None:
+        self._scheduler, self._batch, self._overlap = scheduler, batch, overlap
+        self._names, self._getter = fields
+        self._values: tuple[Any, ...] = ()
+
+    def __enter__(self) -> None:
+        batch = self._batch
+        self._values = self._getter(batch)
+        sampling_info = batch.sampling_info
+        if sampling_info is not None:
+            batch.sampling_info = sampling_info.copy_for_forward()
+        if self._overlap:
+            self._scheduler.record_batch_in_overlap(batch)
+
+    def __exit__(self, *exc: object) -> None:
+        self._batch.__dict__.update(zip(self._names, self._values, strict=True))

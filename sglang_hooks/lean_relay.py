@@ -18,10 +18,13 @@ of that hand-over sit on the path from one forward to the next, where a plain de
 - **The relay of draft state.** Every iteration the overlap scheduler stashes the draft's
   top-k and hidden state into per-request buffers for the next one (a cast and an indexed
   write each, the hidden state batch x hidden wide). At depth 0 those are the skipped
-  extend's zeroed stub, which the next depth-0 iteration ignores. With the trims SGLang
+  extend's zeroed stub, which the next depth-0 iteration ignores, and so are those of an
+  admission whose draft prefill was skipped (draft_prefill.py). With the trims SGLang
   0.5.17 stashes the bonus tokens alone (0.5.23 already leaves out empty fields). A request
   that goes back to drafting then starts from the draft state its slot held last instead of
-  zeros; the target verifies every drafted token either way, so outputs do not change.
+  zeros; the target verifies every drafted token either way, so outputs do not change. The
+  buffers are zeroed once, before the first such stash: a slot never stashed in full would
+  otherwise hold uninitialised memory.
 
 - **The gather of draft state.** At the start of every iteration the overlap scheduler gathers
   each request's top-k and hidden state back out of those buffers (`_resolve_spec_extras`),
@@ -94,6 +97,26 @@ def _buffers_ready(release: str | None, future_map: Any) -> bool:
         and not future_map.spec_algo.is_ngram()
 
 
+# Set on a FutureMap once its draft buffers were zeroed (`_zero_draft_state_once`).
+_ZEROED = "_specctl_draft_state_zeroed"
+_DRAFT_BUFFERS = ("topk_p_buf", "topk_index_buf", "hidden_states_buf")
+
+
+def _zero_draft_state_once(future_map: Any) -> None:
+    """Zero the FutureMap's draft buffers before its first bonus-only stash. SGLang allocates
+    them uninitialised and fills a pool row at its request's first stash; a row first
+    stashed bonus-only (an admission whose draft prefill was skipped) would otherwise hold
+    whatever the memory held, and a top-k index from it, read by a later drafting launch,
+    can be out of the vocabulary. Zeros are what SGLang's own stub would have written."""
+    if getattr(future_map, _ZEROED, False):
+        return
+    for name in _DRAFT_BUFFERS:
+        buf = getattr(future_map, name, None)
+        if buf is not None:
+            buf.zero_()
+    setattr(future_map, _ZEROED, True)
+
+
 def stash_bonus_only(release: str | None, future_map: Any, indices: Any, payload: Any) -> bool:
     """Stash a depth-0 relay's bonus tokens alone where the release would write every draft
     field. True if it did (the caller then skips SGLang's stash)."""
@@ -103,6 +126,8 @@ def stash_bonus_only(release: str | None, future_map: Any, indices: Any, payload
             or getattr(payload, "dsa_topk_indices", None) is not None:
         return False
     import torch
+
+    _zero_draft_state_once(future_map)
 
     buf = future_map.output_tokens_buf
     tokens = payload.bonus_tokens.to(buf.dtype)

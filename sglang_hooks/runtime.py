@@ -107,7 +107,8 @@ class SchedulerRuntime:
         self.off_mode = off_mode.DEFAULT_MODE
         self.lean_host = False  # lean_host.py: trimmed host work on the speculative iteration
         self.lean_relay = False  # lean_relay.py: a depth-0 iteration's lighter hand-over
-        # Set inside a launch: the extend was skipped (lean_relay stashes the bonus alone).
+        # Set inside a launch: its draft work (the decode's extend or the prefill's) was
+        # skipped for the stub, so lean_relay stashes the bonus tokens alone.
         self.launch_stubbed = False
         self.early_fences = 0  # depth-0 launches that handed the WAR barrier their own event
         self.lean_stashes = 0  # relays that stashed the bonus tokens alone
@@ -154,7 +155,7 @@ class SchedulerRuntime:
         self.selector = None
         self.source = SOURCE_NONE
         self._skippable = ()
-        self.launch_skips_extend = False
+        self.launch_skips_extend = self.launch_stubbed = False
 
     def settle_peers(self) -> None:
         """Agree with the other TP ranks before any table takes control here (once).

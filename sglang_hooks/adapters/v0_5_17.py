@@ -48,8 +48,8 @@ ADAPTER = Adapter(
         HookSpec(f"{_OVERLAP}.FutureMap._resolve_spec_extras", AROUND, "lean_resolve_extras",
                  SymbolSpec(_OVERLAP, "FutureMap", "_resolve_spec_extras", ("batch",))),
         # host-work trims (lean_host.py): 0.5.23 reads the KV lengths as a list itself; the
-        # decode preparation, the next decode's KV estimate, the free group's end and the
-        # next lengths' hand-over as 0.5.17 writes them
+        # decode preparation, the next decode's KV estimate, the free group's end, the next
+        # lengths' hand-over and the forward's isolation as 0.5.17 writes them
         HookSpec(f"{_ALLOC}.alloc_for_spec_decode", AROUND, "lean_kv_lens",
                  SymbolSpec(_ALLOC, "", "alloc_for_spec_decode",
                             ("tree_cache", "nxt_kv_lens_cpu"))),
@@ -64,6 +64,8 @@ ADAPTER = Adapter(
                  SymbolSpec(_BASE_ALLOC, "BaseTokenToKVPoolAllocator", "free_group_end")),
         HookSpec(f"{_OVERLAP}.FutureMap.resolve_seq_lens_cpu", AROUND, "lean_seq_lens",
                  SymbolSpec(_OVERLAP, "FutureMap", "resolve_seq_lens_cpu", ("batch",))),
+        HookSpec(f"{_SCHED}.Scheduler._forward_isolation", AROUND, "lean_isolation",
+                 SymbolSpec(_SCHED, "Scheduler", "_forward_isolation", ("batch",))),
         # depth 0 as a plain decode (plain_decode.py), registered only with
         # SPECCTL_PLAIN_DECODE: the capture after the adaptive states, and the verify it replaces
         HookSpec(f"{_WORKER}.EAGLEWorkerV2.init_cuda_graphs", AFTER, "plain_decode_build",
@@ -73,6 +75,8 @@ ADAPTER = Adapter(
     ),
     reads=(
         *COMMON_READS,
+        # the forward's isolation: the pinning it keeps calling
+        SymbolSpec(_SCHED, "Scheduler", "record_batch_in_overlap", ("batch",)),
         # the free group's end: the allocator state it joins the group to
         SymbolSpec("sglang.srt.mem_cache.allocator.token", "TokenToKVPoolAllocator", "free",
                    ("free_index",)),

@@ -92,6 +92,27 @@ def test_an_admission_into_an_off_tier_gets_the_stub_and_no_draft_forward(
     assert off_table.report()["skipped_draft_prefills"] == 1
 
 
+def test_with_the_host_trims_the_stub_is_sglangs_zeros_built_once_per_batch_size(
+    off_table: SchedulerRuntime,
+) -> None:
+    """The reused stub has the shapes, dtypes and zeros of SGLang's own; a prefill of another
+    size gets its own; the launch is marked stubbed for the relay (lean_relay.py)."""
+    _decode(off_table, 20)
+    sglang_stub, _ = _prefill(off_table, 3)
+    assert off_table.launch_stubbed
+    off_table.lean_host = True
+    first, _ = _prefill(off_table, 3)
+    second, bonus = _prefill(off_table, 3)
+    other, _ = _prefill(off_table, 5)
+    for name in ("topk_p", "topk_index", "hidden_states"):
+        ours, sglangs = getattr(second, name), getattr(sglang_stub, name)
+        assert ours is getattr(first, name), f"{name} built again"
+        assert ours.shape == sglangs.shape and ours.dtype == sglangs.dtype
+        assert float(ours.abs().sum()) == 0.0
+        assert getattr(other, name).shape[0] == 5
+    assert second.bonus_tokens is bonus and off_table.skipped_prefills == 4
+
+
 def _runs_the_real_extend(runtime: SchedulerRuntime, admitted: int, *extra: Any,
                           idle: bool = False, **extra_kw: Any) -> bool:
     before = runtime.skipped_prefills

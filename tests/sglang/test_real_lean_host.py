@@ -11,6 +11,7 @@ allocator, the token-slot and req-to-token helpers it calls (recorded, not run).
 
 from __future__ import annotations
 
+import contextlib
 import types
 from pathlib import Path
 from types import SimpleNamespace as NS
@@ -409,7 +410,7 @@ def test_the_hooks_take_the_lean_preparation_only_where_it_is_sglangs(
     assert allocs == [6] and reqs[0].decode_batch_idx == 1
     # /server_info counts the calls each trim took over, none that SGLang's body ran
     assert runtime.report()["lean_prepare_runs"] == {
-        "prepare": 1, "estimate": 1, "free_group_end": 0, "hand_over": 0}
+        "prepare": 1, "estimate": 1, "free_group_end": 0, "hand_over": 0, "isolation": 0}
 
 
 def _allocator_0517(root: Path, need_sort: bool) -> Any:
@@ -603,6 +604,147 @@ def test_a_batch_without_a_draft_input_or_rows_hands_nothing_over() -> None:
         assert log == [] and not hasattr(batch, "seq_lens")
 
 
+def _isolation_0517(root: Path) -> tuple[Any, Any]:
+    """SGLang 0.5.17's `Scheduler._forward_isolation` and `record_batch_in_overlap`, compiled
+    alone from its source."""
+    import contextlib
+    import dataclasses
+
+    rel = "srt/managers/scheduler.py"
+    names: dict[str, Any] = {"dataclasses": dataclasses,
+                             "contextmanager": contextlib.contextmanager}
+    return (sglang17_source.compiled(root, rel, "_forward_isolation", "Scheduler", names),
+            sglang17_source.compiled(root, rel, "record_batch_in_overlap", "Scheduler", names))
+
+
+def _real_batch(tag: str) -> Any:
+    """A real ScheduleBatch (the installed SGLang's class), every field a value of its own."""
+    import dataclasses
+
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+
+    batch = ScheduleBatch.__new__(ScheduleBatch)
+    for f in dataclasses.fields(ScheduleBatch):
+        setattr(batch, f.name, (tag, f.name))
+    batch.spec_algorithm = NS(is_none=lambda: False)
+    batch.sampling_info = NS(copy_for_forward=lambda: NS(forward_copy_of=tag))
+    return batch
+
+
+def _forward(batch: Any, fail: bool) -> None:
+    """What spec-v2's worker does to a batch mid-forward: rebinds fields, adds one."""
+    batch.seq_lens = "rebound"
+    batch.spec_info = "verify input"
+    batch.forward_mode = "TARGET_VERIFY"
+    batch.specctl_note = "not a field"
+    if fail:
+        raise RuntimeError("cuda error")
+
+
+@pytest.mark.parametrize(("overlap", "fail"), [(True, False), (False, False), (True, True)])
+def test_0517_forward_isolation_is_sglangs_with_one_snapshot_call(
+    sglang17_root: Path, overlap: bool, fail: bool,
+) -> None:
+    """Against 0.5.17's own body on a real ScheduleBatch class: the same sampling info copy
+    inside the forward, the same pinning, and every field put back afterwards, raised or not."""
+    import dataclasses
+
+    isolation, record = _isolation_0517(sglang17_root)
+    runs = []
+    for tag in ("sglang", "trim"):
+        batch = _real_batch(tag)
+        before = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+        scheduler = NS(batch_record_buf=[None] * 2, batch_record_ct=0)
+        scheduler.record_batch_in_overlap = lambda b, s=scheduler: record(s, b)
+        fields = lean_host.isolation_fields("0.5.17", batch)
+        assert fields is not None
+        manager = isolation(scheduler, batch, overlap=overlap) if tag == "sglang" \
+            else lean_host.Isolation(scheduler, batch, overlap, fields)
+        inside: list[Any] = []
+        with contextlib.suppress(RuntimeError), manager:
+            inside.append(batch.sampling_info.forward_copy_of)
+            _forward(batch, fail)
+        after = {f.name: getattr(batch, f.name) for f in dataclasses.fields(batch)}
+        assert all(after[name] is value for name, value in before.items()), tag
+        pinned = scheduler.batch_record_buf[1]
+        # what the pinning holds: the batch, and each field as the forward starts (by name;
+        # the sampling info is then the forward copy, the algorithm a stand-in)
+        held = None if pinned is None else (pinned[0] is batch, [
+            v[1] if isinstance(v, tuple) else getattr(v, "forward_copy_of", "stand-in")
+            for v in pinned[1]])
+        runs.append((inside, batch.specctl_note, scheduler.batch_record_ct, held))
+    assert runs[0][0] == ["sglang"] and runs[1][0] == ["trim"]
+    assert runs[0][1:3] == runs[1][1:3] == ("not a field", 1 if overlap else 0)
+    sglang_held, trim_held = runs[0][3], runs[1][3]
+    if overlap:
+        assert sglang_held is not None and trim_held is not None
+        assert sglang_held[0] and trim_held[0]
+        assert [v if v != "sglang" else "trim" for v in sglang_held[1]] == trim_held[1]
+        assert "trim" in trim_held[1]  # the forward copy was pinned, as SGLang pins it
+    else:
+        assert sglang_held is None and trim_held is None
+
+
+class _Slotted:
+    __slots__ = ("a", "b")
+
+
+@pytest.mark.parametrize("case", ["lean", "0.5.23", "not speculative", "trims off",
+                                  "own __setattr__", "a field behind a property", "slots",
+                                  "positional overlap"])
+def test_the_isolation_hook_runs_sglangs_body_but_where_the_trim_reproduces_it(
+    case: str, runtime: SchedulerRuntime, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dataclasses
+
+    from sglang_hooks import hooks
+
+    batch: Any = _real_batch("b")
+    monkeypatch.setattr(hooks, "RELEASE", "0.5.23" if case == "0.5.23" else "0.5.17")
+    runtime.lean_host = case != "trims off"
+    if case == "not speculative":
+        batch.spec_algorithm = NS(is_none=lambda: True)
+    if case == "own __setattr__":
+        @dataclasses.dataclass
+        class Guarded:
+            a: int = 0
+            b: int = 0
+            spec_algorithm: Any = None
+
+            def __setattr__(self, name: str, value: Any) -> None:
+                object.__setattr__(self, name, value)
+
+        batch = Guarded(spec_algorithm=NS(is_none=lambda: False))
+    if case == "a field behind a property":
+        @dataclasses.dataclass
+        class Base:
+            a: int = 0
+            spec_algorithm: Any = None
+
+        class Described(Base):
+            a = property(lambda self: 1, lambda self, v: None)  # type: ignore[assignment]
+
+        batch = Described.__new__(Described)
+        batch.spec_algorithm = NS(is_none=lambda: False)
+    if case == "slots":
+        batch = dataclasses.dataclass(type("Slotted", (_Slotted,), {
+            "__annotations__": {"a": int, "b": int}}))
+        batch = batch.__new__(batch)
+        batch.a, batch.b = 1, 2
+        monkeypatch.setattr(lean_host, "isolation_fields",
+                            lambda release, b: lean_host.batch_fields(type(b)))
+    calls: list[Any] = []
+    original = lambda s, b, *a, **k: calls.append((a, k)) or "sglang's"  # noqa: E731
+    if case == "positional overlap":
+        got = hooks.lean_isolation(original, NS(), batch, True)
+    else:
+        got = hooks.lean_isolation(original, NS(), batch, overlap=True)
+    lean = case == "lean"
+    assert isinstance(got, lean_host.Isolation) == lean
+    assert (calls == []) == lean
+    assert runtime.prepare_trims["isolation"] == (1 if lean else 0)
+
+
 def test_the_host_trims_benchmark_runs_at_a_tiny_scale(
     sglang17_root: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -614,7 +756,7 @@ def test_the_host_trims_benchmark_runs_at_a_tiny_scale(
     out = capsys.readouterr().out
     for body in ("next-decode KV estimate", "decode preparation", "free group end",
                  "hand-over, FA3", "hand-over, host lengths", "bonus tokens' stash",
-                 "bonus tokens' gather"):
+                 "bonus tokens' gather", "forward isolation"):
         assert body in out
 
 

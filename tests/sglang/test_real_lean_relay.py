@@ -156,6 +156,7 @@ def test_0517_stash_bonus_only_writes_sglangs_bonus_rows_and_nothing_else(
     monkeypatch.setattr(hooks, "RELEASE", "0.5.17")
     indices = torch.tensor([1, 4, 6], dtype=getattr(torch, index_dtype))
     full, lean = _future_map(sglang17_root), _future_map(sglang17_root)
+    lean.__dict__["_specctl_draft_state_zeroed"] = True  # past its first bonus-only stash
     full.stash(indices, _payload(3))  # SGLang's own: every field
     relay.launch_stubbed = True
     assert hooks.lean_stash(lambda *a: pytest.fail("SGLang's stash ran"), lean, indices,
@@ -164,6 +165,65 @@ def test_0517_stash_bonus_only_writes_sglangs_bonus_rows_and_nothing_else(
     assert float(full.topk_p_buf[1, 0]) == 0.0 and float(lean.topk_p_buf[1, 0]) == 7.0
     assert bool((lean.hidden_states_buf == 7.0).all()), "the dead draft state is not written"
     assert relay.lean_stashes == 1
+
+
+def test_the_first_bonus_only_stash_zeroes_the_draft_buffers_once(
+    sglang17_root: Path, relay: SchedulerRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SGLang allocates the draft buffers uninitialised (here: 7s) and fills a row at its
+    request's first stash. A row whose first stash is bonus-only would keep the garbage, so
+    the first bonus-only stash zeroes every draft buffer, as SGLang's stub would write;
+    later ones leave the rows' draft state alone, as before."""
+    import torch
+
+    monkeypatch.setattr(hooks, "RELEASE", "0.5.17")
+    fm = _future_map(sglang17_root)
+    relay.launch_stubbed = True
+    hooks.lean_stash(lambda *a: pytest.fail("SGLang's stash ran"), fm,
+                     torch.tensor([1, 4]), _payload(2))
+    for buf in (fm.topk_p_buf, fm.topk_index_buf, fm.hidden_states_buf):
+        assert bool((buf == 0).all()), "a row never stashed in full holds zeros"
+    assert fm.output_tokens_buf.tolist() == [-1, 100, -1, -1, 101, -1, -1, -1]
+    payload = _payload(1)
+    payload.topk_p.fill_(0.5)
+    payload.hidden_states.fill_(3.0)
+    fm.stash(torch.tensor([2]), payload)  # a drafting launch: SGLang's stash, real state
+    hooks.lean_stash(lambda *a: pytest.fail("SGLang's stash ran"), fm,
+                     torch.tensor([2, 5]), _payload(2))
+    assert float(fm.topk_p_buf[2, 0]) == 0.5 and bool((fm.hidden_states_buf[2] == 3.0).all())
+    assert relay.lean_stashes == 2
+
+
+def test_an_admission_without_its_draft_prefill_stashes_its_bonus_tokens_alone(
+    sglang17_root: Path, relay: SchedulerRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefill admitted into the depth-0 tier gets the skipped extend's stub (0.5.23's
+    `_stub_skipped_draft_extend`, reused per batch size under the host-work trims); what the
+    overlap scheduler relays of it is the bonus tokens (`RelayPayload`, 0.5.23's), stashed
+    alone into 0.5.17's buffers."""
+    import torch
+    from sglang.srt.managers.overlap_utils import RelayPayload
+
+    monkeypatch.setattr(hooks, "RELEASE", "0.5.17")
+    relay.skip_draft_prefill = relay.lean_host = True
+    relay.spec_worker = _worker_0523()
+    assert relay.choose(20) == 0
+    batch = NS(forward_mode=NS(is_idle=lambda: False), reqs=[object()] * 2,
+               seq_lens=torch.full((2,), 100, dtype=torch.int64))
+    bonus = torch.tensor([31, 32])
+    stub = hooks.skip_draft_prefill(lambda *a: pytest.fail("the draft prefill ran"), NS(),
+                                    batch, torch.zeros(200, 3 * HIDDEN), bonus, None)
+    assert relay.skipped_prefills == 1 and relay.launch_stubbed
+    assert stub.bonus_tokens is bonus and float(stub.hidden_states.abs().sum()) == 0.0
+    fm = _future_map(sglang17_root)
+    fm.__dict__["_specctl_draft_state_zeroed"] = True
+    hooks.lean_stash(lambda *a: pytest.fail("SGLang's stash ran"), fm, torch.tensor([3, 6]),
+                     RelayPayload.from_draft_input(stub))
+    assert fm.output_tokens_buf.tolist() == [-1, -1, -1, 31, -1, -1, 32, -1]
+    assert bool((fm.hidden_states_buf == 7.0).all()) and relay.lean_stashes == 1
+    again = hooks.skip_draft_prefill(lambda *a: pytest.fail("the draft prefill ran"), NS(),
+                                     batch, torch.zeros(200, 3 * HIDDEN), bonus, None)
+    assert again.topk_p is stub.topk_p and again.hidden_states is stub.hidden_states
 
 
 @pytest.mark.parametrize("case", ["not stubbed", "0.5.23", "first stash", "off"])
@@ -298,6 +358,21 @@ def test_every_other_gather_is_sglangs(
     ran: list[bool] = []
     hooks.lean_resolve_extras(lambda *a: ran.append(True), fm, batch)
     assert ran == [True] and relay.lean_gathers == 0 and relay.owed_gather is None
+
+
+def test_a_stub_flag_does_not_outlive_its_launch(relay: SchedulerRuntime) -> None:
+    """The flag that makes the relay stash the bonus tokens alone belongs to the launch that
+    set it: the next launch starts without it, steered or not (after the runtime stopped
+    steering, a drafting launch's state must be stashed in full)."""
+    relay.launch_stubbed = True
+    hooks.time_launch(lambda worker, batch: NS(), NS(), NS())
+    assert not relay.launch_stubbed
+    relay.launch_stubbed = True
+    relay.deactivate("test")
+    assert not relay.launch_stubbed
+    relay.launch_stubbed = True
+    hooks.time_launch(lambda worker, batch: NS(), NS(), NS())  # inactive: SGLang's launch
+    assert not relay.launch_stubbed
 
 
 def test_a_gather_is_owed_to_its_own_launch_only(relay: SchedulerRuntime) -> None:

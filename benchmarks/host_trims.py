@@ -6,9 +6,9 @@ the unpacked 0.5.17 source and timed beside the trim on the same stand-in reques
 - the next decode's KV estimate (`_new_tokens_required_next_decode_spec_v2`, page size 1);
 - the decode preparation (`eagle_prepare_for_decode`) up to the slot assignment, which both
   hand to the same `alloc_for_spec_decode` (here a no-op: the real one assigns slots through
-  a Triton kernel). On the CPU the lengths are not pinned and the copies are CPU copies, so
-  this times the Python and tensor building only; what the one pinned copy to a GPU saves
-  is measured on the H200 (docs/h200-runs.md);
+  a Triton kernel). On the CPU the copies are CPU copies, so this times the Python and
+  tensor building only; what the one copy to a GPU saves is measured on the H200
+  (docs/h200-runs.md);
 - the end of a free group holding one freed span (`free_group_end` of the page-size-1
   allocator, real class): CPU concatenations here, GPU launches on a server;
 - the hand-over of the next lengths (`FutureMap.resolve_seq_lens_cpu`), its CUDA event and

@@ -24,9 +24,8 @@ registered only with `SPECCTL_LEAN_PREPARE=1` in the server's environment (read 
 plugin load) until an H200 run has checked them, and then on and off with the trims above:
 
 - the decode preparation (`eagle_prepare_for_decode`): the same per-request loop and the same
-  KV reservation, with the current and next KV lengths in one CPU tensor, pinned, and one
-  copy to the GPU where SGLang makes two from pageable memory (the first of them stood out in
-  the schedulers' stacks on the H200, docs/h200-runs.md);
+  KV reservation, with the current and next KV lengths in one CPU tensor and one copy to the
+  GPU where SGLang makes two of each;
 - the next decode's KV estimate (`_new_tokens_required_next_decode_spec_v2`, asked before
   every decode): the same sum without two page roundings per request, which at a page size
   of 1 change nothing;
@@ -264,26 +263,17 @@ def prepare_for_decode(batch: Any, reserve: int, alloc: Callable[..., Any]) -> N
         needed += nxt - cur
         req.decode_batch_idx += 1
     bs = len(reqs)
-    lens_cpu = host_tensor(held + wanted, batch.device)
+    import torch
+
+    # One pageable tensor and one copy where SGLang makes two of each. Not pinned: on the
+    # H200 (twenty-fifth run's copy probe) no pageable copy of this size waited for its
+    # stream, and a pinned tensor cost the scheduler more host time to make and to copy.
+    lens_cpu = torch.tensor(held + wanted, dtype=torch.int32)
     lens = lens_cpu.to(device=batch.device, non_blocking=True)
     alloc(batch.tree_cache, batch.req_to_token_pool, reqs=reqs,
           req_pool_indices=batch.req_pool_indices, cur_kv_lens=lens[:bs],
           cur_kv_lens_cpu=lens_cpu[:bs], nxt_kv_lens=lens[bs:], nxt_kv_lens_cpu=wanted,
           num_needed_tokens=needed, batch=batch)
-
-
-def host_tensor(values: list[int], device: Any) -> Any:
-    """`values` as an int32 CPU tensor, pinned when it goes to a GPU: a copy from pinned memory
-    is queued without staging, so it never holds the host behind the stream. PyTorch keeps a
-    pinned block from reuse until the copies queued from it have run."""
-    import torch
-
-    if torch.device(device).type == "cpu":
-        return torch.tensor(values, dtype=torch.int32)
-    try:
-        return torch.tensor(values, dtype=torch.int32, pin_memory=True)
-    except RuntimeError:  # no pinned memory to be had: SGLang's own pageable copy
-        return torch.tensor(values, dtype=torch.int32)
 
 
 def free_group_is_ours(release: str | None, allocator: Any) -> bool:

@@ -349,15 +349,6 @@ def test_the_decode_preparation_is_sglangs_own_elsewhere() -> None:
     assert lean_host.prepares("0.5.17", NS(token_to_kv_pool_allocator=NS(page_size=1)))
 
 
-def test_lengths_for_a_gpu_are_pinned_only_there() -> None:
-    """On a CPU-only machine only the CPU branch runs; the pinned one runs on the H200 in the
-    GPU harness's switch check (not run yet: docs/h200-runs.md, "three bookkeeping trims
-    waiting for a GPU")."""
-    lens = lean_host.host_tensor([3, 4, 5], "cpu")
-    assert lens.tolist() == [3, 4, 5] and str(lens.dtype) == "torch.int32"
-    assert not lens.is_pinned()
-
-
 def test_the_hooks_take_the_lean_preparation_only_where_it_is_sglangs(
     runtime: SchedulerRuntime, monkeypatch: pytest.MonkeyPatch,
 ) -> None:

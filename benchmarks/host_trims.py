@@ -29,7 +29,6 @@ Run: SPECCTL_SGLANG17_SRC=<unpacked sglang 0.5.17>/sglang python benchmarks/host
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import os
 import platform
@@ -209,9 +208,7 @@ def main() -> int:
     isolated = batch_class(*range(len(field_names)))
     isolated.spec_algorithm = NS(is_none=lambda: False)
     isolated.sampling_info = None
-    isolation = sglang17_source.compiled(
-        root, "srt/managers/scheduler.py", "_forward_isolation", "Scheduler",
-        {"dataclasses": dataclasses, "contextmanager": contextlib.contextmanager})
+    isolation, _ = sglang17_source.forward_isolation(root)
     fields = lean_host.isolation_fields("0.5.17", isolated)
     assert fields is not None
 

@@ -5,6 +5,8 @@ SGLang of the CPU test environment is 0.5.23, whose bodies differ)."""
 from __future__ import annotations
 
 import ast
+import contextlib
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,16 @@ def compiled(root: Path, rel: str, name: str, cls: str | None,
                               fn], type_ignores=[])
     exec(compile(ast.fix_missing_locations(module), str(path), "exec"), namespace)
     return namespace[name]
+
+
+def forward_isolation(root: Path) -> tuple[Any, Any]:
+    """The overlap scheduler's `Scheduler._forward_isolation` (a context manager) and the
+    `record_batch_in_overlap` it calls, each compiled alone; both take the scheduler first."""
+    rel = "srt/managers/scheduler.py"
+    names: dict[str, Any] = {"dataclasses": dataclasses,
+                             "contextmanager": contextlib.contextmanager}
+    return (compiled(root, rel, "_forward_isolation", "Scheduler", names),
+            compiled(root, rel, "record_batch_in_overlap", "Scheduler", names))
 
 
 def allocator(root: Path, size: int, need_sort: bool) -> Any:

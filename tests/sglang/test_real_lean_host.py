@@ -595,19 +595,6 @@ def test_a_batch_without_a_draft_input_or_rows_hands_nothing_over() -> None:
         assert log == [] and not hasattr(batch, "seq_lens")
 
 
-def _isolation_0517(root: Path) -> tuple[Any, Any]:
-    """SGLang 0.5.17's `Scheduler._forward_isolation` and `record_batch_in_overlap`, compiled
-    alone from its source."""
-    import contextlib
-    import dataclasses
-
-    rel = "srt/managers/scheduler.py"
-    names: dict[str, Any] = {"dataclasses": dataclasses,
-                             "contextmanager": contextlib.contextmanager}
-    return (sglang17_source.compiled(root, rel, "_forward_isolation", "Scheduler", names),
-            sglang17_source.compiled(root, rel, "record_batch_in_overlap", "Scheduler", names))
-
-
 def _real_batch(tag: str) -> Any:
     """A real ScheduleBatch (the installed SGLang's class), every field a value of its own."""
     import dataclasses
@@ -640,7 +627,7 @@ def test_0517_forward_isolation_is_sglangs_with_one_snapshot_call(
     inside the forward, the same pinning, and every field put back afterwards, raised or not."""
     import dataclasses
 
-    isolation, record = _isolation_0517(sglang17_root)
+    isolation, record = sglang17_source.forward_isolation(sglang17_root)
     runs = []
     for tag in ("sglang", "trim"):
         batch = _real_batch(tag)

@@ -266,13 +266,7 @@ def test_0517_overlap_scheduler_keeps_a_batchs_fields_until_two_forwards_later(
     import gc
     import weakref
 
-    rel = "srt/managers/scheduler.py"
-    names: dict[str, Any] = {"dataclasses": dataclasses,
-                             "contextmanager": contextlib.contextmanager}
-    record = sglang17_source.compiled(sglang17_root, rel, "record_batch_in_overlap",
-                                      "Scheduler", names)
-    isolation = sglang17_source.compiled(sglang17_root, rel, "_forward_isolation",
-                                         "Scheduler", names)
+    isolation, record = sglang17_source.forward_isolation(sglang17_root)
 
     @dataclasses.dataclass
     class Batch:  # the ScheduleBatch fields these bodies and the plain path touch

@@ -248,6 +248,8 @@ def prepare_for_decode(batch: Any, reserve: int, alloc: Callable[..., Any]) -> N
     """SGLang 0.5.17's `eagle_prepare_for_decode` at a page size of 1, with `reserve` (its
     `get_alloc_reserve_per_decode()`) and `alloc` (its `alloc_for_spec_decode`): each request
     reserved up to its committed length plus `reserve`, never below what it holds."""
+    import torch
+
     batch.maybe_evict_swa()
     if batch.sampling_info.penalizer_orchestrator.is_required:
         batch.cumulate_penalty_output_tokens()
@@ -265,8 +267,6 @@ def prepare_for_decode(batch: Any, reserve: int, alloc: Callable[..., Any]) -> N
         needed += nxt - cur
         req.decode_batch_idx += 1
     bs = len(reqs)
-    import torch
-
     # One pageable tensor and one copy where SGLang makes two of each. Not pinned: on the
     # H200 (twenty-fifth run's copy probe) no pageable copy of this size waited for its
     # stream, and a pinned tensor cost the scheduler more host time to make and to copy.

@@ -330,3 +330,25 @@ def test_prefill_batches_are_counted_by_graph_and_one_token_eager_ones_apart(tmp
         capsys.readouterr().out)
     assert server_log.main([str(tmp_path / "missing.log")]) == 2
     assert "no such log" in capsys.readouterr().err
+
+
+def test_both_servers_capture_their_decode_graphs_at_the_same_batch_sizes(tmp_path):
+    """SGLang's default lists differ between a speculative and a plain server; the harness
+    gives both one list, unless the caller chose the decode graphs' sizes."""
+    from benchmarks.gpu.model_folders import TINY, build_dummy_folders
+
+    def sizes(argv: list[str]) -> list[int]:
+        at = argv.index("--cuda-graph-bs-decode") + 1
+        return [int(a) for a in argv[at:at + len(servers.SHARED_DECODE_GRAPH_BS)]]
+
+    models = build_dummy_folders(tmp_path, TINY)
+    opts = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1, plain_port=2)
+    spec, plain = servers.plans(models, opts, tmp_path)
+    assert sizes(spec.argv) == sizes(plain.argv) == list(servers.SHARED_DECODE_GRAPH_BS)
+    assert max(servers.SHARED_DECODE_GRAPH_BS) == 128  # the runs' --cuda-graph-max-bs-decode
+    for chosen in (("--cuda-graph-bs-decode", "1", "8"), ("--cuda-graph-max-bs-decode=256",)):
+        own = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1, plain_port=2,
+                                    extra_args=chosen)
+        for plan in servers.plans(models, own, tmp_path):
+            assert plan.argv.count("--cuda-graph-bs-decode") == chosen.count(
+                "--cuda-graph-bs-decode")

@@ -39,6 +39,16 @@ COMMON_SGLANG_FLAGS = (
     "--sampling-backend", "pytorch", "--context-length", "4096",
     "--max-running-requests", "128", "--cuda-graph-max-bs-decode", "128", "--enable-metrics",
 )  # fmt: skip
+# The decode CUDA graphs' batch sizes, one list for both servers. SGLang 0.5.17 picks a finer
+# default for a speculative server (1-8, every 2 to 32, every 4 to 64, then every 8) than for
+# a plain one (1, 2, 4, 8, 12, then every 8); a batch between two sizes is padded up to the
+# next, so with the defaults the plain server pads more at some loads (60 requests: 64 rows
+# against 60), and depth 0's DECODE graphs take the speculative list. Both servers get the
+# speculative default up to 128, so that neither pads more than the other.
+SHARED_DECODE_GRAPH_BS = (*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 129, 8))
+# Flags of the caller's that already choose the decode graphs' sizes: then the list is not added.
+DECODE_GRAPH_SIZE_FLAGS = ("--cuda-graph-bs-decode", "--cuda-graph-bs",
+                           "--cuda-graph-max-bs-decode", "--cuda-graph-max-bs")
 EAGLE3_FLAGS = (
     "--speculative-algorithm", "EAGLE3", "--speculative-eagle-topk", "1",
     "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4",
@@ -119,6 +129,8 @@ def _sglang_argv(role: str, port: int, mem: float, models: ModelFolders,
     args = ["--model-path", models.target, "--host", "127.0.0.1", "--port", str(port),
             *COMMON_SGLANG_FLAGS, "--admin-api-key", opts.admin_key,
             "--mem-fraction-static", f"{mem:g}", *opts.extra_args]
+    if not any(arg.split("=")[0] in DECODE_GRAPH_SIZE_FLAGS for arg in opts.extra_args):
+        args += ["--cuda-graph-bs-decode", *map(str, SHARED_DECODE_GRAPH_BS)]
     if models.dummy:
         args += ["--load-format", "dummy"]
     if role == PLAIN:

@@ -137,10 +137,15 @@ _LEGACY_GRAPH_FLAGS = {"--cuda-graph-max-bs": "--cuda-graph-max-bs-decode",
                        "--cuda-graph-bs": "--cuda-graph-bs-decode"}
 
 
+def chooses_decode_graph_sizes(args: Sequence[str]) -> bool:
+    """Whether these SGLang arguments size the decode CUDA graphs (a legacy spelling counts)."""
+    return any(_has_flag(args, f) for f in (*DECODE_GRAPH_FLAGS, *_LEGACY_GRAPH_FLAGS))
+
+
 def _cuda_graph_notes(args: Sequence[str]) -> list[str]:
     notes = [f"{old} is a deprecated alias in SGLang 0.5.17 and refused as ambiguous by 0.5.23: "
              f"use {new}" for old, new in _LEGACY_GRAPH_FLAGS.items() if _has_flag(args, old)]
-    if not notes and not any(_has_flag(args, f) for f in DECODE_GRAPH_FLAGS):
+    if not notes and not chooses_decode_graph_sizes(args):
         notes.append("set --cuda-graph-max-bs-decode to at least the batch sizes you serve: "
                      "above it decode runs without CUDA graphs at every depth")
     return notes

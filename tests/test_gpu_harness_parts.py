@@ -346,7 +346,8 @@ def test_both_servers_capture_their_decode_graphs_at_the_same_batch_sizes(tmp_pa
     spec, plain = servers.plans(models, opts, tmp_path)
     assert sizes(spec.argv) == sizes(plain.argv) == list(servers.SHARED_DECODE_GRAPH_BS)
     assert max(servers.SHARED_DECODE_GRAPH_BS) == 128  # the runs' --cuda-graph-max-bs-decode
-    for chosen in (("--cuda-graph-bs-decode", "1", "8"), ("--cuda-graph-max-bs-decode=256",)):
+    for chosen in (("--cuda-graph-bs-decode", "1", "8"), ("--cuda-graph-max-bs-decode=256",),
+                   ("--cuda-graph-config", "{}")):
         own = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1, plain_port=2,
                                     extra_args=chosen)
         for plan in servers.plans(models, own, tmp_path):

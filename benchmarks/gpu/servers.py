@@ -32,6 +32,7 @@ from sglang_hooks import (
     plain_decode,
     verify_schedule,
 )
+from sglang_hooks.launch import chooses_decode_graph_sizes
 
 SPEC, PLAIN = "spec", "plain"
 # What the H200 runs needed (docs/sglang.md, "GPU end-to-end harness").
@@ -46,9 +47,6 @@ COMMON_SGLANG_FLAGS = (
 # against 60), and depth 0's DECODE graphs take the speculative list. Both servers get the
 # speculative default up to 128, so that neither pads more than the other.
 SHARED_DECODE_GRAPH_BS = (*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 129, 8))
-# Flags of the caller's that already choose the decode graphs' sizes: then the list is not added.
-DECODE_GRAPH_SIZE_FLAGS = ("--cuda-graph-bs-decode", "--cuda-graph-bs",
-                           "--cuda-graph-max-bs-decode", "--cuda-graph-max-bs")
 EAGLE3_FLAGS = (
     "--speculative-algorithm", "EAGLE3", "--speculative-eagle-topk", "1",
     "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4",
@@ -129,7 +127,7 @@ def _sglang_argv(role: str, port: int, mem: float, models: ModelFolders,
     args = ["--model-path", models.target, "--host", "127.0.0.1", "--port", str(port),
             *COMMON_SGLANG_FLAGS, "--admin-api-key", opts.admin_key,
             "--mem-fraction-static", f"{mem:g}", *opts.extra_args]
-    if not any(arg.split("=")[0] in DECODE_GRAPH_SIZE_FLAGS for arg in opts.extra_args):
+    if not chooses_decode_graph_sizes(opts.extra_args):  # the caller's sizes win
         args += ["--cuda-graph-bs-decode", *map(str, SHARED_DECODE_GRAPH_BS)]
     if models.dummy:
         args += ["--load-format", "dummy"]

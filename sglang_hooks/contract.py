@@ -588,13 +588,16 @@ OFF_MODE_KEY = "specctl_off_mode"
 LEAN_HOST_KEY = "specctl_lean_host"
 # A depth-0 iteration's lighter hand-over to the next (sglang_hooks/lean_relay.py): 0 or 1.
 LEAN_RELAY_KEY = "specctl_lean_relay"
+# Under those trims, where a depth-0 plain decode fences the scheduler's next writes: at the
+# DECODE graph's replay, as a server without speculation does (sglang_hooks/lean_relay.py): 0 or 1.
+FENCE_AT_REPLAY_KEY = "specctl_fence_at_replay"
 # The draft's prefill at admission skipped while off (sglang_hooks/draft_prefill.py): 0 or 1.
 SKIP_DRAFT_PREFILL_KEY = "specctl_skip_draft_prefill"
 # Depth-0 batches on the target's DECODE graphs, where the server captured them at start-up
 # (sglang_hooks/plain_decode.py): 0 or 1.
 PLAIN_DECODE_KEY = "specctl_plain_decode"
-SETTING_KEYS = frozenset({OFF_MODE_KEY, LEAN_HOST_KEY, LEAN_RELAY_KEY, SKIP_DRAFT_PREFILL_KEY,
-                          PLAIN_DECODE_KEY})
+SETTING_KEYS = frozenset({OFF_MODE_KEY, LEAN_HOST_KEY, LEAN_RELAY_KEY, FENCE_AT_REPLAY_KEY,
+                          SKIP_DRAFT_PREFILL_KEY, PLAIN_DECODE_KEY})
 
 
 def decode_off_mode(value: Any) -> str:
@@ -625,6 +628,13 @@ def decode_lean_relay(value: Any) -> bool:
     return _decode_switch(LEAN_RELAY_KEY, value, "SGLang's own hand-over", "lean")
 
 
+def decode_fence_at_replay(value: Any) -> bool:
+    """Whether a `specctl_fence_at_replay` value fences a depth-0 plain decode at its graph's
+    replay. Raises PolicyError naming the key."""
+    return _decode_switch(FENCE_AT_REPLAY_KEY, value, "at the decode's outputs",
+                          "at the DECODE graph's replay")
+
+
 def decode_skip_draft_prefill(value: Any) -> bool:
     """Whether a `specctl_skip_draft_prefill` value skips the draft's prefill while off.
     Raises PolicyError naming the key."""
@@ -653,6 +663,7 @@ class Settings:
     off_mode: str | None = None
     lean_host: bool | None = None
     lean_relay: bool | None = None
+    fence_at_replay: bool | None = None
     skip_draft_prefill: bool | None = None
     plain_decode: bool | None = None
 
@@ -665,6 +676,8 @@ def decode_settings(settings: Mapping[str, Any]) -> Settings:
         else None,
         lean_relay=decode_lean_relay(settings[LEAN_RELAY_KEY]) if LEAN_RELAY_KEY in settings
         else None,
+        fence_at_replay=decode_fence_at_replay(settings[FENCE_AT_REPLAY_KEY])
+        if FENCE_AT_REPLAY_KEY in settings else None,
         skip_draft_prefill=decode_skip_draft_prefill(settings[SKIP_DRAFT_PREFILL_KEY])
         if SKIP_DRAFT_PREFILL_KEY in settings else None,
         plain_decode=decode_plain_decode(settings[PLAIN_DECODE_KEY])

@@ -173,6 +173,9 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
         rt.lean_relay, relay_error = lean_relay.from_env()
         if relay_error is not None:
             logger.error("specctl: %s", relay_error)
+        rt.fence_at_replay, fence_error = lean_relay.fence_from_env()
+        if fence_error is not None:
+            logger.error("specctl: %s", fence_error)
         rt.skip_draft_prefill, prefill_error = draft_prefill.from_env()
         if prefill_error is not None:
             logger.error("specctl: %s", prefill_error)
@@ -204,6 +207,7 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
                 "sglang": ADAPTER.name, "depths": sorted(usable),
                 "startup": table_fingerprint(startup), "off_mode": mode,
                 "lean_host": rt.lean_host, "lean_relay": rt.lean_relay,
+                "fence_at_replay": rt.fence_at_replay,
                 "skip_draft_prefill": rt.skip_draft_prefill,
                 "plain_decode": plain_decode.ENABLED,
                 "lean_prepare": lean_host.PREPARE_ENABLED,
@@ -212,13 +216,13 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
         rt.activate(usable, startup, peers)
         # Every TP rank logs this line: with several nodes, each reads its own policy file.
         logger.info("specctl: active; depths usable by a table: %s%s; start-up table: %s%s; "
-                    "off mode %s; host-work trims %s; depth-0 relay trims %s; draft prefill "
-                    "skipped while off %s%s",
+                    "off mode %s; host-work trims %s; depth-0 relay trims %s (fence at the "
+                    "replay %s); draft prefill skipped while off %s%s",
                     sorted(usable),
                     f" (partly captured, refused: {sorted(partial)})" if partial else "",
                     table_fingerprint(startup), f" from {path}" if startup is not None else "",
                     mode, "on" if rt.lean_host else "off", "on" if rt.lean_relay else "off",
-                    "on" if rt.skip_draft_prefill else "off",
+                    "on" if rt.fence_at_replay else "off", "on" if rt.skip_draft_prefill else "off",
                     f"; waits for TP ranks 0-{peers.world_size - 1} to agree before a "
                     f"table takes control" if peers is not None else "")
     except Exception:
@@ -356,8 +360,11 @@ def skip_extend(original: Callable[..., Any], draft_worker: Any, batch: Any, bat
     rt.launch_stubbed = True
     if rt.lean_relay:
         try:  # without the event the barrier keeps its whole-forward fence
-            if lean_relay.hand_over(worker):
+            replay = getattr(batch_result, lean_relay.REPLAY_EVENT, None) \
+                if rt.fence_at_replay else None
+            if lean_relay.hand_over(worker, replay):
                 rt.early_fences += 1
+                rt.replay_fences += replay is not None
         except Exception:
             _log_failure_once("skip_extend:lean_relay")
     return None

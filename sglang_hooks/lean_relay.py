@@ -35,6 +35,21 @@ of that hand-over sit on the path from one forward to the next, where a plain de
 
 Chosen at start-up with `SPECCTL_LEAN_RELAY=1` and at run time with the admin key
 `specctl_lean_relay` (0 or 1) in `POST /set_internal_state`. Off where the variable is absent.
+
+- **The fence at the replay** (its own switch, under the trims above). A depth-0 batch on
+  the target's DECODE graphs (plain_decode.py) reads its shared buffers where a server
+  without speculation's decode reads them: the graph runner builds the page table out of
+  `req_to_token` before it replays, and publishes its read-done event there (on the target's
+  model runner, which the barrier of an EAGLE server does not read). With
+  `SPECCTL_FENCE_AT_REPLAY=1`, or the admin key `specctl_fence_at_replay` 1, the hand-over
+  gives the barrier that event instead of one at the decode's outputs, so the next
+  iteration's preparation on the schedule stream runs beside this decode, as on a server
+  without speculation, instead of after it. What runs after the replay reads nothing the
+  schedule stream writes next: the sampler reads the graph's logits, and the next lengths
+  (made before the replay) and bonus tokens reach the next iteration through the FutureMap,
+  whose own publish event orders them. (The verify's graph, a breakable one, reads
+  `req_to_token` during its replay: SGLang publishes its event after the replay, and so an
+  event before a verify's replay is never handed over.) Off where the variable is absent.
 """
 
 from __future__ import annotations
@@ -46,6 +61,10 @@ from sglang_hooks.env_switch import read_switch
 
 ENV = "SPECCTL_LEAN_RELAY"
 KEY = contract.LEAN_RELAY_KEY
+FENCE_ENV = "SPECCTL_FENCE_AT_REPLAY"
+FENCE_KEY = contract.FENCE_AT_REPLAY_KEY
+# On a plain decode's result: the read-done event its DECODE graph published before replaying.
+REPLAY_EVENT = "specctl_replay_read_done"
 # The read-done attribute the scheduler's WAR barrier reads: 0.5.23's name, then 0.5.17's.
 EVENT_ATTRS = ("shared_read_done_event", "war_fastpath_read_done_event")
 # Releases whose FutureMap.stash writes every draft field whatever the payload holds (read in
@@ -58,7 +77,13 @@ def from_env() -> tuple[bool, str | None]:
     return read_switch(ENV, "the depth-0 relay trims")
 
 
-def _event_attr(runner: Any) -> str | None:
+def fence_from_env() -> tuple[bool, str | None]:
+    """(on, error): the start-up setting of the fence at the replay."""
+    return read_switch(FENCE_ENV, "the depth-0 fence at the DECODE graph's replay")
+
+
+def event_attr(runner: Any) -> str | None:
+    """The read-done attribute of this release's model runners, or None."""
     return next((a for a in EVENT_ATTRS if hasattr(runner, a)), None)
 
 
@@ -77,14 +102,15 @@ def new_event(device: Any) -> Any:
     return event
 
 
-def hand_over(worker: Any) -> bool:
-    """Give the WAR barrier an event marking where the skipped extend would have started:
-    the verify's outputs are written by then. False where the worker has no such runner."""
+def hand_over(worker: Any, replay_event: Any = None) -> bool:
+    """Give the WAR barrier an event marking where the skipped extend would have started
+    (the verify's outputs are written by then), or `replay_event`, a plain decode's read-done
+    event from before its replay. False where the worker has no such runner."""
     runner = barrier_runner(worker)
-    attr = _event_attr(runner)
+    attr = event_attr(runner)
     if attr is None:
         return False
-    setattr(runner, attr, new_event(worker.device))
+    setattr(runner, attr, replay_event if replay_event is not None else new_event(worker.device))
     return True
 
 

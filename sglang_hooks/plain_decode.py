@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_hooks import lean_relay
 from sglang_hooks.contract import PLAIN_DECODE_KEY, PolicyError, no_decode_graphs
 from sglang_hooks.env_switch import read_switch
 from sglang_hooks.lean_host import PerBatchSize
@@ -413,6 +414,11 @@ def decode(worker: Any, batch: Any, parts: SglangParts | None = None, *,
         batch.seq_lens_cpu = saved.seq_lens_cpu + 1
     if saved.seq_lens_sum is not None:
         batch.seq_lens_sum = saved.seq_lens_sum + len(batch.reqs)
+    # The read-done event the DECODE graph runner publishes before it replays (lean_relay.py,
+    # the fence at the replay), cleared first so that one found after is this forward's.
+    read_done_attr = lean_relay.event_attr(model_runner)
+    if read_done_attr is not None:
+        setattr(model_runner, read_done_attr, None)
     verify_runner, verify_backend = model_runner.decode_cuda_graph_runner, model_runner.attn_backend
     model_runner.decode_cuda_graph_runner, model_runner.attn_backend = plain.runner, plain.backend
     try:
@@ -455,6 +461,8 @@ def decode(worker: Any, batch: Any, parts: SglangParts | None = None, *,
         extra_keep_alive_refs=[forward_batch],
     )
     result.specctl_plain = True  # its result processing: `resolve_tokens`
+    if read_done_attr is not None:
+        setattr(result, lean_relay.REPLAY_EVENT, getattr(model_runner, read_done_attr, None))
     return result
 
 

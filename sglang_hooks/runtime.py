@@ -56,6 +56,7 @@ class Change:
     off_mode: str | None = None
     lean_host: bool | None = None  # the host-work trims (lean_host.py), if the request says
     lean_relay: bool | None = None  # the depth-0 relay trims (lean_relay.py), likewise
+    fence_at_replay: bool | None = None  # under them, the plain decode's fence at its replay
     skip_draft_prefill: bool | None = None  # the draft's prefill while off (draft_prefill.py)
     plain_decode: bool | None = None  # depth 0 on the DECODE graphs (plain_decode.py)
 
@@ -107,10 +108,13 @@ class SchedulerRuntime:
         self.off_mode = off_mode.DEFAULT_MODE
         self.lean_host = False  # lean_host.py: trimmed host work on the speculative iteration
         self.lean_relay = False  # lean_relay.py: a depth-0 iteration's lighter hand-over
+        # lean_relay.py: a depth-0 plain decode fences at its graph's replay, not its outputs
+        self.fence_at_replay = False
         # Set inside a launch: its draft work (the decode's extend or the prefill's) was
         # skipped for the stub, so lean_relay stashes the bonus tokens alone.
         self.launch_stubbed = False
         self.early_fences = 0  # depth-0 launches that handed the WAR barrier their own event
+        self.replay_fences = 0  # of those, plain decodes that handed over their replay's
         self.lean_stashes = 0  # relays that stashed the bonus tokens alone
         self.lean_gathers = 0  # iterations that gathered the bonus tokens alone
         self.late_gathers = 0  # of those, launches that drafted and gathered the rest late
@@ -221,6 +225,9 @@ class SchedulerRuntime:
         if change.lean_relay is not None:
             self.lean_relay = self._switched("depth-0 relay trims", self.lean_relay,
                                              change.lean_relay)
+        if change.fence_at_replay is not None:
+            self.fence_at_replay = self._switched("depth-0 fence at the replay",
+                                                  self.fence_at_replay, change.fence_at_replay)
         if change.skip_draft_prefill is not None:
             self.skip_draft_prefill = self._switched(
                 "draft prefill skipped while off", self.skip_draft_prefill,
@@ -282,7 +289,9 @@ class SchedulerRuntime:
         state["lean_relay"] = self.lean_relay
         state["lean_prepare"] = lean_host.PREPARE_ENABLED
         state["lean_prepare_runs"] = dict(self.prepare_trims)
+        state["fence_at_replay"] = self.fence_at_replay
         state["early_fences"] = self.early_fences
+        state["replay_fences"] = self.replay_fences
         state["lean_stashes"] = self.lean_stashes
         state["lean_gathers"] = self.lean_gathers
         state["late_gathers"] = self.late_gathers
@@ -394,4 +403,5 @@ def validate_change(server_args: Mapping[str, Any], captured_depths: Iterable[in
         table = decode_table(table_keys, captured_depths=captured_depths)
     return Change(table=table, table_given=given, off_mode=asked.off_mode,
                   lean_host=asked.lean_host, lean_relay=asked.lean_relay,
+                  fence_at_replay=asked.fence_at_replay,
                   skip_draft_prefill=asked.skip_draft_prefill, plain_decode=asked.plain_decode)

@@ -30,6 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sglang_hooks import off_mode
 from sglang_hooks.contract import (
+    FENCE_AT_REPLAY_KEY,
     LEAN_HOST_KEY,
     LEAN_RELAY_KEY,
     METRIC_ITERATIONS,
@@ -176,12 +177,13 @@ def plain_decode_checks(admin: httpx.Client, api: httpx.Client) -> list[tuple[bo
 
 
 def off_mode_checks(admin: httpx.Client, api: httpx.Client) -> list[tuple[bool, str]]:
-    """Each off mode, then the host-work trims, the depth-0 relay trims and the draft
-    prefill's skip on and off, pushed and read back (setting_checks); the server is left as
-    it started."""
+    """Each off mode, then the host-work trims, the depth-0 relay trims, their fence at the
+    replay and the draft prefill's skip on and off, pushed and read back (setting_checks);
+    the server is left as it started."""
     modes = setting_checks(admin, api, off_mode.OFF_MODE_KEY, "off_mode",
                            list(enumerate(off_mode.MODES)), len(off_mode.MODES))
     for key, field in ((LEAN_HOST_KEY, "lean_host"), (LEAN_RELAY_KEY, "lean_relay"),
+                       (FENCE_AT_REPLAY_KEY, "fence_at_replay"),
                        (SKIP_DRAFT_PREFILL_KEY, "skip_draft_prefill")):
         modes += setting_checks(admin, api, key, field, [(1, True), (0, False)], 2)
     return modes

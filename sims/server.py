@@ -84,6 +84,7 @@ class SimulatedServer:
                           else contract.SKIP_EXTEND)  # fmt: skip
         self._lean_host = False
         self._lean_relay = False
+        self._fence_at_replay = False
         # The draft prefill skip as pushed; as in the plugin (sglang_hooks/draft_prefill.py)
         # it acts only under a table and outside the `sglang` off mode.
         self._skip_draft_prefill = self.engine.skip_draft_prefill
@@ -254,6 +255,8 @@ class SimulatedServer:
                 self._lean_host = asked.lean_host
             if asked.lean_relay is not None:
                 self._lean_relay = asked.lean_relay
+            if asked.fence_at_replay is not None:
+                self._fence_at_replay = asked.fence_at_replay
             if asked.skip_draft_prefill is not None:
                 self._skip_draft_prefill = asked.skip_draft_prefill
             if asked.plain_decode is not None:
@@ -330,6 +333,7 @@ class SimulatedServer:
                 state["off_mode"] = self._off_mode
                 state["lean_host"] = self._lean_host
                 state["lean_relay"] = self._lean_relay
+                state["fence_at_replay"] = self._fence_at_replay
                 state["skip_draft_prefill"] = self._skip_draft_prefill
                 state["skipped_draft_prefills"] = self.engine.skipped_draft_prefills
                 state["plain_decode"] = {

@@ -142,6 +142,14 @@ def test_the_off_mode_key_is_answered_as_the_plugin_answers_it(kimi):
     status, err = server.set_internal_state({"server_args": {"specctl_lean_host": 2}}, None)
     rejection = parse_rejection(err)
     assert status == 400 and rejection is not None and rejection.field == "specctl_lean_host"
+    assert read_server_state(server.server_info())[0]["fence_at_replay"] is False
+    assert server.set_internal_state({"server_args": {"specctl_fence_at_replay": 1}}, None) == \
+        (200, [True])
+    assert read_server_state(server.server_info())[0]["fence_at_replay"] is True
+    status, err = server.set_internal_state({"server_args": {"specctl_fence_at_replay": 2}}, None)
+    rejection = parse_rejection(err)
+    assert status == 400 and rejection is not None
+    assert rejection.field == "specctl_fence_at_replay"
 
 
 def test_the_plain_decode_switch_is_answered_as_a_server_without_decode_graphs(kimi):

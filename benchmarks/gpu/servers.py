@@ -149,7 +149,8 @@ SGLANG_LAUNCH_SWITCHES = (DEVICE_TIMER_ENV, COARSE_WAR_BARRIER_ENV)
 # The plugin's start-up switches, carried into the speculative server's launch: a server
 # started with another value of one is restarted, not reused (the plain server has no plugin).
 PLUGIN_LAUNCH_SWITCHES = (plain_decode.ENV, verify_schedule.ENV, lean_host.ENV,
-                          lean_host.PREPARE_ENV, lean_relay.ENV, draft_prefill.ENV,
+                          lean_host.PREPARE_ENV, lean_relay.ENV, lean_relay.FENCE_ENV,
+                          draft_prefill.ENV,
                           off_mode.OFF_MODE_ENV)
 
 

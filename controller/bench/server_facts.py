@@ -49,7 +49,8 @@ def server_facts(info: dict[str, Any]) -> dict[str, Any]:
     `effective_max_running_requests_per_dp` is the running-request cap SGLang actually applies
     (rank 0), which differs from `max_running_requests` when SGLang chose or lowered it.
     `captured_depths`, `off_mode`, `verify_schedule_backends`, `plain_decode_runners`,
-    `lean_host`, `lean_relay` and `skip_draft_prefill` come from the specctl plugin's state;
+    `lean_host`, `lean_relay`, `fence_at_replay` and `skip_draft_prefill` come from the specctl
+    plugin's state;
     `simulated` (profile, speedup) only from `specctl sim serve`.
     """
     out: dict[str, Any] = {}
@@ -82,7 +83,7 @@ def server_facts(info: dict[str, Any]) -> dict[str, Any]:
         out["plain_decode_runners"] = None
     # Whether the plugin's host-work trims ran (they shorten depth 0's iteration at high load).
     # ... and whether requests admitted at depth 0 skipped the draft's prefill.
-    for trims in ("lean_host", "lean_relay", "skip_draft_prefill"):  # as they ran
+    for trims in ("lean_host", "lean_relay", "fence_at_replay", "skip_draft_prefill"):
         on = specctl.get(trims) if isinstance(specctl, dict) else None
         out[trims] = on if isinstance(on, bool) else None
     simulated = info.get("simulated")

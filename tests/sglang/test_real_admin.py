@@ -111,6 +111,19 @@ def test_the_relay_trims_switch_through_the_controller(controller: Any,
     assert "specctl_lean_relay" in (runtime.last_rejection or "")
 
 
+def test_the_fence_at_the_replay_switches_through_the_controller(
+    controller: Any, runtime: SchedulerRuntime
+) -> None:
+    assert controller.set_internal_state(_req({"specctl_fence_at_replay": 1})).updated
+    assert runtime.fence_at_replay and runtime.table is None
+    assert runtime.report()["fence_at_replay"] is True
+    out = controller.set_internal_state(_req({"specctl_fence_at_replay": 2}))
+    assert out.updated is False and runtime.fence_at_replay
+    assert "specctl_fence_at_replay" in (runtime.last_rejection or "")
+    assert controller.set_internal_state(_req({"specctl_fence_at_replay": 0})).updated
+    assert not runtime.fence_at_replay
+
+
 def test_the_plain_decode_switch_goes_through_the_controller(controller: Any,
                                                            runtime: SchedulerRuntime) -> None:
     """No DECODE graphs were captured in this process: 1 is refused naming the key and how to
@@ -327,9 +340,9 @@ def test_smoke_off_mode_checks_pass_against_the_real_push_route(
     runtime.lean_host = True
     runtime.lean_relay = False
     checks = smoke.off_mode_checks(client, SimpleNamespace(get=server_info))
-    # three modes, the start one again, a bad code; then each of the three switches on,
+    # three modes, the start one again, a bad code; then each of the four switches on,
     # off, the start again, a bad value
-    assert len(checks) == 17 and all(ok for ok, _ in checks), checks
+    assert len(checks) == 21 and all(ok for ok, _ in checks), checks
     assert runtime.off_mode == "skip-extend" and runtime.lean_host  # put back
     assert not runtime.lean_relay
 

@@ -112,6 +112,54 @@ def test_the_skipped_extend_hands_the_event_over_on_a_real_draft_worker(
     assert relay.early_fences == 1 and len(events) == 1
 
 
+def test_a_given_replay_event_goes_to_the_barrier_instead_of_a_new_one(
+    events: list[Any]
+) -> None:
+    worker, replayed = _worker_0517(), object()
+    assert lean_relay.hand_over(worker, replayed)
+    assert worker.war_fastpath_runner.war_fastpath_read_done_event is replayed and not events
+
+
+@pytest.mark.parametrize("fence_at_replay", [True, False])
+def test_the_skipped_extend_hands_over_the_plain_decodes_replay_event_when_asked(
+    relay: SchedulerRuntime, events: list[Any], fence_at_replay: bool
+) -> None:
+    import torch
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+    worker = _worker_0523()
+    relay.spec_worker = worker
+    relay.fence_at_replay = fence_at_replay
+    assert relay.choose(20) == 0
+    batch = NS(seq_lens=torch.zeros(20, dtype=torch.int64))
+    replayed = object()
+    result = NS(next_draft_input=NS(topk_p=None, topk_index=None, hidden_states=None),
+                **{lean_relay.REPLAY_EVENT: replayed})
+    EagleDraftWorker._draft_extend_for_decode(NS(), batch, result)
+    handed = worker._draft_worker.draft_runner.shared_read_done_event
+    assert handed is (replayed if fence_at_replay else events[0][1])
+    assert relay.early_fences == 1 and relay.replay_fences == int(fence_at_replay)
+    assert relay.report()["replay_fences"] == int(fence_at_replay)
+    assert relay.report()["fence_at_replay"] is fence_at_replay
+    # a verify's result carries no replay event: the barrier gets one at its outputs
+    verified = NS(next_draft_input=NS(topk_p=None, topk_index=None, hidden_states=None))
+    EagleDraftWorker._draft_extend_for_decode(NS(), batch, verified)
+    assert worker._draft_worker.draft_runner.shared_read_done_event is events[-1][1]
+    assert relay.early_fences == 2 and relay.replay_fences == int(fence_at_replay)
+
+
+def test_the_fence_at_the_replay_is_read_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(lean_relay.FENCE_ENV, "1")
+    assert lean_relay.fence_from_env() == (True, None)
+    monkeypatch.setenv(lean_relay.FENCE_ENV, "maybe")
+    on, error = lean_relay.fence_from_env()
+    assert not on and error is not None and lean_relay.FENCE_ENV in error
+    monkeypatch.delenv(lean_relay.FENCE_ENV)
+    assert lean_relay.fence_from_env() == (False, None)
+
+
 # ----------------------------------------------------------------------------- 0.5.17's stash
 
 

@@ -864,3 +864,64 @@ def test_the_simulator_reports_the_same_plain_decode_fields_as_the_plugin() -> N
     simulated = server.specctl_state()["plain_decode"]
     assert set(simulated) == set(plain_decode.state_report())
     assert simulated["runners"] == 0 and simulated["light_inputs"] == 0
+
+
+# ----------------------------------------------------------------------------- fence at the replay
+
+
+def test_0517_decode_graphs_publish_their_read_done_event_before_replaying(
+    sglang17_root: Path,
+) -> None:
+    """What the fence at the replay hands over (lean_relay.py): 0.5.17's graph runner records
+    the model runner's read-done event before its replay for a DECODE batch, and after it only
+    for a breakable verify."""
+    replay = _method(sglang17_root, "execute")
+    source = ast.unparse(replay)
+    assert "publish_read_done = forward_batch.forward_mode.is_decode() or" in source
+    post = next(n for n in ast.walk(replay) if isinstance(n, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "read_done_post_replay"
+                        for t in n.targets))
+    assert "is_target_verify()" in ast.unparse(post.value)
+    publishes = _assigned(replay, "war_fastpath_read_done_event")
+    replays = [n.lineno for n in ast.walk(replay) if isinstance(n, ast.Call)
+               and isinstance(n.func, ast.Attribute) and n.func.attr == "replay"
+               and ast.unparse(n.func.value) == "self.backend"]
+    assert len(publishes) == 2 and len(replays) == 1
+    assert min(publishes) < replays[0] < max(publishes)
+
+
+class PublishingTargetWorker(TargetWorker):
+    """Its forward publishes a read-done event on the model runner, as 0.5.17's DECODE graph
+    runner does before it replays; `publish=False`: a forward that publishes none."""
+
+    def __init__(self, model_runner: Any, publish: bool = True) -> None:
+        super().__init__(model_runner)
+        self.publish = publish
+        self.events: list[object] = []
+
+    def forward_batch_generation(self, batch: Any, forward_batch: Any = None) -> Any:
+        if self.publish:
+            self.events.append(object())
+            self.model_runner.war_fastpath_read_done_event = self.events[-1]
+        return super().forward_batch_generation(batch, forward_batch)
+
+
+@pytest.mark.parametrize("publish", [True, False])
+def test_a_plain_decode_keeps_the_event_its_own_replay_published(publish: bool) -> None:
+    from sglang_hooks import lean_relay
+
+    worker = _worker()
+    mr = worker._target_worker.model_runner
+    mr.war_fastpath_read_done_event = "an earlier forward's"
+    worker._target_worker = PublishingTargetWorker(mr, publish)
+    result = plain_decode.decode(worker, _batch(enable_overlap=True), _parts())
+    assert result is not None
+    kept = getattr(result, lean_relay.REPLAY_EVENT)
+    assert kept is (worker._target_worker.events[0] if publish else None)
+
+
+def test_a_runner_without_the_event_leaves_the_result_without_one() -> None:
+    from sglang_hooks import lean_relay
+
+    result = plain_decode.decode(_worker(), _batch(), _parts())
+    assert result is not None and not hasattr(result, lean_relay.REPLAY_EVENT)

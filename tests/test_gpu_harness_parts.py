@@ -353,3 +353,24 @@ def test_both_servers_capture_their_decode_graphs_at_the_same_batch_sizes(tmp_pa
         for plan in servers.plans(models, own, tmp_path):
             assert plan.argv.count("--cuda-graph-bs-decode") == chosen.count(
                 "--cuda-graph-bs-decode")
+
+
+def test_both_servers_get_one_kv_pool_size_unless_the_caller_sets_one(tmp_path):
+    """Each server sizes its KV pool from its share of GPU memory, so the two pools differ
+    (the twenty-sixth run: 305,491 tokens against 265,545); the harness caps both at one size,
+    unless the caller's arguments name their own."""
+    from benchmarks.gpu.model_folders import TINY, build_dummy_folders
+
+    models = build_dummy_folders(tmp_path, TINY)
+    opts = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1, plain_port=2)
+    for plan in servers.plans(models, opts, tmp_path):
+        at = plan.argv.index("--max-total-tokens")
+        assert plan.argv[at + 1] == str(servers.SHARED_KV_TOKENS), plan.role
+        assert plan.argv.count("--max-total-tokens") == 1
+    for own in (("--max-total-tokens", "100000"), ("--max-total-tokens=100000",)):
+        mine = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1,
+                                     plain_port=2, extra_args=own)
+        for plan in servers.plans(models, mine, tmp_path):
+            flags = [a for a in plan.argv if a.startswith("--max-total-tokens")]
+            assert flags == [own[0]], plan.role
+            assert str(servers.SHARED_KV_TOKENS) not in plan.argv

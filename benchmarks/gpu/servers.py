@@ -47,6 +47,16 @@ COMMON_SGLANG_FLAGS = (
 # against 60), and depth 0's DECODE graphs take the speculative list. Both servers get the
 # speculative default up to 128, so that neither pads more than the other.
 SHARED_DECODE_GRAPH_BS = (*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 129, 8))
+# The KV pool's size in tokens, one cap for both servers. Each sizes its pool from its share of
+# GPU memory (0.4 and 0.6 of the H200), and the speculative server's came out larger (305,491
+# tokens against 265,545 in the twenty-sixth run). Under a closed loop both pools fill with
+# cached prefixes, and SGLang 0.5.17's eviction heaps every evictable leaf on each call, so a
+# larger pool holds more leaves to heap: a confounder at 64-128 streams, where depth 0's
+# evictions took 0.43 ms a pass against the plain server's 0.39. SGLang lowers a cap above
+# what fits to what fits (with a warning in the log), so a server that cannot hold this many
+# tokens keeps its own, and `/server_info` says so (`token_capacity`).
+SHARED_KV_TOKENS = 262_144
+KV_TOKENS_FLAG = "--max-total-tokens"
 EAGLE3_FLAGS = (
     "--speculative-algorithm", "EAGLE3", "--speculative-eagle-topk", "1",
     "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "4",
@@ -129,6 +139,9 @@ def _sglang_argv(role: str, port: int, mem: float, models: ModelFolders,
             "--mem-fraction-static", f"{mem:g}", *opts.extra_args]
     if not chooses_decode_graph_sizes(opts.extra_args):  # the caller's sizes win
         args += ["--cuda-graph-bs-decode", *map(str, SHARED_DECODE_GRAPH_BS)]
+    if not any(a == KV_TOKENS_FLAG or a.startswith(KV_TOKENS_FLAG + "=")
+               for a in opts.extra_args):  # the caller's cap wins
+        args += [KV_TOKENS_FLAG, str(SHARED_KV_TOKENS)]
     if models.dummy:
         args += ["--load-format", "dummy"]
     if role == PLAIN:

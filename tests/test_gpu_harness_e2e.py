@@ -56,9 +56,9 @@ def test_all_phases_against_simulated_servers_then_a_later_command(tmp_path, cap
     assert summary["prefill_batches"]["plain"] == {"graphed": 0, "eager": 0,
                                                    "eager_one_token": 0}
     assert set(summary["prefill_batches"]) == {"spec", "plain"}
-    # with the off modes, both trims' settings, the draft prefill skip's, and the plain decode
-    # switch's 400 (the simulator has no DECODE graphs)
-    assert phases["smoke"]["result"]["result"] == "28 passed, 0 failed"
+    # with the off modes, both trims' settings, the fence at the replay's, the draft prefill
+    # skip's, and the plain decode switch's 400 (the simulator has no DECODE graphs)
+    assert phases["smoke"]["result"]["result"] == "32 passed, 0 failed"
     greedy = phases["greedy"]["result"]["comparisons"]
     assert [c["mode"] for c in greedy] == ["plain-again", "spec-switching", "spec-d3"]
     assert all(c["flips"] == 0 and c["prompts"] == 2 for c in greedy)

@@ -135,22 +135,15 @@ def test_the_off_mode_key_is_answered_as_the_plugin_answers_it(kimi):
     rejection = parse_rejection(err)
     assert status == 400 and rejection is not None and rejection.field == "specctl_off_mode"
     assert read_server_state(server.server_info())[0]["off_mode"] == "skip-extend-all"
-    assert read_server_state(server.server_info())[0]["lean_host"] is False
-    assert server.set_internal_state({"server_args": {"specctl_lean_host": 1}}, None) == \
-        (200, [True])
-    assert read_server_state(server.server_info())[0]["lean_host"] is True
-    status, err = server.set_internal_state({"server_args": {"specctl_lean_host": 2}}, None)
-    rejection = parse_rejection(err)
-    assert status == 400 and rejection is not None and rejection.field == "specctl_lean_host"
-    assert read_server_state(server.server_info())[0]["fence_at_replay"] is False
-    assert server.set_internal_state({"server_args": {"specctl_fence_at_replay": 1}}, None) == \
-        (200, [True])
-    assert read_server_state(server.server_info())[0]["fence_at_replay"] is True
-    status, err = server.set_internal_state({"server_args": {"specctl_fence_at_replay": 2}}, None)
-    rejection = parse_rejection(err)
-    assert status == 400 and rejection is not None
-    assert rejection.field == "specctl_fence_at_replay"
-
+    for key, field in (("specctl_lean_host", "lean_host"),
+                       ("specctl_fence_at_replay", "fence_at_replay")):
+        assert read_server_state(server.server_info())[0][field] is False
+        assert server.set_internal_state({"server_args": {key: 1}}, None) == (200, [True])
+        assert read_server_state(server.server_info())[0][field] is True
+        status, err = server.set_internal_state({"server_args": {key: 2}}, None)
+        rejection = parse_rejection(err)
+        assert status == 400 and rejection is not None and rejection.field == key
+        assert read_server_state(server.server_info())[0][field] is True
 
 def test_the_plain_decode_switch_is_answered_as_a_server_without_decode_graphs(kimi):
     """The simulator runs depth 0 through the verify: 0 is accepted and read back, 1 is the

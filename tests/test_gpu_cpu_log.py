@@ -58,6 +58,9 @@ def test_levels_see_a_busy_neighbour_on_its_cores(sim_server_factory, tmp_path, 
         # The spinning neighbour holds CPU 0 (shared with whatever else the machine runs there).
         assert 0.5 <= row["busy"]["first"] <= 1.0
         assert row["busy"]["all"] >= row["busy"]["first"]
+        # CPU 0 is the only core of `first`; of every core, the neighbour's is busy enough
+        assert row["busiest_core"]["first"] == [0, row["busy"]["first"]]
+        assert row["busiest_core"]["all"][1] >= 0.5
         for part in ("irq", "steal"):  # read off this machine: parts of the busy time
             assert 0.0 <= row[part]["first"] <= row["busy"]["first"]
         assert any("cpu_log_standin" in label and share >= 0.5 for label, share in row["top"])

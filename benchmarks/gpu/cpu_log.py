@@ -11,7 +11,8 @@ kernel's cpufreq reading, else /proc/cpuinfo's, which a virtual machine may hold
 nominal clock) and the busiest processes' CPU shares. `levels` takes the intervals whose
 middle falls inside each level's measured window (bench.json's `window_start_unix`,
 `window_end_unix`) and gives the busy cores of each `--cores` group, with their interrupt and
-steal time and their mean clock, and the busiest processes over the window.
+steal time and their mean clock, the group's busiest core (where a server's scheduler, its
+one thread that runs flat out, sat) and the busiest processes over the window.
 
 Why: on the H200, depth 0's 128-stream level ran at 0.6-0.67 of the plain server's tok/s in
 some benches and at 0.96-1.16 in others, on the same servers, with its pass slower both inside
@@ -165,6 +166,9 @@ class LevelCpus:
     steal: dict[str, float]  # group -> cores' worth of time the hypervisor took (in busy)
     top: list[tuple[str, float]]  # (process, CPU share) over the window, busiest first
     mhz: dict[str, float | None] = field(default_factory=dict)  # group -> mean clock (None: unread)
+    # group -> (core, its busy share): where a server's one pegged thread, its scheduler, ran
+    # (the twenty-sixth run's slow 128-stream levels shared one core); None: no interval
+    busiest_core: dict[str, tuple[int, float] | None] = field(default_factory=dict)
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:
@@ -233,6 +237,18 @@ def _group_mhz(inside: list[dict[str, Any]], groups: dict[str, set[int]]
     return out
 
 
+def _busiest_core(inside: list[dict[str, Any]], groups: dict[str, set[int]]
+                  ) -> dict[str, tuple[int, float] | None]:
+    """Per group, the core busiest over the intervals, with its mean busy share."""
+    out: dict[str, tuple[int, float] | None] = {}
+    for name, members in groups.items():
+        means = {c: sum(e["cpu_busy"].get(c, 0.0) for e in inside) / len(inside)
+                 for c in members} if inside else {}  # fmt: skip
+        core = max(sorted(means), key=lambda c: means[c], default=None)
+        out[name] = None if core is None else (core, round(means[core], 2))
+    return out
+
+
 def levels(entries: list[dict[str, Any]], bench_dir: Path,
            groups: dict[str, set[int]]) -> list[LevelCpus]:  # fmt: skip
     out = []
@@ -248,8 +264,12 @@ def levels(entries: list[dict[str, Any]], bench_dir: Path,
                      key=lambda kv: -kv[1])[:3] if seconds else []  # fmt: skip
         busy, irq, steal = (_group_cores(inside, key, groups) for key in SHARE_KEYS)
         out.append(LevelCpus(w.bench, w.series, w.concurrency, len(inside), busy, irq, steal,
-                             top, _group_mhz(inside, groups)))
+                             top, _group_mhz(inside, groups), _busiest_core(inside, groups)))
     return out
+
+
+def _core_cell(busiest: tuple[int, float] | None) -> str:
+    return "-" if busiest is None else f"{busiest[0]} ({busiest[1]:g})"
 
 
 def render(rows: list[LevelCpus], groups: dict[str, set[int]]) -> str:
@@ -257,13 +277,14 @@ def render(rows: list[LevelCpus], groups: dict[str, set[int]]) -> str:
     clocked = [n for n in names if any(r.mhz.get(n) is not None for r in rows)]
     head = ["bench", "series", "streams", "intervals",
             *(f"{n} busy (irq, steal)" for n in names), *(f"{n} MHz" for n in clocked),
-            "busiest processes (CPUs)"]
+            *(f"{n} busiest core" for n in names), "busiest processes (CPUs)"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in rows:
         top = "; ".join(f"{label} {share:g}" for label, share in r.top)
         cells = [r.bench, r.series, str(r.concurrency), str(r.intervals),
                  *(f"{r.busy[n]:g} ({r.irq[n]:g}, {r.steal[n]:g})" for n in names),
-                 *(str(r.mhz.get(n) or "-") for n in clocked), top]  # fmt: skip
+                 *(str(r.mhz.get(n) or "-") for n in clocked),
+                 *(_core_cell(r.busiest_core.get(n)) for n in names), top]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

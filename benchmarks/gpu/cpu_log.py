@@ -167,7 +167,8 @@ class LevelCpus:
     top: list[tuple[str, float]]  # (process, CPU share) over the window, busiest first
     mhz: dict[str, float | None] = field(default_factory=dict)  # group -> mean clock (None: unread)
     # group -> (core, its busy share): where a server's one pegged thread, its scheduler, ran
-    # (the twenty-sixth run's slow 128-stream levels shared one core); None: no interval
+    # (in the twenty-sixth run every 128-stream level with depth 0's on core 3 was slow);
+    # None: no interval
     busiest_core: dict[str, tuple[int, float] | None] = field(default_factory=dict)
 
 

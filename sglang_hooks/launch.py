@@ -71,7 +71,8 @@ def node_count(sglang_args: Sequence[str]) -> int:
         return 1
 
 
-def _has_flag(args: Sequence[str], flag: str) -> bool:
+def has_flag(args: Sequence[str], flag: str) -> bool:
+    """Whether `flag` is among these arguments, alone or as `flag=value`."""
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
@@ -95,19 +96,19 @@ def build_command(
     current_env = {} if current_env is None else current_env
     args = list(sglang_args)
     notes: list[str] = []
-    if not _has_flag(args, "--speculative-algorithm"):
+    if not has_flag(args, "--speculative-algorithm"):
         raise ValueError("add --speculative-algorithm EAGLE3 (or EAGLE) and its draft model: "
                          "specctl steers speculative decoding")
-    if _has_flag(args, "--speculative-adaptive-config"):
+    if has_flag(args, "--speculative-adaptive-config"):
         notes.append("kept your --speculative-adaptive-config: only depths listed in every "
                      "slot can be pushed")
     else:
         args += ["--speculative-adaptive-config", str(config_path)]
-    if not _has_flag(args, "--speculative-adaptive"):
+    if not has_flag(args, "--speculative-adaptive"):
         args.append("--speculative-adaptive")
-    if not _has_flag(args, "--enable-metrics"):
+    if not has_flag(args, "--enable-metrics"):
         args.append("--enable-metrics")
-    if not _has_flag(args, "--max-running-requests"):
+    if not has_flag(args, "--max-running-requests"):
         args += ["--max-running-requests", str(PLAIN_REQUEST_CAP)]
         notes.append(request_cap_note())
     notes += _cuda_graph_notes(args)
@@ -139,12 +140,12 @@ _LEGACY_GRAPH_FLAGS = {"--cuda-graph-max-bs": "--cuda-graph-max-bs-decode",
 
 def chooses_decode_graph_sizes(args: Sequence[str]) -> bool:
     """Whether these SGLang arguments size the decode CUDA graphs (a legacy spelling counts)."""
-    return any(_has_flag(args, f) for f in (*DECODE_GRAPH_FLAGS, *_LEGACY_GRAPH_FLAGS))
+    return any(has_flag(args, f) for f in (*DECODE_GRAPH_FLAGS, *_LEGACY_GRAPH_FLAGS))
 
 
 def _cuda_graph_notes(args: Sequence[str]) -> list[str]:
     notes = [f"{old} is a deprecated alias in SGLang 0.5.17 and refused as ambiguous by 0.5.23: "
-             f"use {new}" for old, new in _LEGACY_GRAPH_FLAGS.items() if _has_flag(args, old)]
+             f"use {new}" for old, new in _LEGACY_GRAPH_FLAGS.items() if has_flag(args, old)]
     if not notes and not chooses_decode_graph_sizes(args):
         notes.append("set --cuda-graph-max-bs-decode to at least the batch sizes you serve: "
                      "above it decode runs without CUDA graphs at every depth")

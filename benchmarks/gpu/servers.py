@@ -32,7 +32,7 @@ from sglang_hooks import (
     plain_decode,
     verify_schedule,
 )
-from sglang_hooks.launch import chooses_decode_graph_sizes
+from sglang_hooks.launch import chooses_decode_graph_sizes, has_flag
 
 SPEC, PLAIN = "spec", "plain"
 # What the H200 runs needed (docs/sglang.md, "GPU end-to-end harness").
@@ -139,8 +139,7 @@ def _sglang_argv(role: str, port: int, mem: float, models: ModelFolders,
             "--mem-fraction-static", f"{mem:g}", *opts.extra_args]
     if not chooses_decode_graph_sizes(opts.extra_args):  # the caller's sizes win
         args += ["--cuda-graph-bs-decode", *map(str, SHARED_DECODE_GRAPH_BS)]
-    if not any(a == KV_TOKENS_FLAG or a.startswith(KV_TOKENS_FLAG + "=")
-               for a in opts.extra_args):  # the caller's cap wins
+    if not has_flag(opts.extra_args, KV_TOKENS_FLAG):  # the caller's cap wins
         args += [KV_TOKENS_FLAG, str(SHARED_KV_TOKENS)]
     if models.dummy:
         args += ["--load-format", "dummy"]

@@ -62,7 +62,6 @@ from sglang_hooks.env_switch import read_switch
 ENV = "SPECCTL_LEAN_RELAY"
 KEY = contract.LEAN_RELAY_KEY
 FENCE_ENV = "SPECCTL_FENCE_AT_REPLAY"
-FENCE_KEY = contract.FENCE_AT_REPLAY_KEY
 # On a plain decode's result: the read-done event its DECODE graph published before replaying.
 REPLAY_EVENT = "specctl_replay_read_done"
 # The read-done attribute the scheduler's WAR barrier reads: 0.5.23's name, then 0.5.17's.

@@ -374,3 +374,21 @@ def test_both_servers_get_one_kv_pool_size_unless_the_caller_sets_one(tmp_path):
             flags = [a for a in plan.argv if a.startswith("--max-total-tokens")]
             assert flags == [own[0]], plan.role
             assert str(servers.SHARED_KV_TOKENS) not in plan.argv
+
+
+def test_start_warns_when_the_kv_pools_differ_and_names_the_cap_that_evens_them():
+    """SGLang lowers a cap its memory share cannot hold, so on a smaller card the one cap
+    leaves two pool sizes; the start phase's note names the smaller as the cap to pass."""
+    from benchmarks.gpu.phases import kv_pool_note
+
+    even = {"spec": {"max_total_num_tokens": 65536}, "plain": {"max_total_num_tokens": 65536}}
+    assert kv_pool_note(even) is None
+    uneven = {"spec": {"max_total_num_tokens": 110_912},
+              "plain": {"max_total_num_tokens": 83_204}}
+    note = kv_pool_note(uneven)
+    assert note is not None
+    assert "spec 110,912" in note and "plain 83,204" in note
+    assert "--max-total-tokens 83204" in note
+    # a server that did not answer /server_info leaves nothing to compare
+    assert kv_pool_note({"spec": {"error": "ConnectError"},
+                         "plain": {"max_total_num_tokens": 1}}) is None

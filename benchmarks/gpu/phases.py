@@ -139,7 +139,28 @@ def phase_start(run: Run) -> dict[str, Any]:
         run.say(f"  {plan.role}: up at {plan.url} in {seconds:.0f} s (pid {pid})")
         result[plan.role] = entry
     result["server_info"] = record_server_info(run)
+    note = kv_pool_note(result["server_info"])
+    if note:
+        result["kv_pool_note"] = note
+        run.say(f"  ! {note}")
     return result
+
+
+def kv_pool_note(server_info: dict[str, Any]) -> str | None:
+    """A warning when the two servers' KV pools differ, naming the cap that evens them.
+
+    SGLang lowers a `--max-total-tokens` above what its memory share holds to what it holds,
+    so the harness's one cap evens the pools only where both shares hold it (an H100's do not
+    hold 262,144 tokens of the 8B shape)."""
+    sizes = {role: (info or {}).get("max_total_num_tokens")
+             for role, info in server_info.items()}
+    spec, plain = sizes.get(servers.SPEC), sizes.get(servers.PLAIN)
+    if not isinstance(spec, int) or not isinstance(plain, int) or spec == plain:
+        return None
+    return (f"the KV pools differ: {servers.SPEC} {spec:,} tokens, {servers.PLAIN} "
+            f"{plain:,}; a paired comparison then weighs unequal prefix caches. Pass "
+            f"{servers.KV_TOKENS_FLAG} {min(spec, plain)} in --server-args (SERVER_ARGS in "
+            f"h200_session.sh) to give both the smaller")
 
 
 # The plugin's state in the summary: whether it steers, and what its off path skipped.

@@ -54,7 +54,8 @@ SHARED_DECODE_GRAPH_BS = (*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *r
 # larger pool holds more leaves to heap: a confounder at 64-128 streams, where depth 0's
 # evictions took 0.43 ms a pass against the plain server's 0.39. SGLang lowers a cap above
 # what fits to what fits (with a warning in the log), so a server that cannot hold this many
-# tokens keeps its own, and `/server_info` says so (`token_capacity`).
+# tokens keeps its own: the start phase then warns that the pools differ and names the cap
+# that evens them (an H100's shares hold fewer; the twenty-seventh run passed 65,536).
 SHARED_KV_TOKENS = 262_144
 KV_TOKENS_FLAG = "--max-total-tokens"
 EAGLE3_FLAGS = (

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.gpu import daemon_run, servers
+from benchmarks.gpu import daemon_run, gpu_info, servers
 from benchmarks.gpu.context import PhaseError, Run
 from benchmarks.gpu.greedy import RunResult, greedy_check, headline
 from benchmarks.gpu.model_folders import (
@@ -139,6 +139,9 @@ def phase_start(run: Run) -> dict[str, Any]:
         run.say(f"  {plan.role}: up at {plan.url} in {seconds:.0f} s (pid {pid})")
         result[plan.role] = entry
     result["server_info"] = record_server_info(run)
+    if run.opts.backend == "sglang":  # the simulator's stand-ins run on no GPU
+        run.state.data["gpus"] = gpu_info.read()
+        run.state.save()
     note = kv_pool_note(result["server_info"])
     if note:
         result["kv_pool_note"] = note

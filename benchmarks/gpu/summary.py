@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu import server_log
+from benchmarks.gpu import gpu_info, server_log
 from benchmarks.gpu.options import PHASES
 from benchmarks.gpu.state import RunState
 from benchmarks.gpu.switch_stress import check_mark
@@ -36,6 +36,7 @@ def build(state: RunState) -> dict[str, Any]:
         "created_at": state.data.get("created_at"),
         "options": state.data.get("options"),
         "backend": state.data.get("backend"),
+        "gpus": state.data.get("gpus"),
         "models": state.data.get("models"),
         "servers": {role: {k: v for k, v in s.items() if k != "argv"} | {
             "command": " ".join(s.get("argv", []))} for role, s in state.servers.items()},
@@ -90,6 +91,8 @@ def markdown(summary: dict[str, Any]) -> str:
              f"Backend: {summary.get('backend')}; models: "
              f"{(summary.get('models') or {}).get('kind', '-')}; run folder: "
              f"`{summary['run_dir']}`", ""]
+    if summary.get("backend") == "sglang":
+        lines += [f"GPU: {gpu_info.describe(summary.get('gpus'))}", ""]
     phases = summary["phases"]
     lines += ["## Phases", ""]
     lines += _md_table(["phase", "status", "seconds", "error"],

@@ -16,7 +16,8 @@ H100_LINE = "NVIDIA H100 80GB HBM3, 81559, 580.159.04\n"
 
 
 def test_parse_reads_name_memory_and_driver_and_skips_other_lines():
-    gpus = gpu_info.parse(H100_LINE + "\nnot, a gpu\nNVIDIA H200, [N/A], 580.159.03\n")
+    gpus = gpu_info.parse([[c.strip() for c in line.split(",")] for line in
+                           (H100_LINE.strip(), "not, a gpu", "NVIDIA H200, [N/A], 580.159.03")])
     assert gpus == [gpu_info.GpuInfo("NVIDIA H100 80GB HBM3", 81559, "580.159.04"),
                     gpu_info.GpuInfo("NVIDIA H200", None, "580.159.03")]
     assert gpus[0].describe() == "NVIDIA H100 80GB HBM3 (81,559 MiB, driver 580.159.04)"

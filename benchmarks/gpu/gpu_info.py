@@ -3,6 +3,7 @@
 Runs of the harness have gone to an H200 and to an H100 of the same lending pool, and the two
 cards' timings do not compare (memory bandwidth 4.8 against 3.35 TB/s by the datasheets), so
 every run folder says which card it had rather than leaving it to the folder's name.
+`query` is the harness's one call of nvidia-smi's queries (memory.py samples through it too).
 """
 
 from __future__ import annotations
@@ -27,29 +28,33 @@ class GpuInfo:
         return f"{self.name} ({memory}, driver {self.driver})"
 
 
-def parse(text: str) -> list[GpuInfo]:
-    """nvidia-smi's `--query-gpu=name,memory.total,driver_version --format=csv,noheader,nounits`
-    output, one GPU a line; a line of another shape is skipped."""
-    out = []
-    for row in csv.reader(line for line in text.splitlines() if line.strip()):
-        if len(row) != 3:
-            continue
-        name, memory, driver = (cell.strip() for cell in row)
-        out.append(GpuInfo(name, int(memory) if memory.isdigit() else None, driver))
-    return out
-
-
-def read(timeout_s: float = 10.0) -> list[dict[str, Any]] | None:
-    """This machine's GPUs, or None where nvidia-smi is absent or fails (a CPU machine)."""
+def query(fields: str, what: str = "gpu", timeout_s: float = 15.0) -> list[list[str]] | None:
+    """nvidia-smi's `--query-WHAT=FIELDS` rows (CSV, no header, no units), each row's cells
+    stripped; None where nvidia-smi is absent or fails (a CPU machine, no driver loaded). It
+    runs as a separate process: the harness holds no CUDA context."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
     try:
-        done = subprocess.run([smi, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=timeout_s, check=True)
+        out = subprocess.run([smi, f"--query-{what}={fields}", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=timeout_s,
+                             check=True).stdout  # fmt: skip
     except (OSError, subprocess.SubprocessError):
         return None
-    return [asdict(gpu) for gpu in parse(done.stdout)]
+    return [[cell.strip() for cell in row]
+            for row in csv.reader(line for line in out.splitlines() if line.strip())]
+
+
+def parse(rows: list[list[str]]) -> list[GpuInfo]:
+    """Rows of `query(QUERY)`, one GPU a row; a row of another shape is skipped."""
+    return [GpuInfo(name, int(memory) if memory.isdigit() else None, driver)
+            for name, memory, driver in (row for row in rows if len(row) == 3)]
+
+
+def read() -> list[dict[str, Any]] | None:
+    """This machine's GPUs, or None where nvidia-smi is absent or fails."""
+    rows = query(QUERY)
+    return None if rows is None else [asdict(gpu) for gpu in parse(rows)]
 
 
 def describe(gpus: list[dict[str, Any]] | None) -> str:

@@ -8,34 +8,19 @@ on the GPU is idle while the stress runs, so a growth there is the speculative s
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from benchmarks.gpu import gpu_info
 from benchmarks.gpu.procs import session_pids, session_rss
 
 MIB = 1024 * 1024
 
 
-def _nvidia_smi(query: str, what: str) -> list[list[str]] | None:
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run(
-            [exe, f"--query-{what}={query}", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=15, check=True,
-        ).stdout  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return [[c.strip() for c in line.split(",")] for line in out.splitlines() if line.strip()]
-
-
 def gpu_used_mib() -> float | None:
     """Used memory summed over the visible GPUs."""
-    rows = _nvidia_smi("memory.used", "gpu")
+    rows = gpu_info.query("memory.used")
     if not rows:
         return None
     try:
@@ -46,7 +31,7 @@ def gpu_used_mib() -> float | None:
 
 def gpu_process_mib(pids: set[int]) -> float | None:
     """GPU memory of the given pids, or None when nvidia-smi shows none of them."""
-    rows = _nvidia_smi("pid,used_memory", "compute-apps")
+    rows = gpu_info.query("pid,used_memory", "compute-apps")
     if rows is None:
         return None
     total, seen = 0.0, False

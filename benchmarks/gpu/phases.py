@@ -138,10 +138,9 @@ def phase_start(run: Run) -> dict[str, Any]:
         run.state.save()
         run.say(f"  {plan.role}: up at {plan.url} in {seconds:.0f} s (pid {pid})")
         result[plan.role] = entry
-    result["server_info"] = record_server_info(run)
     if run.opts.backend == "sglang":  # the simulator's stand-ins run on no GPU
-        run.state.data["gpus"] = gpu_info.read()
-        run.state.save()
+        run.state.data["gpus"] = gpu_info.read()  # saved with the servers' info below
+    result["server_info"] = record_server_info(run)
     note = kv_pool_note(result["server_info"])
     if note:
         result["kv_pool_note"] = note
@@ -155,9 +154,8 @@ def kv_pool_note(server_info: dict[str, Any]) -> str | None:
     SGLang lowers a `--max-total-tokens` above what its memory share holds to what it holds,
     so the harness's one cap evens the pools only where both shares hold it (an H100's do not
     hold 262,144 tokens of the 8B shape)."""
-    sizes = {role: (info or {}).get("max_total_num_tokens")
-             for role, info in server_info.items()}
-    spec, plain = sizes.get(servers.SPEC), sizes.get(servers.PLAIN)
+    spec, plain = ((server_info.get(role) or {}).get("max_total_num_tokens")
+                   for role in (servers.SPEC, servers.PLAIN))
     if not isinstance(spec, int) or not isinstance(plain, int) or spec == plain:
         return None
     return (f"the KV pools differ: {servers.SPEC} {spec:,} tokens, {servers.PLAIN} "

@@ -22,8 +22,8 @@ Five more, in SGLang 0.5.17's spec-v2 scheduler at every depth, three of them wi
 size of 1 (read in that release's source; other releases and page sizes keep SGLang's own),
 registered only with `SPECCTL_LEAN_PREPARE=1` in the server's environment (read once, at
 plugin load; the H200's twenty-fifth run checked them under 1,000 depth switches, and
-`specctl serve` leaves them out until paired benches rank them), and then on and off with
-the trims above:
+`specctl serve` sets the variable on 0.5.17 as it does depth 0's plain decode path), and then
+on and off with the trims above:
 
 - the decode preparation (`eagle_prepare_for_decode`): the same per-request loop and the same
   KV reservation, with the current and next KV lengths in one CPU tensor and one copy to the

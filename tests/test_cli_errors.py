@@ -165,6 +165,31 @@ def test_serve_keeps_the_users_adaptive_config_and_ignores_depths(tmp_path) -> N
     assert refused.exit_code == 2 and "captured: [0, 1]" in flat(refused.output)
 
 
+def test_serve_reads_the_sglang_release_it_launches(tmp_path, monkeypatch) -> None:
+    """The launch's off-path switches follow the SGLang release this Python would import.
+    SGLang 0.5.17 cannot be installed on a CPU machine: a package holding its version file
+    alone, first on sys.path, stands in for it (serve reads the version from the source, as
+    the plugin's guard does, without importing SGLang)."""
+    absent = run("serve", "--dry-run", *EAGLE)
+    assert absent.exit_code == 0, absent.output
+    assert "SPECCTL_PLAIN_DECODE=1" not in absent.output
+    assert "this launch found no SGLang in this Python" in flat(absent.output)
+    package = tmp_path / "sglang"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "_version.py").write_text('__version__ = "0.5.17"\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = run("serve", "--dry-run", *EAGLE)
+    assert found.exit_code == 0, found.output
+    for variable in ("SPECCTL_PLAIN_DECODE", "SPECCTL_LEAN_RELAY", "SPECCTL_LEAN_PREPARE",
+                     "SPECCTL_FENCE_AT_REPLAY"):
+        assert f"note: set {variable}=1" in found.output and f"{variable}=1 " in found.output
+    (package / "_version.py").write_text('__version__ = "0.5.23"\n')
+    later = run("serve", "--dry-run", *EAGLE)
+    assert "SPECCTL_PLAIN_DECODE=1" not in later.output
+    assert "this launch found SGLang 0.5.23" in flat(later.output)
+
+
 def test_serve_writes_a_new_adaptive_config_per_launch(tmp_path) -> None:
     a = serve._write_config(None, [0, 1, 3])
     b = serve._write_config(None, [0, 2])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from sglang_hooks import guard
+from sglang_hooks import guard, launch
 
 
 def test_guard_accepts_installed_0_5_23_with_its_adapter() -> None:
@@ -18,6 +18,13 @@ def test_guard_accepts_0_5_17_source_with_its_adapter(sglang17_root: Path) -> No
     result = guard.evaluate(sglang17_root)
     assert result.version == "0.5.17"
     assert result.adapter is not None and result.adapter.name == "sglang-0.5.17", result.reason
+
+
+def test_serve_reads_the_release_it_launches_from_the_real_sources(sglang17_root: Path) -> None:
+    # `specctl serve` turns depth 0's plain decode path on for the release it was measured on.
+    assert launch.installed_sglang_version() == "0.5.23"
+    assert not launch.measured_off_path(launch.installed_sglang_version())
+    assert launch.measured_off_path(guard.read_version(sglang17_root))
 
 
 def test_every_hooked_symbol_exists_in_both_sources_and_in_the_live_classes(

@@ -74,6 +74,8 @@
 # its whole last forward before preparing the next batch, as the EAGLE server does at depth 0.
 # The plugin's start-up switches (SPECCTL_PLAIN_DECODE, SPECCTL_VERIFY_SCHEDULE, ...) reach the
 # speculative server's launch the same way: `restart` after changing one restarts that server.
+# One left unset is `specctl serve`'s to set (all seven on SGLang 0.5.17): set it to 0 to run
+# without it.
 # Every step leaves its files under $R (default /tmp/gpu-run) and packs the whole folder into
 # OUT/run.tar.gz (weights left out), so each step's results come back even if a later one fails.
 # SGLang must be importable: docs/sglang.md "Getting SGLang onto a machine without network"

@@ -1,11 +1,14 @@
 """Evaluate the daemon on every built-in profile x scenario and seed; write docs/results/.
 
     .venv/bin/python benchmarks/evaluate_all.py [--seeds 0 1] [--jobs 2] [--out docs/results]
+        [--profiles NAME ...] [--scenarios NAME ...] [--keep-others]
 
 Per run: `<profile>__<scenario>__seed<k>.json` (what `specctl sim evaluate --json --traces`
 prints), then `summary.json`, `summary.md` (the tables in docs/daemon.md) and `evaluation.png`
 (achieved tok/s as a fraction of the oracle's, the daemon's against the best static policy of
-the same run, and the worst change lag against its target).
+the same run, and the worst change lag against its target). With `--keep-others`, a rerun of
+some profiles or scenarios keeps the other runs' files already in `--out`, and the summary and
+the plot cover them all (after a change that moves only those profiles' figures).
 
 The baselines (static policies, two-tier grid, no-speculation server, oracle) do not depend on
 the daemon: they are kept in `--cache` (default .cache/evaluate), keyed by a hash of the
@@ -139,9 +142,11 @@ def _mark(ok: bool) -> str:
     return "yes" if ok else "NO"
 
 
-def markdown(rows: list[dict[str, Any]], total: dict[str, Any], command: str, wall: float) -> str:
+def markdown(rows: list[dict[str, Any]], total: dict[str, Any], command: str, wall: float,
+             kept: int = 0) -> str:
+    made = f"{total['runs']} runs" + (f", {kept} of them kept from the folder" if kept else "")
     lines = [
-        f"Made by `{command}` in {wall / 60:.0f} minutes ({total['runs']} runs).",
+        f"Made by `{command}` in {wall / 60:.0f} minutes ({made}).",
         "",
         f"- ratio to the oracle >= {RATIO_TARGET}: {_mark(total['ratio_ok'])} "
         f"(lowest {total['ratio_min']:.4f})",
@@ -220,6 +225,8 @@ def main() -> None:
     ap.add_argument("--scenarios", nargs="*", default=None)
     ap.add_argument("--cache", type=Path, default=ROOT / ".cache" / "evaluate")
     ap.add_argument("--no-cache", action="store_true", help="recompute every baseline")
+    ap.add_argument("--keep-others", action="store_true",
+                    help="keep the other runs' files in --out; the summary covers them too")
     args = ap.parse_args()
     cache = None if args.no_cache else str(args.cache)
     runs = [
@@ -234,8 +241,8 @@ def main() -> None:
         reports = list(pool.map(_one, runs))
     wall = time.monotonic() - t0
     for r in reports:
-        name = f"{r['profile']}__{r['scenario']}__seed{r['seed']}.json"
-        (args.out / name).write_text(json.dumps(r, indent=1))
+        (args.out / run_file(r)).write_text(json.dumps(r, indent=1))
+    reports, kept = with_kept_runs(reports, args.out) if args.keep_others else (reports, [])
     rows = [summary_row(r) for r in reports]
     total = overall(rows)
     command = ("python benchmarks/evaluate_all.py " + " ".join(sys.argv[1:])).strip()
@@ -251,11 +258,27 @@ def main() -> None:
             indent=1,
         )
     )
-    text = markdown(rows, total, command, wall)
+    text = markdown(rows, total, command, wall, kept=len(kept))
     (args.out / "summary.md").write_text(text)
     plot(reports, args.out / "evaluation.png")
     print(text)
-    print(f"{len(reports)} evaluations in {wall:.0f} s -> {args.out}")
+    print(f"{len(reports) - len(kept)} evaluations in {wall:.0f} s -> {args.out}")
+
+
+def run_file(report: dict[str, Any]) -> str:
+    return f"{report['profile']}__{report['scenario']}__seed{report['seed']}.json"
+
+
+def with_kept_runs(
+    reports: list[dict[str, Any]], folder: Path
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(every run, the kept ones): `reports` with the other runs' files in `folder`, in
+    profile, scenario and seed order."""
+    fresh = {run_file(r) for r in reports}
+    kept = [json.loads(path.read_text()) for path in sorted(folder.glob("*__*__seed*.json"))
+            if path.name not in fresh]
+    every = sorted([*reports, *kept], key=lambda r: (r["profile"], r["scenario"], r["seed"]))
+    return every, kept
 
 
 if __name__ == "__main__":

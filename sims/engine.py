@@ -228,8 +228,7 @@ class Engine:
         self.skipped_draft_prefills = 0
         self._via_send = self._frontend_s > 0.0 or self._dispatch_s > 0.0
         self._untimed_ms = profile.scheduler.untimed_ms
-        self._host_us = (profile.host_us_per_req(speculative), profile.scheduler.host_us_per_token)
-        self._host_bound = any(self._host_us)
+        self._init_host()
         self._frontend_free = 0.0
         # Closed-loop clients stop sending once this many requests were sent (None: never).
         self.request_limit: int | None = None
@@ -286,16 +285,47 @@ class Engine:
         depths: list[int | None] = (
             list(self.profile.captured_depths) if self.speculative else [None]
         )
+        self._cost_grid = (padded[:, None], ctx)
         self._cost: dict[int, list[list[float]]] = {}
         for d in depths:
-            table = self.profile.iteration_ms(d, padded[:, None], ctx)
-            self._cost[0 if d is None else d] = np.asarray(table, dtype=float).tolist()
+            self._cost[0 if d is None else d] = self._cost_table(d)
         self._ctx_grid = _CTX_GRID.tolist()
         cv = self.profile.step_time_cv
         self._noise_sigma = math.sqrt(math.log1p(cv * cv))
         self._noise: list[float] = []
         self._noise_pos = 0
         self._buckets = [bs_bucket(max(b, 1)) for b in range(cap + 1)]
+
+    def _cost_table(self, depth: int | None) -> list[list[float]]:
+        table = self.profile.iteration_ms(depth, *self._cost_grid)
+        return list(np.asarray(table, dtype=float).tolist())
+
+    def _init_host(self) -> None:
+        # Keyed as the cost tables: depth, 0 for a server without speculation.
+        depths = list(self.profile.captured_depths) if self.speculative else [0]
+        self._host_us_per_req = {
+            d: self.profile.host_us_per_req(self.speculative, d if self.speculative else None)
+            for d in depths
+        }
+        self._host_us_per_token = self.profile.scheduler.host_us_per_token
+        self._host_bound = self._host_us_per_token > 0 or any(self._host_us_per_req.values())
+
+    @property
+    def plain_decode(self) -> bool:
+        """Whether depth 0 costs what the plugin's plain decode path does (the profile's
+        `draft.plain_decode_at_depth0`, switched at run time by `set_plain_decode`)."""
+        return self.profile.draft.plain_decode_at_depth0
+
+    def set_plain_decode(self, on: bool) -> None:
+        """Cost depth 0 as the plain decode path (True) or the verify from the next
+        iteration on, as the plugin's `specctl_plain_decode` key switches a real server."""
+        if on == self.plain_decode or not self.speculative:
+            return
+        draft = self.profile.draft.model_copy(update={"plain_decode_at_depth0": on})
+        self.profile = self.profile.model_copy(update={"draft": draft})
+        if 0 in self._cost:  # depth 0 captured
+            self._cost[0] = self._cost_table(0)
+        self._init_host()
 
     def _init_arrays(self) -> None:
         self.n = 0
@@ -357,8 +387,7 @@ class Engine:
         gpu = ms - self._untimed_ms
         if not self._host_bound:
             return ms, gpu
-        per_req, per_token = self._host_us
-        host = (per_req * n + per_token * tokens) / 1000.0
+        host = (self._host_us_per_req[depth] * n + self._host_us_per_token * tokens) / 1000.0
         return (ms if host <= gpu else host + self._untimed_ms), gpu
 
     def phase_counts(self) -> list[int]:

@@ -5,7 +5,8 @@ The cost model turns it into the time of one decode iteration at batch size B an
 
     t_iter(s, B)  = t_target(B, n=s+1) + t_extend(B, n=s+1) + s * t_draft(B) + sched + spec_sched
     t_iter(0, B)  = t_target(B, n=1)   + t_extend(B, n=1)                    + sched + spec_sched
-                    (t_extend left out when the draft extend is skipped at depth 0)
+                    (t_extend left out when the draft extend is skipped at depth 0; on the
+                    plugin's plain decode path plain_decode_sched replaces spec_sched)
     t_nospec(B)   = t_target(B, n=1)                                         + sched
     (sched = sched_ms + untimed_ms; the server's GPU timer sees an iteration less untimed_ms)
 
@@ -19,6 +20,8 @@ The cost model turns it into the time of one decode iteration at batch size B an
 An iteration lasts at least the host work that runs beside its forward (`decode_step_ms`):
 
     t_wall(s, B) = max(t_iter(s, B) - untimed, host_per_req*B + host_per_token*tokens) + untimed
+    (host_per_req: host_us_per_req, plus spec_host_us_per_req on a speculative server, or
+    plain_decode_host_us_per_req at depth 0 on the plain decode path)
 
 SGLang's depth 0 still pays the draft extend that keeps the draft KV cache warm, so a
 speculative server at depth 0 is slower than a server without speculation (as measured
@@ -115,6 +118,19 @@ class DraftCost(_Strict):
         "off mode); false: the plugin's `skip-extend` mode skips it, and depth 0 pays a "
         "verify-mode forward and spec_sched_ms only",
     )
+    plain_decode_at_depth0: bool = Field(
+        False,
+        description="Depth 0 runs as a plain decode: the plugin's path on the target's own "
+        "DECODE graphs with its relay and bookkeeping trims (`SPECCTL_PLAIN_DECODE` and the "
+        "three switches `specctl serve` sets with it on SGLang 0.5.17). Its iteration then "
+        "pays plain_decode_sched_ms instead of spec_sched_ms, and its host work "
+        "scheduler.plain_decode_host_us_per_req instead of spec_host_us_per_req",
+    )
+    plain_decode_sched_ms: NonNeg = Field(
+        0.0,
+        description="What a depth-0 iteration on the plain decode path costs beyond a plain "
+        "server's (in place of spec_sched_ms there)",
+    )
     prefill_at_depth0: bool = Field(
         True,
         description="A prefill admitted while depth 0 runs pays prefill_ms (SGLang's draft "
@@ -147,6 +163,12 @@ class SchedulerCost(_Strict):
         description="A speculative server's extra host work per decode iteration and running "
         "request, at every depth, depth 0 included (SGLang's spec-v2 per-request preparation "
         "and result handling); adds to host_us_per_req on that server only",
+    )
+    plain_decode_host_us_per_req: NonNeg = Field(
+        0.0,
+        description="The speculative server's extra host work per decode iteration and running "
+        "request at depth 0 on the plain decode path (`draft.plain_decode_at_depth0`), in "
+        "place of spec_host_us_per_req there",
     )
     prefill_fixed_ms: NonNeg = Field(description="Fixed cost of one prefill batch")
     prefill_us_per_token: NonNeg = Field(description="Prefill cost per prompt token")
@@ -324,27 +346,37 @@ class Profile(_Strict):
             if depth > 0 or self.draft.extend_at_depth0
             else 0.0
         )
+        plain_decode = depth == 0 and self.draft.plain_decode_at_depth0
         return (
             self.target_ms(batch, n, context)
             + extend
             + depth * self.draft_step_ms(batch, context)
             + sched
-            + self.draft.spec_sched_ms
+            + (self.draft.plain_decode_sched_ms if plain_decode else self.draft.spec_sched_ms)
         )
 
-    def host_us_per_req(self, speculative: bool) -> float:
+    def host_us_per_req(self, speculative: bool, depth: int | None = None) -> float:
+        """Host work (us) per running request of a decode iteration; `depth` tells depth 0's
+        plain decode path (`draft.plain_decode_at_depth0`) from the verify."""
         s = self.scheduler
-        return s.host_us_per_req + (s.spec_host_us_per_req if speculative else 0.0)
+        if not speculative:
+            return s.host_us_per_req
+        if depth == 0 and self.draft.plain_decode_at_depth0:
+            return s.host_us_per_req + s.plain_decode_host_us_per_req
+        return s.host_us_per_req + s.spec_host_us_per_req
 
-    def host_ms(self, batch: Any, tokens: Any, speculative: bool = False) -> Any:
+    def host_ms(self, batch: Any, tokens: Any, speculative: bool = False,
+                depth: int | None = None) -> Any:
         """Host work of one decode iteration over `batch` requests emitting `tokens` tokens."""
-        per_req, per_token = self.host_us_per_req(speculative), self.scheduler.host_us_per_token
+        per_req = self.host_us_per_req(speculative, depth)
+        per_token = self.scheduler.host_us_per_token
         return (per_req * np.asarray(batch, float) + per_token * tokens) / 1e3
 
     @property
     def host_bound(self) -> bool:
         s = self.scheduler
-        return s.host_us_per_req > 0 or s.host_us_per_token > 0 or s.spec_host_us_per_req > 0
+        return (s.host_us_per_req > 0 or s.host_us_per_token > 0 or s.spec_host_us_per_req > 0
+                or s.plain_decode_host_us_per_req > 0)
 
     def decode_step_ms(
         self,
@@ -362,7 +394,7 @@ class Profile(_Strict):
             return step
         b = np.asarray(batch if real_batch is None else real_batch, float)
         untimed = self.scheduler.untimed_ms
-        host = self.host_ms(b, b * np.asarray(tokens_per_req, float), depth is not None)
+        host = self.host_ms(b, b * np.asarray(tokens_per_req, float), depth is not None, depth)
         return np.asarray(np.maximum(step - untimed, host) + untimed)
 
     def max_running(self, speculative: bool) -> int:

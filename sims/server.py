@@ -39,8 +39,11 @@ class _SetInternalStateBody(BaseModel):
 
 
 _BODY = TypeAdapter(_SetInternalStateBody)
-# The plugin's plain decode path for depth 0 (sglang_hooks/plain_decode.py) is not modelled.
-_NO_DECODE_GRAPHS = "the simulator runs depth 0 through the verify (docs/simulator.md)"
+# The plugin's plain decode path for depth 0 (sglang_hooks/plain_decode.py) is modelled by its
+# cost only (`draft.plain_decode_at_depth0`); a profile without it is a server started without
+# the DECODE graphs.
+_NO_DECODE_GRAPHS = ("the profile runs depth 0 through the verify "
+                     "(draft.plain_decode_at_depth0 false; docs/simulator.md)")
 
 
 class SimulatedServer:
@@ -88,7 +91,9 @@ class SimulatedServer:
         # The draft prefill skip as pushed; as in the plugin (sglang_hooks/draft_prefill.py)
         # it acts only under a table and outside the `sglang` off mode.
         self._skip_draft_prefill = self.engine.skip_draft_prefill
-        self._plain_decode = True  # as the plugin starts; no DECODE graphs here either way
+        # As the plugin starts: its DECODE graphs live where the profile has the path.
+        self._decode_graphs = speculative and self.engine.plain_decode
+        self._plain_decode = True
         self._applied_iteration: int | None = None
         self._live_version = 0
         # Of finished streaming requests: tokens, requests, TTFT seconds, latency seconds.
@@ -226,7 +231,7 @@ class SimulatedServer:
             settings, args = contract.split_settings(req.server_args)
             try:
                 asked = contract.decode_settings(settings)
-                if asked.plain_decode:  # as a real server started without the DECODE graphs
+                if asked.plain_decode and not self._decode_graphs:  # started without them
                     raise PolicyError(contract.PLAIN_DECODE_KEY,
                                       contract.no_decode_graphs([_NO_DECODE_GRAPHS]))
             except PolicyError as err:
@@ -261,6 +266,8 @@ class SimulatedServer:
                 self._skip_draft_prefill = asked.skip_draft_prefill
             if asked.plain_decode is not None:
                 self._plain_decode = asked.plain_decode
+                if self._decode_graphs:  # depth 0's cost follows the path, as on a real server
+                    self.engine.set_plain_decode(asked.plain_decode)
             if ours:
                 self._install(table)
             self._apply_prefill_skip()  # changes what an admission costs
@@ -336,9 +343,14 @@ class SimulatedServer:
                 state["fence_at_replay"] = self._fence_at_replay
                 state["skip_draft_prefill"] = self._skip_draft_prefill
                 state["skipped_draft_prefills"] = self.engine.skipped_draft_prefills
+                # The depth-0 iterations the cost model ran without the draft extend.
+                state["skipped_draft_extends"] = 0 if self.engine.profile.draft.extend_at_depth0 \
+                    else sum(int(c[0]) for (d, _), c in self.engine.counters.items() if d == 0)
+                graphs = self._decode_graphs
                 state["plain_decode"] = {
-                    "enabled": False, "env_error": None, "live": self._plain_decode,
-                    "runners": 0, "unbuilt_reasons": [_NO_DECODE_GRAPHS], "build_s": 0.0,
+                    "enabled": graphs, "env_error": None, "live": self._plain_decode,
+                    "runners": 1 if graphs else 0,
+                    "unbuilt_reasons": [] if graphs else [_NO_DECODE_GRAPHS], "build_s": 0.0,
                     "memory_gb": None, "launches": 0, "fallbacks": 0, "last_fallback": None,
                     "settled": 0, "light_inputs": 0}
             return state

@@ -122,3 +122,29 @@ def test_evaluate_over_a_free_running_served_clock_reports_its_lead(tmp_path):
     assert report["transport"] == "http" and report["served_clock_speedup"] == 50.0
     assert report["samples_stored"] > 10 and report["pushes"] >= 1
     assert report["served_clock_lead_s"] > 0
+
+
+def test_a_partial_rerun_keeps_the_other_runs_in_the_summary(tmp_path) -> None:
+    """`evaluate_all.py --keep-others`: the rerun's reports replace their own files, every
+    other run's file in the folder is kept, and the summary sees them all in order."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "evaluate_all.py"
+    spec = importlib.util.spec_from_file_location("evaluate_all", path)
+    assert spec is not None and spec.loader is not None
+    evaluate_all = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(evaluate_all)
+
+    def report(profile: str, scenario: str, seed: int, ratio: float) -> dict:
+        return {"profile": profile, "scenario": scenario, "seed": seed, "ratio": ratio}
+
+    for old in (report("b", "ramp", 0, 0.9), report("a", "ramp", 1, 0.9),
+                report("a", "ramp", 0, 0.9)):
+        (tmp_path / evaluate_all.run_file(old)).write_text(json.dumps(old))
+    (tmp_path / "summary.json").write_text("{}")  # not a run's file
+    fresh = [report("a", "ramp", 0, 0.99)]
+    every, kept = evaluate_all.with_kept_runs(fresh, tmp_path)
+    assert [(r["profile"], r["seed"], r["ratio"]) for r in every] == [
+        ("a", 0, 0.99), ("a", 1, 0.9), ("b", 0, 0.9)]
+    assert len(kept) == 2

@@ -95,6 +95,60 @@ def test_depth_0_without_the_draft_extend() -> None:
     for prof, mode in ((sglang, "sglang"), (skip, "skip-extend")):
         state = SimulatedServer(prof, Workload.closed(0)).specctl_state()
         assert state["off_mode"] == mode
+        # What the plugin counts as `skipped_draft_extends`: depth-0 iterations, where skipped.
+        server = SimulatedServer(prof, Workload.closed(4, prompt_tokens=100, output_tokens=500),
+                                 policy=FixedDepthPolicy(0))
+        server.engine.run_until(0.5)
+        depth0 = server.engine.stats.iterations_per_depth[0]
+        assert depth0 > 0
+        assert server.specctl_state()["skipped_draft_extends"] == (0 if mode == "sglang"
+                                                                   else depth0)
+
+
+def test_depth_0_as_a_plain_decode_costs_its_own_terms_and_switches_live() -> None:
+    """The plugin's plain decode path (`draft.plain_decode_at_depth0`): depth 0 pays
+    plain_decode_sched_ms and plain_decode_host_us_per_req in place of the verify's
+    spec_sched_ms and spec_host_us_per_req; every drafting depth keeps the verify's. A served
+    simulator reports the path's DECODE runner and, as a real server, the admin key
+    `specctl_plain_decode` moves depth 0 between the two costs without a restart."""
+    verify = truth(draft={"extend_at_depth0": False, "spec_sched_ms": 2.0},
+                   scheduler={"spec_host_us_per_req": 3000.0})
+    path = truth(draft={"extend_at_depth0": False, "spec_sched_ms": 2.0,
+                        "plain_decode_at_depth0": True, "plain_decode_sched_ms": 0.5},
+                 scheduler={"spec_host_us_per_req": 3000.0, "plain_decode_host_us_per_req": 250.0})
+    for batch in (1, 8):
+        plain = float(path.iteration_ms(None, batch))
+        assert float(path.iteration_ms(0, batch)) - plain == pytest.approx(0.5, rel=1e-9)
+        assert float(verify.iteration_ms(0, batch)) - plain == pytest.approx(2.0, rel=1e-9)
+        assert float(path.iteration_ms(3, batch)) == float(verify.iteration_ms(3, batch))
+    assert path.host_us_per_req(True, 0) == path.scheduler.host_us_per_req + 250.0
+    assert path.host_us_per_req(True, 3) == verify.host_us_per_req(True, 0)
+    assert path.host_us_per_req(False) == path.scheduler.host_us_per_req
+    # Host-bound at 16 requests (a 3 ms verify floor a request): the floor follows the path.
+    walls = [float(p.decode_step_ms(0, 16)) for p in (path, verify)]
+    assert walls[1] == pytest.approx(16 * 3.0 + path.scheduler.untimed_ms, rel=1e-9)
+    assert walls[0] < walls[1]
+
+    server = SimulatedServer(path, Workload.closed(8, prompt_tokens=100, output_tokens=20_000),
+                             policy=FixedDepthPolicy(0))
+    state = server.specctl_state()["plain_decode"]
+    assert state["enabled"] and state["live"] and state["runners"] == 1
+    engine = server.engine
+    server.engine.run_until(0.5)
+    on = engine.iteration_ms(0, 8), engine.decode_ms(0, 8, 8.0)
+    drafting = engine.iteration_ms(3, 8)
+    assert server.set_internal_state({"server_args": {"specctl_plain_decode": 0}}, None) == \
+        (200, [True])
+    off = engine.iteration_ms(0, 8), engine.decode_ms(0, 8, 8.0)
+    assert off[0] - on[0] == pytest.approx(1.5, rel=1e-6)  # the verify's 2 ms for the path's 0.5
+    assert off[1][0] > on[1][0]
+    assert engine.iteration_ms(3, 8) == drafting
+    assert server.specctl_state()["plain_decode"]["live"] is False
+    assert server.set_internal_state({"server_args": {"specctl_plain_decode": 1}}, None) == \
+        (200, [True])
+    assert engine.iteration_ms(0, 8) == on[0]
+    server.engine.run_until(1.0)  # and the engine runs on with it
+    assert server.engine.stats.decode_iterations > 0
 
 
 def test_a_speculative_server_prefills_at_a_higher_cost() -> None:

@@ -663,3 +663,49 @@ def test_a_replay_frames_the_profile_by_the_bench_and_fits_nothing() -> None:
     assert report.to_json()["fitted"] is False
     with pytest.raises(FitError, match="no level can be replayed"):
         framed_only([replace(run, levels=[])], base)
+
+
+def test_depth_0_as_a_plain_decode_fits_its_own_cost_and_keeps_the_verifys(
+    tmp_path: Path,
+) -> None:
+    """The plugin's DECODE runners, as the bench recorded them, say whether depth 0 ran as a
+    plain decode (`draft.plain_decode_at_depth0`); a bench that recorded none ran it through
+    the verify. On such a bench depth 0 against the plain server is the path's own cost: the
+    fit recovers it (a made-up server whose plain decode costs 0.6 ms an iteration beyond a
+    plain server's, its verify 2 ms) and keeps verify mode's cost, which only drafting depths
+    show beside the draft extend, at the start's value."""
+    facts = {"max_running_requests": 48, "captured_depths": [0, 1, 3],
+             "speculative_num_steps": 3, "off_mode": "skip-extend"}  # fmt: skip
+    base = load_profile("h200-sglang-llama8b-seeded")
+    assert base.draft.plain_decode_at_depth0  # the built-in: what `specctl serve` runs
+    for runners, expected in ((1, True), (0, False), (None, False)):
+        folder = tmp_path / str(runners)
+        folder.mkdir()
+        recorded = {} if runners is None else {"plain_decode_runners": runners}
+        run = load_bench(bench_json(folder, servers={"spec": {**facts, **recorded}}))
+        assert run.spec.plain_decode is (None if runners is None else expected)
+        assert frame(base, [run], run.levels, "x").draft.plain_decode_at_depth0 is expected
+    bad = bench_json(tmp_path, servers={"spec": {**facts, "plain_decode_runners": -1}})
+    with pytest.raises(BenchFileError, match=r"servers\.spec\.plain_decode_runners"):
+        load_bench(bad)
+
+    truth = load_profile(TRUTH)
+    truth = truth.model_copy(update={"draft": truth.draft.model_copy(update={
+        "extend_at_depth0": False, "plain_decode_at_depth0": True,
+        "spec_sched_ms": 2.0, "plain_decode_sched_ms": 0.6})})  # fmt: skip
+    d0, plain = (float(truth.iteration_ms(d, 8, 200)) for d in (0, None))
+    assert d0 - plain == pytest.approx(0.6)
+    [run] = [replayed_bench(truth, depths=(0, 1, 3), concurrency=(1, 8), prompt_tokens=160,
+                            output_tokens=64, seconds=8.0, phase="chat", name="p160")]  # fmt: skip
+    run = replace(run, spec=replace(run.spec, plain_decode=True))
+    start = with_values(truth, {"draft.plain_decode_sched_ms": 0.0})
+    result = fit_profile([run], start, "f")
+    fitted = result.profile
+    assert fitted.draft.plain_decode_at_depth0
+    assert fitted.draft.plain_decode_sched_ms == pytest.approx(0.6, abs=0.15)
+    assert "draft.spec_sched_ms" not in result.keys
+    assert "only at drafting depths" in result.kept["draft.spec_sched_ms"]
+    assert fitted.draft.spec_sched_ms == 2.0
+    keys, kept = active_keys(run.levels, extend_at_depth0=False, plain_decode_at_depth0=False)
+    assert "draft.spec_sched_ms" in keys and "draft.plain_decode_sched_ms" not in keys
+    assert "through the verify" in kept["draft.plain_decode_sched_ms"]

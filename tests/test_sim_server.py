@@ -146,8 +146,9 @@ def test_the_off_mode_key_is_answered_as_the_plugin_answers_it(kimi):
         assert read_server_state(server.server_info())[0][field] is True
 
 def test_the_plain_decode_switch_is_answered_as_a_server_without_decode_graphs(kimi):
-    """The simulator runs depth 0 through the verify: 0 is accepted and read back, 1 is the
-    400 a real server started without SPECCTL_PLAIN_DECODE gives, naming the key."""
+    """A profile without the plain decode path (`draft.plain_decode_at_depth0` false) runs
+    depth 0 through the verify: 0 is accepted and read back, 1 is the 400 a real server
+    started without SPECCTL_PLAIN_DECODE gives, naming the key."""
     server = _server(kimi)
     assert read_server_state(server.server_info())[0]["plain_decode"]["live"] is True
     assert server.set_internal_state({"server_args": {"specctl_plain_decode": 0}}, None) == \

@@ -40,6 +40,8 @@ class ServerFacts:
     off_mode: str | None = None  # the plugin's depth-0 mode, if the bench recorded it
     # whether the plugin skipped the draft's prefill for admissions at depth 0, if recorded
     skip_draft_prefill: bool | None = None
+    # whether depth 0 ran as a plain decode (the plugin's DECODE runners live), if recorded
+    plain_decode: bool | None = None
     recv_interval: int | None = None  # --scheduler-recv-interval, if the bench recorded it
 
 
@@ -174,6 +176,8 @@ def _facts(path: Path, where: str, raw: Any) -> ServerFacts:
         off_mode=text("off_mode"),
         skip_draft_prefill=raw.get("skip_draft_prefill")
         if isinstance(raw.get("skip_draft_prefill"), bool) else None,
+        plain_decode=None if (runners := count("plain_decode_runners", low=0)) is None
+        else runners > 0,
         recv_interval=count("scheduler_recv_interval"),
     )
 

@@ -189,7 +189,8 @@ def host_floor_guesses(profile: Profile, levels: Sequence[Level]) -> dict[str, f
     requests stay in step (every one decodes as many iterations), so their TPOT holds no other
     request's prefill: what lengthens it is the iteration itself. Where the bench has the plain
     server, its levels give the shared floor and depth 0's excess over it the speculative
-    server's own; without it, depth 0's floor is all shared. Starts only: the replay decides."""
+    server's own (`plain_decode_host_us_per_req` where depth 0 ran as a plain decode); without
+    it, depth 0's floor is all shared. Starts only: the replay decides."""
     rates: dict[bool, list[float]] = {False: [], True: []}
     for lv in levels:
         per_token = lv.tpot_p50_ms
@@ -201,13 +202,12 @@ def host_floor_guesses(profile: Profile, levels: Sequence[Level]) -> dict[str, f
         if per_token > HOST_MARGIN * step:
             rates[spec].append(1000.0 * per_token / batch)
     spec_floor = min(rates[True], default=0.0)
+    own = ("scheduler.plain_decode_host_us_per_req" if profile.draft.plain_decode_at_depth0
+           else "scheduler.spec_host_us_per_req")
     if not any(lv.depth is None for lv in levels):
-        return {"scheduler.host_us_per_req": spec_floor, "scheduler.spec_host_us_per_req": 0.0}
+        return {"scheduler.host_us_per_req": spec_floor, own: 0.0}
     shared = min(rates[False], default=0.0)
-    return {
-        "scheduler.host_us_per_req": shared,
-        "scheduler.spec_host_us_per_req": max(spec_floor - shared, 0.0),
-    }
+    return {"scheduler.host_us_per_req": shared, own: max(spec_floor - shared, 0.0)}
 
 
 def prefill_stall_guess(levels: Sequence[Level]) -> float | None:

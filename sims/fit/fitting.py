@@ -257,7 +257,8 @@ def _fit_levels(
     t0 = time.perf_counter()
     framed = frame(base, runs, levels, name, off_mode)
     keys, kept = active_keys(levels, framed.draft.extend_at_depth0,
-                             framed.draft.prefill_at_depth0)
+                             framed.draft.prefill_at_depth0,
+                             framed.draft.plain_decode_at_depth0)
     for key in keep:
         kept.setdefault(key, "held at the base's value (--keep)")
     keys = [k for k in keys if k not in keep]

@@ -124,6 +124,13 @@ def prefill_at_depth0(runs: Sequence[BenchRun], base: Profile, extend: bool) -> 
     return extend or not skip
 
 
+def plain_decode_at_depth0(runs: Sequence[BenchRun]) -> bool:
+    """Whether the benched server ran depth 0 as a plain decode: as the bench recorded the
+    plugin's DECODE runners; a bench that recorded none predates the path (or the plugin did
+    not report it), and its depth 0 ran through the verify."""
+    return bool(runs[0].spec.plain_decode)
+
+
 def off_mode_note(runs: Sequence[BenchRun], base: Profile, off_mode: str | None) -> str | None:
     """A line when the depth-0 mode is the base profile's guess, not the server's."""
     if off_mode or runs[0].spec.off_mode:
@@ -208,6 +215,7 @@ def frame(
     data = base.model_dump()
     extend = data["draft"]["extend_at_depth0"] = extend_at_depth0(runs, base, off_mode)
     data["draft"]["prefill_at_depth0"] = prefill_at_depth0(runs, base, extend)
+    data["draft"]["plain_decode_at_depth0"] = plain_decode_at_depth0(runs)
     data.update(
         name=name,
         scheduler=sched,
@@ -221,7 +229,8 @@ def frame(
 
 
 def active_keys(
-    levels: Sequence[Level], extend_at_depth0: bool = True, prefill_at_depth0: bool = True
+    levels: Sequence[Level], extend_at_depth0: bool = True, prefill_at_depth0: bool = True,
+    plain_decode_at_depth0: bool = False,
 ) -> tuple[list[str], dict[str, str]]:
     """The fields these levels can inform, and why each other one keeps the base value."""
     keys = list(STEP_KEYS) + list(LOOP_KEYS)
@@ -264,6 +273,31 @@ def active_keys(
                     "the draft extend (skipped at depth 0) is told from the per-depth draft "
                     "steps only by depth 0 and two depths above it"
                 )
+    plain_decode = ("draft.plain_decode_sched_ms", "scheduler.plain_decode_host_us_per_req")
+    if not plain_decode_at_depth0:
+        for k in plain_decode:
+            kept[k] = "depth 0 ran through the verify (the bench recorded no plain decode path)"
+    else:
+        # Depth 0 against the plain server is the plain decode path's cost, not the verify's:
+        # verify mode then shows only at drafting depths, where it adds to every iteration as
+        # the draft extend does.
+        kept["draft.spec_sched_ms"] = (
+            "depth 0 ran as a plain decode: verify mode's own cost shows only at drafting "
+            "depths, beside the draft extend's"
+        )
+        if extend_at_depth0:
+            kept["draft.plain_decode_sched_ms"] = (
+                "depth 0 runs the draft extend here: the plain decode path's own cost is not "
+                "told from it"
+            )
+        if not plain or 0 not in spec_depths:
+            for k in plain_decode:
+                kept[k] = "needs depth 0 and the plain server (--no-spec-url)"
+        if not drafting:
+            kept["scheduler.spec_host_us_per_req"] = (
+                "depth 0 ran as a plain decode, the only depth benched: the verify's host "
+                "work shows at drafting depths"
+            )
     timed = [lv for lv in levels if lv.depth is not None and lv.step_ms]
     if not any(lv.depth == 0 and lv.concurrency == 1 and per_token_ms(lv) for lv in timed):
         kept["scheduler.untimed_ms"] = (
@@ -284,6 +318,7 @@ def active_keys(
             "needs both servers (the bench had no --no-spec-url): the speculative server's "
             "host work beside the plain server's"
         )
+        kept["scheduler.plain_decode_host_us_per_req"] = kept["scheduler.spec_host_us_per_req"]
     if not any(lv.ttft_p50_ms or lv.server_ttft_ms for lv in levels):
         for k in (
             "scheduler.prefill_fixed_ms",

@@ -11,7 +11,9 @@ Left out on purpose, because a bench cannot tell them from a fitted field: `sche
 draft's KV term, MoE and collective terms: they keep the base profile's values.
 `draft.spec_sched_ms` is fitted only where depth 0 skips the draft extend (the plugin's
 `skip-extend` off mode); where it runs it, it adds to every speculative iteration as
-`draft.extend_fixed_ms` does (`sims.fit.fitting.active_keys` decides).
+`draft.extend_fixed_ms` does (`sims.fit.fitting.active_keys` decides). Where depth 0 ran as a
+plain decode (the bench recorded the plugin's DECODE runners), depth 0 against the plain server
+gives `draft.plain_decode_sched_ms` and `scheduler.plain_decode_host_us_per_req` instead.
 """
 
 from __future__ import annotations
@@ -63,6 +65,9 @@ PARAMS: dict[str, Param] = {
         Param("draft.extend_fixed_ms", "ms", meaning="verify mode at any depth (vs plain)"),
         Param("draft.extend_us_per_req", "us", meaning="verify mode per request"),
         Param("draft.spec_sched_ms", "ms", meaning="verify mode at depth 0, extend skipped"),
+        Param(
+            "draft.plain_decode_sched_ms", "ms", meaning="depth 0 as a plain decode (vs plain)"
+        ),
         Param("draft.prefill_ms", "ms", meaning="a prefill's extra with speculation on"),
         Param(
             "draft.prefill_skipped_ms",
@@ -82,6 +87,11 @@ PARAMS: dict[str, Param] = {
             "scheduler.spec_host_us_per_req",
             "req",
             meaning="a speculative server's extra host work per request",
+        ),
+        Param(
+            "scheduler.plain_decode_host_us_per_req",
+            "req",
+            meaning="the same at depth 0 as a plain decode",
         ),
         Param("scheduler.prefill_fixed_ms", "ms", meaning="per prefill batch"),
         Param("scheduler.prefill_us_per_token", "us", meaning="per prompt token"),

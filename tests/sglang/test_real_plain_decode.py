@@ -854,16 +854,20 @@ def test_tp_ranks_compare_the_switch_before_a_table_steers(
 
 
 def test_the_simulator_reports_the_same_plain_decode_fields_as_the_plugin() -> None:
-    """The simulator's /server_info speaks the plugin's language: the same keys, none
-    captured (it has no DECODE graphs), so tools that read one read the other."""
+    """The simulator's /server_info speaks the plugin's language: the same keys, one runner
+    where the profile has the plain decode path (the seeded built-in, as `specctl serve` runs
+    SGLang 0.5.17) and none where it runs depth 0 through the verify, so tools that read one
+    read the other."""
     from sims.profile import load_profile
     from sims.server import SimulatedServer
     from sims.workload import Workload
 
-    server = SimulatedServer(load_profile("h200-sglang-llama8b-seeded"), Workload.closed(1))
-    simulated = server.specctl_state()["plain_decode"]
-    assert set(simulated) == set(plain_decode.state_report())
-    assert simulated["runners"] == 0 and simulated["light_inputs"] == 0
+    for name, runners in (("h200-sglang-llama8b-seeded", 1), ("h200-llama8b-eagle3", 0)):
+        server = SimulatedServer(load_profile(name), Workload.closed(1))
+        simulated = server.specctl_state()["plain_decode"]
+        assert set(simulated) == set(plain_decode.state_report())
+        assert simulated["runners"] == runners and simulated["enabled"] is bool(runners)
+        assert simulated["light_inputs"] == 0
 
 
 # ----------------------------------------------------------------------------- fence at the replay

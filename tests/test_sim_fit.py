@@ -688,6 +688,9 @@ def test_depth_0_as_a_plain_decode_fits_its_own_cost_and_keeps_the_verifys(
     bad = bench_json(tmp_path, servers={"spec": {**facts, "plain_decode_runners": -1}})
     with pytest.raises(BenchFileError, match=r"servers\.spec\.plain_decode_runners"):
         load_bench(bad)
+    both = [load_bench(tmp_path / str(r) / "bench.json") for r in (1, 0)]
+    with pytest.raises(FitError, match=r"two ways: as a plain decode in .*1/bench\.json"):
+        frame(base, both, [*both[0].levels, *both[1].levels], "x")
 
     truth = load_profile(TRUTH)
     truth = truth.model_copy(update={"draft": truth.draft.model_copy(update={

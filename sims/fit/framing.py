@@ -125,10 +125,18 @@ def prefill_at_depth0(runs: Sequence[BenchRun], base: Profile, extend: bool) -> 
 
 
 def plain_decode_at_depth0(runs: Sequence[BenchRun]) -> bool:
-    """Whether the benched server ran depth 0 as a plain decode: as the bench recorded the
+    """Whether the benched server ran depth 0 as a plain decode: as the benches recorded the
     plugin's DECODE runners; a bench that recorded none predates the path (or the plugin did
-    not report it), and its depth 0 ran through the verify."""
-    return bool(runs[0].spec.plain_decode)
+    not report it), and its depth 0 ran through the verify. The profile holds one depth-0
+    path, so benches of both cannot share a fit."""
+    seen = {bool(run.spec.plain_decode) for run in runs}
+    if len(seen) > 1:
+        plain = [run.path for run in runs if run.spec.plain_decode]
+        raise FitError(
+            f"the benches ran depth 0 two ways: as a plain decode in {', '.join(plain)}, through "
+            f"the verify in the others; the profile holds one, so fit them apart"
+        )
+    return seen.pop()
 
 
 def off_mode_note(runs: Sequence[BenchRun], base: Profile, off_mode: str | None) -> str | None:

@@ -174,7 +174,7 @@ def test_two_processes_count_every_request_the_server_served(sim_server) -> None
 def test_split_arrivals_are_the_arrivals_of_one_process(sim_server) -> None:
     """The same seed gives the same arrival schedule: two processes dealing it send about as
     many requests in the same window as one process does (each sending all would double it).
-    Not exactly as many: arrivals at either edge of the window, and on a busy two-core machine
+    Not exactly as many: arrivals at either edge of the window, and on a two-core machine
     the processes' start-up delays the schedule (33 sent against 28 in one run here)."""
     url = sim_server.base_url
     shape, stop = OpenLoop(rate=12.0, burstiness=0.5), StopRule(duration_s=2.0, warmup_s=0.3)

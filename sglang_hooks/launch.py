@@ -142,18 +142,6 @@ def measured_off_path(sglang_version: str | None) -> bool:
     return release is not None and ".".join(map(str, release)) in OFF_PATH_RELEASES
 
 
-def installed_sglang_version() -> str | None:
-    """The version of the SGLang this Python would launch, read from its source without
-    importing it; None when SGLang is not installed or its version file is unreadable."""
-    root = guard.sglang_root()
-    if root is None:
-        return None
-    try:
-        return guard.read_version(root)
-    except (OSError, ValueError):
-        return None
-
-
 def request_cap_note() -> str:
     return (f"added --max-running-requests {PLAIN_REQUEST_CAP}: SGLang lowers the request cap "
             f"to 48 when speculation is on; {PLAIN_REQUEST_CAP} is the cap of a server without "

@@ -345,7 +345,7 @@ class SimulatedServer:
                 state["skipped_draft_prefills"] = self.engine.skipped_draft_prefills
                 # The depth-0 iterations the cost model ran without the draft extend.
                 state["skipped_draft_extends"] = 0 if self.engine.profile.draft.extend_at_depth0 \
-                    else sum(int(c[0]) for (d, _), c in self.engine.counters.items() if d == 0)
+                    else self.engine.stats.iterations_per_depth.get(0, 0)
                 graphs = self._decode_graphs
                 state["plain_decode"] = {
                     "enabled": graphs, "env_error": None, "live": self._plain_decode,

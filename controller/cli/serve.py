@@ -20,7 +20,7 @@ import typer
 
 from controller.cli import app
 from controller.cli.args import parse_int_list
-from sglang_hooks import launch
+from sglang_hooks import guard, launch
 from sglang_hooks.contract import MAX_DEPTH, PolicyError
 from sglang_hooks.policy_file import POLICY_FILE_ENV, load_policy_file, table_fingerprint
 
@@ -102,7 +102,7 @@ def serve(
                          f"depths and hang. Each rank logs 'start-up table: "
                          f"{table_fingerprint(table)}': check it matches on every node")
     url = launch.admin_url(ctx.args)
-    version = launch.installed_sglang_version()
+    version = guard.installed_version()  # the SGLang this Python would launch
     if dry_run:
         shown = config_out or TEMP_CONFIG_PLACEHOLDER
         argv, env, build_notes = launch.build_command(ctx.args, shown, python=sys.executable,

@@ -22,8 +22,8 @@ def test_guard_accepts_0_5_17_source_with_its_adapter(sglang17_root: Path) -> No
 
 def test_serve_reads_the_release_it_launches_from_the_real_sources(sglang17_root: Path) -> None:
     # `specctl serve` turns depth 0's plain decode path on for the release it was measured on.
-    assert launch.installed_sglang_version() == "0.5.23"
-    assert not launch.measured_off_path(launch.installed_sglang_version())
+    assert guard.installed_version() == "0.5.23"
+    assert not launch.measured_off_path(guard.installed_version())
     assert launch.measured_off_path(guard.read_version(sglang17_root))
 
 

@@ -85,8 +85,8 @@ def _fields(model: type[BaseModel]) -> set[str]:
 
 
 def test_every_field_is_documented_in_docs_and_example():
-    docs = (ROOT / "docs" / "daemon.md").read_text()
+    docs = (ROOT / "docs" / "daemon-config.md").read_text()
     example = (ROOT / "controller.yaml").read_text()
     for name in _fields(ControllerConfig):
-        assert re.search(rf"`{name}`", docs), f"docs/daemon.md does not document `{name}`"
+        assert re.search(rf"`{name}`", docs), f"docs/daemon-config.md does not document `{name}`"
         assert re.search(rf"\b{name}:", example), f"controller.yaml does not show `{name}`"

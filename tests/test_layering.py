@@ -46,6 +46,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 DAEMON_FLOW = (
     "transport",
     "config",
+    "config_reference",
     "own_metrics",
     "policy_file",
     "frozen",

@@ -58,6 +58,7 @@ DAEMON_FLOW = (
     "guardrails",
     "push_gate",
     "push",
+    "handback",
     "loop",
     "runner",
 )

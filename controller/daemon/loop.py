@@ -311,13 +311,8 @@ class Controller:
 
     def _note_live(self, st: TargetState, live: LiveState) -> None:
         """Record what the server runs: the live gauges, and the first time, what was found."""
-        m, table = self.metrics, live.table
-        m.live_version.labels(st.name).set(0 if table is None else table.version)
-        m.live_tiers.labels(st.name).set(0 if table is None else len(table.tiers))
-        probing = 0 if table is None else sum(t.explore_share > 0 for t in table.tiers)
-        m.live_probe_tiers.labels(st.name).set(probing)
-        kept = self._foreign(st, table) and self.frozen is None
-        m.kept_found_table.labels(st.name).set(1 if kept else 0)
+        table = live.table
+        kept = self._live_gauges(st, table)
         if st.found is not None or st.pushed_this_run:
             return
         st.found = Found(table, live.source)
@@ -334,6 +329,17 @@ class Controller:
             )
         else:
             log.info("%s: found %s (source %s)", st.name, describe(table), live.source)
+
+    def _live_gauges(self, st: TargetState, table: PolicyTable | None) -> bool:
+        """Set the live-table gauges; returns whether `table` is a found table kept."""
+        m = self.metrics
+        m.live_version.labels(st.name).set(0 if table is None else table.version)
+        m.live_tiers.labels(st.name).set(0 if table is None else len(table.tiers))
+        probing = 0 if table is None else sum(t.explore_share > 0 for t in table.tiers)
+        m.live_probe_tiers.labels(st.name).set(probing)
+        kept = self._foreign(st, table) and self.frozen is None
+        m.kept_found_table.labels(st.name).set(1 if kept else 0)
+        return kept
 
     def _foreign(self, st: TargetState, table: PolicyTable | None) -> bool:
         """A live table the daemon did not learn and push (someone else's choice)."""
@@ -539,6 +545,8 @@ class Controller:
                 self.metrics.policy_version.labels(st.name).set(table.version)
                 if kind == "learned":
                     st.own_tables.add(_tiers_key(table))
+            if outcome != "unverified":  # read back: it is what the server runs now
+                self._live_gauges(st, table)
             st.live = None
             if outcome == "pending" and table is not None:
                 st.pending = PendingCheck(push_id, now, old, table)
@@ -826,6 +834,7 @@ class Controller:
         if not result.applied:
             return f"{name}: could not leave {describe(table)} ({outcome}: {detail})", False
         st.pending = None
+        self._live_gauges(st, table)
         self.metrics.handback.labels(st.name, "release" if table is None else "table").set(now)
         left = f"{describe(table)}{what} (on_exit {mode}); was {describe(live.table)}"
         return f"{name}: left {left} | {detail}", True

@@ -316,7 +316,10 @@ class Controller:
         if st.found is not None or st.pushed_this_run:
             return
         st.found = Found(table, live.source)
-        if table is None:
+        if self.frozen is not None:
+            frozen = "frozen mode keeps the policy file's table there"
+            log.info("%s: found %s; %s", st.name, describe(table), frozen)
+        elif table is None:
             log.info("%s: found SGLang's own choice (no specctl table); taking over", st.name)
         elif kept:
             log.info(
@@ -804,7 +807,7 @@ class Controller:
         table = exit_table(mode, st.found, live.table, version)
         what = _exit_choice(mode, st.found, table)
         if same_tiers(table, live.table):
-            return f"{name}: left {describe(table)}{what} (on_exit {mode}; already live)", True
+            return f"{name}: left {describe(live.table)}{what} (on_exit {mode}; already live)", True
         result = send_table(st.transport, table, st.push_key)
         outcome, detail = result.outcome, result.detail
         if result.applied and self.config.guardrails.verify:

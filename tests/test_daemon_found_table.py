@@ -52,8 +52,13 @@ def test_an_empty_store_keeps_a_found_table_it_has_no_evidence_against(tmp_path)
     lb = _serve(sim, found)
     try:
         ctl, store = controller_for(tmp_path, [{"name": "a", "url": lb.url}], **FAST)
-        _run(ctl, sim, 60)  # 5 simulated minutes, 60 decisions with a fitted model
+        now = _run(ctl, sim, 60)  # 5 simulated minutes, 60 decisions with a fitted model
         assert ctl.groups["default"].fitted_at is not None
+        fitted = _gauge(ctl, "specctl_daemon_last_fit_timestamp_seconds", group="default")
+        assert fitted == now
+        stored = _gauge(ctl, "specctl_daemon_store_samples", target="a")
+        assert stored == store.count_samples("a") > 0
+        assert _gauge(ctl, "specctl_daemon_probe_share", target="a") == 0.0  # none to run
         assert store.pushes("a") == []
         assert sim.specctl_state()["table"] == found.to_json()
         assert _gauge(ctl, "specctl_daemon_kept_found_table", target="a") == 1.0
@@ -73,7 +78,10 @@ def test_a_found_table_is_replaced_once_the_model_predicts_a_gain_over_it(tmp_pa
     lb = _serve(sim, found)
     try:
         ctl, store = controller_for(tmp_path, [{"name": "a", "url": lb.url}], **FAST)
-        _run(ctl, sim, 60)
+        _run(ctl, sim, 3)  # the first samples: measured under the found table
+        probing = _gauge(ctl, "specctl_daemon_probe_share", target="a")
+        assert probing is not None and 0.15 < probing < 0.5  # the found table's 30%
+        _run(ctl, sim, 57, start=15.0)
         pushes = store.pushes("a")
         assert pushes, "the daemon never replaced the found table"
         first = pushes[0]

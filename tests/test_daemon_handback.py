@@ -201,7 +201,15 @@ def test_a_fatal_error_after_start_still_hands_back(tmp_path):
         else:
             raise AssertionError("the fault did not fire")
         assert sim.specctl_state()["table"] is None
-        assert store.pushes("a")[-1].kind == "handback"
+        last = store.pushes("a")[-1]
+        assert last.kind == "handback"
+        gauge = "specctl_daemon_handback_timestamp_seconds"
+        labels = {"target": "a", "left": "release"}
+        assert ctl.metrics.registry.get_sample_value(gauge, labels) == last.t
         ctl.close()
+        # A restarted daemon shows the previous run's hand-back from its store.
+        again, _ = controller_for(tmp_path, [{"name": "a", "url": lb.url}])
+        assert again.metrics.registry.get_sample_value(gauge, labels) == last.t
+        again.close()
     finally:
         lb.stop()

@@ -29,8 +29,9 @@ def release(
         ),
     ] = False,
 ) -> None:
-    """Release a server to SGLang's own choice: no specctl table, no probes.
+    """Hand a server back to SGLang's own choice.
 
+    No specctl table, no probes (or, with --keep-table, the live table without its probes).
     Prints what the server ran before and what it runs now. A running specctl daemon pushes
     again at its next decision: stop it first (it hands back by itself on exit, see
     `on_exit` in its config). Exit status 2 when the server cannot be reached, refuses the
@@ -40,7 +41,7 @@ def release(
     Examples:
       specctl release --url http://127.0.0.1:30000
       specctl release --url http://127.0.0.1:30000 --admin-key "$ADMIN_KEY"
-      specctl release --url http://127.0.0.1:30000 --keep-table   # strip probes only
+      specctl release --url http://127.0.0.1:30000 --keep-table
     """
     from controller.daemon.config import url_problem
 

@@ -82,6 +82,9 @@ CASES: list[tuple[list[str], list[str]]] = [
     (["freeze", "--out", "{root}"], ["--out", "is a folder"]),
     (["freeze", "--check", "{bad_yaml}"], ["bad.yaml: line 4, column 6: not valid YAML"]),
     (["freeze", "--check", "{policy}", "--url", "x"], ["--url:", "add http://"]),
+    # release
+    (["release", "--url", "127.0.0.1:9"], ["--url:", "add http://"]),
+    (["release"], ["Missing option '--url'", "specctl release --help"]),
     # serve
     (["serve", "--dry-run", "--depths", "1,,2", "--", "--model-path", "m"],
      ["--depths:", "empty item"]),
@@ -125,6 +128,8 @@ CASES: list[tuple[list[str], list[str]]] = [
      ["--port:", "must be <= 65535, got 70000"]),
     (["sim", "serve", "--profile", "h200-llama8b-eagle3", "--scenario", "{policy}", "--port",
       "0"], ["--scenario:", "pass a built-in scenario"]),
+    (["sim", "serve", "--profile", "h200-llama8b-eagle3", "--policy-file", "{bad_yaml}",
+      "--port", "0"], ["--policy-file:", "not valid YAML (line 4"]),
     (["sim", "evaluate", "--http", "0"], ["--http:", "must run > 0 times wall time"]),
     (["sim", "evaluate", "--http", "-1"], ["--http:", "must run > 0 times wall time"]),
     (["sim", "evaluate", "--scenario", "{policy}"], ["--scenario:", "pass a built-in scenario"]),

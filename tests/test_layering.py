@@ -59,6 +59,7 @@ DAEMON_FLOW = (
     "guardrails",
     "push_gate",
     "push",
+    "handback",
     "loop",
     "runner",
 )

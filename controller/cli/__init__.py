@@ -129,6 +129,7 @@ COMMAND_MODULES = (
     "controller.cli.status",
     "controller.cli.curves",
     "controller.cli.freeze",
+    "controller.cli.release",
     "controller.cli.serve",
     "controller.cli.daemon",
     "controller.cli.evaluate",

@@ -17,23 +17,13 @@ import typer
 from controller.cli import app
 from controller.cli.args import fail, output_file_problem
 from controller.cli.curves import CONFIG_HELP, STORE_HELP, locate_store
-from sglang_hooks.contract import PolicyTable, Tier
+from sglang_hooks.contract import PolicyTable
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from controller.cli.learned import GroupModel
     from controller.daemon.policy_file import PolicyFile
-
-
-def without_exploration(table: PolicyTable, version: int) -> PolicyTable:
-    """Drop probes and merge neighbouring tiers that then run the same depth."""
-    tiers: list[Tier] = []
-    for t in table.tiers:
-        if tiers and tiers[-1].depth == t.depth:
-            continue
-        tiers.append(Tier(min_batch=t.min_batch, depth=t.depth, hysteresis=t.hysteresis))
-    return PolicyTable.build(tiers, version=version)
 
 
 def predicted_by_policy(model: GroupModel, table: PolicyTable) -> dict[str, float]:
@@ -64,11 +54,12 @@ def predicted_by_policy(model: GroupModel, table: PolicyTable) -> dict[str, floa
 
 
 def build_policy(model: GroupModel) -> PolicyFile:
+    from controller.daemon.handback import without_probes
     from controller.daemon.policy_file import PolicyFile, Provenance, TimeWindow
 
     proposal = model.propose()
     version = (model.live_table.version + 1) if model.live_table else proposal.table.version
-    table = without_exploration(proposal.table, version)
+    table = without_probes(proposal.table, version)
     predicted = predicted_by_policy(model, table)
     gains = {
         k: round(predicted["table"] / v - 1.0, 4)

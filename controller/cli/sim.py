@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -203,6 +204,14 @@ def serve(
             "as SGLang does with SGLANG_ENABLE_METRICS_DEVICE_TIMER=1"
         ),
     ] = False,
+    policy_file: Annotated[
+        Path | None,
+        typer.Option(
+            envvar="SPECCTL_POLICY_FILE",
+            help="Frozen start-up table (a `specctl freeze` file), as the plugin reads "
+            "SPECCTL_POLICY_FILE: the server starts with it (source startup)",
+        ),
+    ] = None,
 ) -> None:
     """Serve a simulated SGLang server (SGLang's HTTP API + the specctl plugin's contract).
 
@@ -211,6 +220,7 @@ def serve(
       specctl sim serve --profile h200-moe-eagle3 --port 30000 --admin-key k
       specctl sim serve --profile h200-moe-eagle3 --port 30001 --no-speculative
       specctl sim serve --profile h200-llama8b-eagle3 --scenario ramp --speedup 10
+      specctl sim serve --profile h200-moe-eagle3 --policy-file policy.yaml
     """
     from sims.http import ServedSimulation
     from sims.server import SimulatedServer
@@ -226,6 +236,16 @@ def serve(
         workload = scenario_option(scenario).workload
     else:
         workload = Workload.closed(concurrency)
+    table = None
+    if policy_file is not None:
+        from sglang_hooks.contract import PolicyError
+        from sglang_hooks.policy_file import load_policy_file
+
+        try:
+            # Checked against the captured depths, as the plugin checks it at start-up.
+            table = load_policy_file(policy_file, prof.captured_depths if speculative else ())
+        except PolicyError as err:
+            raise typer.BadParameter(str(err), param_hint="--policy-file") from None
     server = SimulatedServer(
         prof,
         workload,
@@ -234,6 +254,7 @@ def serve(
         api_key=api_key,
         speculative=speculative,
         device_timer=device_timer,
+        table=table,
     )
     try:
         served = ServedSimulation(server, host=host, port=port, speedup=speedup, log_level="info")
@@ -244,8 +265,9 @@ def serve(
             err=True,
         )
         raise typer.Exit(2) from None
+    startup = "" if table is None else f", start-up table {table.label()} {table.describe()}"
     typer.echo(
         f"simulated {prof.name} ({'EAGLE-3' if speculative else 'no speculation'}) on "
-        f"{served.base_url}, clock x{speedup:g}; Ctrl-C to stop"
+        f"{served.base_url}, clock x{speedup:g}{startup}; Ctrl-C to stop"
     )
     served.serve_forever()

@@ -12,6 +12,7 @@
 - `guardrails`: the proposed table restricted and bounded; after-push check and rollback.
 - `push_gate`: whether a proposal is worth pushing (a stated gain, or evidence it would add).
 - `push`: the table sent with `/set_internal_state` and read back.
+- `handback`: what the daemon leaves on a server when it stops (`on_exit`), never with probes.
 - `loop`: `Controller`, which ties the stages together per target (clock-free).
 - `runner`: the drivers of the loop, on real time or a simulated clock.
 

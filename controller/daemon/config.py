@@ -17,6 +17,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 DEFAULT_CONFIG_RESOURCE = "default.yaml"
+# The API key's environment variable when a target names none (the smoke test reads it too).
+API_KEY_ENV = "SPECCTL_API_KEY"
+# What the daemon leaves on a server when it stops (controller/daemon/handback.py).
+OnExit = Literal["restore", "keep-table", "release"]
 
 PosFloat = Annotated[float, Field(gt=0.0)]
 Fraction = Annotated[float, Field(gt=0.0, le=1.0)]
@@ -69,8 +73,8 @@ class TargetConfig(_Strict):
     )
     api_key: str | None = Field(
         None,
-        description="The server's --api-key, if set: sent on /server_info (and on pushes when "
-        "no admin key is set)",
+        description="The server's --api-key, if set: sent as Bearer on /metrics and "
+        "/server_info (and on pushes when no admin key is set); unset: $SPECCTL_API_KEY if set",
     )
     api_key_env: str | None = Field(
         None, description="Read the API key from this environment variable instead"
@@ -120,7 +124,12 @@ class TargetConfig(_Strict):
         return admin if admin is not None else self.resolved_api_key()
 
     def resolved_api_key(self) -> str | None:
-        return self._secret(self.api_key, self.api_key_env, "api_key")
+        key = self._secret(self.api_key, self.api_key_env, "api_key")
+        if key is None and self.simulated is None:
+            # SGLang's --api-key guards every route but /metrics and /health: a daemon next to
+            # such a server reads the same variable as the other commands.
+            key = os.environ.get(API_KEY_ENV) or None
+        return key
 
 
 class ScheduleConfig(_Strict):
@@ -239,6 +248,16 @@ class ControllerConfig(_Strict):
     frozen_policy: str | None = Field(
         None,
         description="Path of a frozen policy file: push it, keep it, never learn a new table",
+    )
+    # The safe default is `restore`: a table found on the server is the operator's last choice,
+    # and a server found released goes back to SGLang's own choice; no probes either way
+    # (controller/daemon/handback.py says why the others are not the default).
+    on_exit: OnExit = Field(
+        "restore",
+        description="What the daemon leaves on every server it pushed to when it stops, "
+        "never with probes: restore (the table found at start-up, or SGLang's own choice if "
+        "none), keep-table (the found table, else the daemon's own table), release (SGLang's "
+        "own choice)",
     )
     seed: int = Field(0, description="Seed of the learners' exploration draws")
 

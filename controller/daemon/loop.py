@@ -25,6 +25,7 @@ from controller.daemon.guardrails import (
     compare_after_push,
     restrict_to_captured,
 )
+from controller.daemon.handback import Found, describe, exit_table, has_probes
 from controller.daemon.model import GroupModel, LearnerFactory, default_learner_factory
 from controller.daemon.own_metrics import DaemonMetrics
 from controller.daemon.push import (
@@ -85,6 +86,12 @@ class TargetState:
     react_since: float = float("-inf")  # when the current reaction started
     react_kind: str = ""  # "first" (first evidence), "load" or "acceptance"
     react_reason: str = ""
+    # What the server ran when first read, before this run's first push (None: not read yet).
+    found: Found | None = None
+    pushed_this_run: bool = False
+    # Tiers of every table the daemon learned and pushed to this target (this run and stored):
+    # a live table not among them is someone else's choice, replaced only on a predicted gain.
+    own_tables: set[tuple[Any, ...]] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -138,6 +145,7 @@ class Controller:
                 state.snapshot_t, state.snapshot = stored
             self._restore_push_state(state)
             self.targets[tc.name] = state
+            self.metrics.store_samples.labels(tc.name).set(store.count_samples(tc.name))
             if tc.group not in self.groups:
                 self.groups[tc.group] = GroupModel(
                     tc.group, dict(config.learner), config.seed, learner_factory
@@ -156,6 +164,13 @@ class Controller:
 
     def _restore_push_state(self, state: TargetState) -> None:
         records = self.store.pushes(state.name)
+        for r in records:
+            table = None if r.table is None else _table(r.table)
+            if r.kind == "learned" and table is not None:
+                state.own_tables.add(_tiers_key(table))
+            if r.kind == "handback" and r.outcome in ("applied", "unverified"):
+                left = "release" if table is None else "table"
+                self.metrics.handback.labels(state.name, left).set(r.t)
         if not records:
             return
         state.last_push_t = max(r.t for r in records)
@@ -214,6 +229,11 @@ class Controller:
         m.scrapes.labels(st.name).inc()
         m.target_up.labels(st.name).set(1)
         m.samples_stored.labels(st.name).inc(len(built.samples))
+        m.store_samples.labels(st.name).inc(len(built.samples))
+        iterations = sum(s.iterations for s in built.samples)
+        if iterations > 0:
+            probes = sum(s.explore_iterations for s in built.samples)
+            m.probe_share.labels(st.name).set(probes / iterations)
         self.groups[st.cfg.group].add(built.samples)
         st.recent.extend(built.samples)
         horizon = now - self._recent_horizon_s()
@@ -260,6 +280,7 @@ class Controller:
             return False
         if fitted:
             self.metrics.fits.labels(group).inc()
+            self.metrics.last_fit.labels(group).set(now)
             assert gm.learner is not None
             try:
                 self.store.add_learner_snapshot(
@@ -280,11 +301,60 @@ class Controller:
 
     def _read_live(self, st: TargetState) -> LiveState | None:
         try:
-            st.live = read_live(st.transport)
+            live = read_live(st.transport)
         except ServerStateError as err:
             log.warning("%s: %s", st.name, err)
             return None
-        return st.live
+        st.live = live
+        self._note_live(st, live)
+        return live
+
+    def _note_live(self, st: TargetState, live: LiveState) -> None:
+        """Record what the server runs: the live gauges, and the first time, what was found."""
+        table = live.table
+        kept = self._live_gauges(st, table)
+        if st.found is not None or st.pushed_this_run:
+            return
+        st.found = Found(table, live.source)
+        if self.frozen is not None:
+            frozen = "frozen mode keeps the policy file's table there"
+            log.info("%s: found %s; %s", st.name, describe(table), frozen)
+        elif table is None:
+            log.info("%s: found SGLang's own choice (no specctl table); taking over", st.name)
+        elif kept:
+            log.info(
+                "%s: found %s (source %s), not pushed by this daemon: kept until the model "
+                "predicts push_min_gain %.1f%% over it",
+                st.name,
+                describe(table),
+                live.source,
+                100 * self.config.guardrails.push_min_gain,
+            )
+        else:
+            log.info("%s: found %s (source %s)", st.name, describe(table), live.source)
+
+    def _live_gauges(self, st: TargetState, table: PolicyTable | None) -> bool:
+        """Set the live-table gauges; returns whether `table` is a found table kept."""
+        m = self.metrics
+        m.live_version.labels(st.name).set(0 if table is None else table.version)
+        m.live_tiers.labels(st.name).set(0 if table is None else len(table.tiers))
+        probing = 0 if table is None else sum(t.explore_share > 0 for t in table.tiers)
+        m.live_probe_tiers.labels(st.name).set(probing)
+        kept = self._foreign(st, table) and self.frozen is None
+        m.kept_found_table.labels(st.name).set(1 if kept else 0)
+        return kept
+
+    def _foreign(self, st: TargetState, table: PolicyTable | None) -> bool:
+        """A live table the daemon did not learn and push (someone else's choice)."""
+        return table is not None and _tiers_key(table) not in st.own_tables
+
+    def start(self, now: float) -> None:
+        """Read every server once before the first push: what was found there is what the
+        hand-back at exit restores, and a found table is kept until the model beats it."""
+        for st in self.targets.values():
+            with st.lock:
+                if st.found is None:
+                    self._read_live(st)
 
     # ------------------------------------------------------------------ table -> push
 
@@ -329,7 +399,9 @@ class Controller:
         if clash:
             reason += f"; {clash}"
             log.warning("%s: %s", st.name, clash)
-        return self._push(st, now, table, kind="frozen", reason=reason, predicted=None)
+        return self._push(
+            st, now, table, kind="frozen", reason=reason, predicted=None, rule="frozen"
+        )
 
     def _version_clash(self, st: TargetState, table: PolicyTable) -> str:
         """A sentence if this store already pushed another table under the same version."""
@@ -359,6 +431,11 @@ class Controller:
         # The server's own choice, as measured: the first table keeps it unless the model
         # predicts takeover_min_gain more (controller/daemon/takeover.py).
         incumbent = measured_choice(st.recent) if live.table is None else None
+        # A table someone else chose (found on the server, set by hand, loaded from a policy
+        # file) is replaced only for a predicted gain: the model's wish for probes is no
+        # evidence against it. Until then it runs with its own probes, if any, and the
+        # daemon learns from what it runs.
+        keep_found = self._foreign(st, live.table)
         try:
             with gm.lock:
                 proposal = gm.learner.propose(
@@ -409,6 +486,7 @@ class Controller:
                     lambda a, b, h, probes: learner.predicted_gain(a, b, dict(h), probes=probes),
                     g.push_min_gain,
                     float(getattr(getattr(learner, "config", None), "exploration_cap", 0.03)),
+                    gain_only=keep_found,
                 )
         except Exception as err:  # a learner bug must not stop the loop
             log.exception("%s: learner could not weigh the table: %s", st.name, err)
@@ -424,7 +502,9 @@ class Controller:
         if urgent and st.react_reason:
             reason += f"; reacting: {st.react_reason}"
         predicted = {str(k): round(v, 3) for k, v in proposal.predicted_tok_per_s.items()}
-        return self._push(st, now, table, kind="learned", reason=reason, predicted=predicted)
+        return self._push(
+            st, now, table, kind="learned", reason=reason, predicted=predicted, rule=gate.rule
+        )
 
     def _push(
         self,
@@ -435,9 +515,13 @@ class Controller:
         kind: str,
         reason: str,
         predicted: dict[str, Any] | None,
+        rule: str = "",
     ) -> PushEvent:
+        if st.found is None and not st.pushed_this_run:
+            self._read_live(st)  # what the server ran before this run's first push
         old = st.live.table if st.live is not None else None
         result = send_table(st.transport, table, st.push_key)
+        self.metrics.push_reasons.labels(st.name, rule or kind).inc()
         outcome, detail = result.outcome, result.detail
         if result.applied and self.config.guardrails.verify:
             ok, why = verify_table(st.transport, table)
@@ -458,9 +542,14 @@ class Controller:
         self.metrics.pushes.labels(st.name, outcome).inc()
         if result.applied:
             st.last_push_t = now
+            st.pushed_this_run = True
             if table is not None:
                 st.pushed_version = max(st.pushed_version, table.version)
                 self.metrics.policy_version.labels(st.name).set(table.version)
+                if kind == "learned":
+                    st.own_tables.add(_tiers_key(table))
+            if outcome != "unverified":  # read back: it is what the server runs now
+                self._live_gauges(st, table)
             st.live = None
             if outcome == "pending" and table is not None:
                 st.pending = PendingCheck(push_id, now, old, table)
@@ -542,7 +631,9 @@ class Controller:
             before_tok_per_s=cmp.before_tok_per_s,
             after_tok_per_s=cmp.after_tok_per_s,
         )
-        return self._push(st, now, back, kind="rollback", reason=reason, predicted=None)
+        return self._push(
+            st, now, back, kind="rollback", reason=reason, predicted=None, rule="rollback"
+        )
 
     def _takeover_ok(
         self, st: TargetState, now: float, predicted: dict[int, float], hist: dict[int, float]
@@ -683,12 +774,93 @@ class Controller:
             return ""
         return f"acceptance moved ({z:.1f} standard errors from the model)"
 
+    # ------------------------------------------------------------------ exit
+
+    def hand_back(self, now: float) -> list[str]:
+        """On exit: leave every server the daemon pushed to in this run (and any whose live
+        table probes) as `on_exit` says, never with probes (controller/daemon/handback.py).
+        One log line per target, returned too; never raises, whatever the server does."""
+        lines = []
+        for st in self.targets.values():
+            with st.lock:
+                try:
+                    line, done = self._hand_back_one(st, now)
+                except Exception as err:  # the exit must finish for the other targets too
+                    line, done = f"hand-back {st.name}: failed ({type(err).__name__}: {err})", False
+            (log.info if done else log.warning)(line)
+            lines.append(line)
+        return lines
+
+    def _hand_back_one(self, st: TargetState, now: float) -> tuple[str, bool]:
+        mode = self.config.on_exit
+        name = f"hand-back {st.name}"
+        try:
+            live = read_live(st.transport)
+        except ServerStateError as err:
+            return f"{name}: not reached ({err}); on_exit {mode} not applied", False
+        st.live = live
+        if not st.pushed_this_run and not has_probes(live.table):
+            return f"{name}: left {describe(live.table)} as found (no push in this run)", True
+        found_version = 0 if st.found is None or st.found.table is None else st.found.table.version
+        live_version = 0 if live.table is None else live.table.version
+        version = max(st.pushed_version, live_version, found_version) + 1
+        table = exit_table(mode, st.found, live.table, version)
+        what = _exit_choice(mode, st.found, table)
+        if same_tiers(table, live.table):
+            return f"{name}: left {describe(live.table)}{what} (on_exit {mode}; already live)", True
+        result = send_table(st.transport, table, st.push_key)
+        outcome, detail = result.outcome, result.detail
+        if result.applied and self.config.guardrails.verify:
+            ok, why = verify_table(st.transport, table)
+            if not ok:
+                outcome, detail = "unverified", why
+        reason = f"on_exit {mode}{what}; was {describe(live.table)}"
+        self.metrics.push_reasons.labels(st.name, "handback").inc()
+        self.metrics.pushes.labels(st.name, outcome).inc()
+        try:
+            self.store.add_push(
+                t=now,
+                target=st.name,
+                kind="handback",
+                table=None if table is None else table.to_json(),
+                reason=reason,
+                predicted=None,
+                outcome=outcome,
+                detail=detail,
+            )
+            if result.applied and st.pending is not None:
+                self.store.set_push_outcome(
+                    st.pending.push_id, "unchecked", "the daemon stopped before its check"
+                )
+        except sqlite3.Error as err:
+            log.warning("%s: hand-back not recorded in the store: %s", st.name, err)
+        if not result.applied:
+            return f"{name}: could not leave {describe(table)} ({outcome}: {detail})", False
+        st.pending = None
+        self._live_gauges(st, table)
+        self.metrics.handback.labels(st.name, "release" if table is None else "table").set(now)
+        left = f"{describe(table)}{what} (on_exit {mode}); was {describe(live.table)}"
+        return f"{name}: left {left} | {detail}", True
+
     def close(self) -> None:
         for st in self.targets.values():
             st.transport.close()
             close = getattr(st.source, "close", None)
             if close is not None:
                 close()
+
+
+def _exit_choice(mode: str, found: Found | None, table: PolicyTable | None) -> str:
+    """Why the hand-back leaves `table`, as words that follow it (`left X, as found ...`)."""
+    if mode == "release":
+        return ""
+    if found is None:
+        return ", the live table without probes (the server was not read at start-up)"
+    if found.table is None:
+        if table is None:
+            return ", as found at start-up"
+        return ", the daemon's own table without probes (no table was found at start-up)"
+    return ", as found at start-up" + ("" if table == found.table else " but without probes")
 
 
 def _tiers_key(table: PolicyTable) -> tuple[Any, ...]:

@@ -19,6 +19,13 @@ table replaces the live one only when one of these holds:
   probes cost at least a quarter of `push_min_gain` less (with probes counted) while probing
   less often: a probe of a far depth (off at a small batch) costs more per step than one of a
   near tie, so halving the share is not the only saving worth a push.
+
+Over a table the daemon did not push itself (found on the server at start-up, set by hand, or
+loaded by the server from a policy file), only **gain** counts (`gain_only`), and only the gain
+of the decisions: that table is its operator's choice, and the model's wish for probes is no
+evidence against it, nor is what it guesses depths it has not measured would earn as probes
+(the learner decides only among depths with evidence of their own, so the decisions' gain is
+one the samples back).
 """
 
 from __future__ import annotations
@@ -39,6 +46,9 @@ class GateDecision:
     gain: float | None  # the largest predicted gain found (None: nothing to compare)
     missing_probes: tuple[tuple[int, int], ...]  # (bucket, depth) the new table adds
     why: str
+    # Which rule let the push through ("" when none did): the daemon's metrics count pushes
+    # by it. takeover | gain | evidence | fewer_probes | cheaper_probes
+    rule: str = ""
 
 
 def _tier_at(table: PolicyTable, batch: int) -> Tier:
@@ -91,17 +101,20 @@ def decide_push(
     gain_of: GainFn,
     min_gain: float,
     cap: float,
+    *,
+    gain_only: bool = False,
 ) -> GateDecision:
-    """Whether to push `candidate` over `live`, given the loads to weigh it on."""
+    """Whether to push `candidate` over `live`, given the loads to weigh it on (`gain_only`:
+    over a table specctl did not push, a predicted gain is the only reason to replace it)."""
     if live is None:
-        return GateDecision(True, None, (), "no specctl table yet")
+        return GateDecision(True, None, (), "no specctl table yet", "takeover")
     best: tuple[float, str] | None = None
     worst_plain: float | None = None  # the decisions' predicted gain, least over the loads
     best_probed: float | None = None  # the predicted gain with probes counted, most
     for name, hist in hists.items():
         if not hist:
             continue
-        for probes in (False, True):
+        for probes in (False,) if gain_only else (False, True):
             g = gain_of(candidate, live, hist, probes)
             if g is None:
                 continue
@@ -114,7 +127,16 @@ def decide_push(
                 best = (g, f"{what}, {name} load")
     gain = None if best is None else best[0]
     if best is not None and best[0] >= min_gain:
-        return GateDecision(True, gain, (), f"predicted {best[0]:+.1%} ({best[1]})")
+        return GateDecision(True, gain, (), f"predicted {best[0]:+.1%} ({best[1]})", "gain")
+    shown = "n/a" if gain is None else f"{gain:+.1%}"
+    if gain_only:
+        return GateDecision(
+            False,
+            gain,
+            (),
+            f"keeping the table found on the server: predicted {shown} < push_min_gain "
+            f"{min_gain:.1%}",
+        )
     merged: dict[int, float] = {}
     for hist in hists.values():
         for b, w in hist.items():
@@ -122,11 +144,17 @@ def decide_push(
     missing = missing_probes(candidate, live, merged, cap)
     if missing:
         where = ", ".join(f"{'off' if d == 0 else f'd{d}'} at bucket {b}" for b, d in missing[:3])
-        return GateDecision(True, gain, tuple(missing), f"evidence needed: probes {where}")
+        return GateDecision(
+            True, gain, tuple(missing), f"evidence needed: probes {where}", "evidence"
+        )
     old_share, new_share = probe_share(live, merged), probe_share(candidate, merged)
     if new_share <= old_share / 2 and old_share - new_share >= cap / 8:
         return GateDecision(
-            True, gain, (), f"fewer probes: {old_share:.1%} -> {new_share:.1%} of steps"
+            True,
+            gain,
+            (),
+            f"fewer probes: {old_share:.1%} -> {new_share:.1%} of steps",
+            "fewer_probes",
         )
     if (
         worst_plain is not None
@@ -140,6 +168,6 @@ def decide_push(
             gain,
             (),
             f"cheaper probes: {best_probed:+.2%} with probes, decisions no worse",
+            "cheaper_probes",
         )
-    shown = "n/a" if gain is None else f"{gain:+.1%}"
     return GateDecision(False, gain, (), f"predicted {shown} < push_min_gain {min_gain:.1%}")

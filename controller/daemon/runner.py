@@ -4,10 +4,14 @@ Wall clock: a BackgroundScheduler runs one scrape job and one decide job per tar
 job per group, each `coalesce=True, max_instances=1` on a thread pool wide enough for every job,
 so a target whose calls hang until their timeout only delays its own jobs. A scrape that shows a
 change of load or acceptance refits and decides at once, in the scrape job (`Controller.react`).
+Before the jobs start, every server is read once (`Controller.start`: what was found there);
+when they have stopped, however the run ends, every server is handed back
+(`Controller.hand_back`, the config's `on_exit`).
 
 Simulated clock: in-process `SimulatedServer`s advance by one scrape interval per tick and the
 controller is called directly; `speedup` paces ticks against the wall clock (None: as fast as
-the CPU allows, for evaluations).
+the CPU allows, for evaluations). An in-process simulator ends with the daemon: there is
+nothing to hand back.
 """
 
 from __future__ import annotations
@@ -225,15 +229,19 @@ def run_wall(
             seconds=max(60.0, 4 * sched.decide_interval_s),
             id="progress",
         )
-    scheduler.start()
     deadline = None if sched.duration_s is None else time.monotonic() + sched.duration_s
     try:
+        controller.start(clock())
+        scheduler.start()
         while not stop.is_set():
             if deadline is not None and time.monotonic() >= deadline:
                 break
             stop.wait(0.2)
     finally:
-        scheduler.shutdown(wait=True)
+        if scheduler.running:
+            scheduler.shutdown(wait=True)
+        # After the jobs: nothing pushes between the hand-back and the exit.
+        controller.hand_back(clock())
 
 
 def _now_dt() -> Any:

@@ -97,7 +97,7 @@ class PushRecord:
     id: int
     t: float
     target: str
-    kind: str  # "learned" | "rollback" | "frozen"
+    kind: str  # "learned" | "rollback" | "frozen" | "handback" (at exit)
     table: dict[str, Any] | None
     reason: str
     predicted: dict[str, Any] | None

@@ -122,7 +122,7 @@ def test_every_step_through_the_entry_over_two_commands(tmp_path, capsys):
         "plain-again", "spec-switching", "spec-d3"]
     assert check["switch"]["pushes_sent"] == 20 and check["switch"]["failures"] == 0
     bench = steps["bench"]["result"]
-    assert bench["levels"] == bench["levels_planned"] == 3
+    assert bench["levels"] == bench["levels_planned"] == 3 and bench["folder"] == "bench"
     assert set(bench["tok_per_s"]) == {"d0 c=2", "d3 c=2", "no-spec c=2"}
 
     # parity: the warm pass once, three series in two commands, the order alternating

@@ -165,3 +165,20 @@ def test_the_entry_refuses_a_bad_option_in_one_line_with_exit_2(tmp_path, argv, 
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_seeded_models_without_torch_fail_setup_naming_the_fix(tmp_path, capsys):
+    """The seeded pair is built with torch: in a Python without it, `setup` fails before any
+    server starts, and says what to use instead."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed here: the build would run (minutes on a CPU)")
+    run_dir = tmp_path / "run"
+    assert harness.main(["setup", "--models", "seeded", "--backend", "sim", "--run-dir",
+                         str(run_dir)]) == 1
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["steps"]["setup"]["error"] == (
+        "--models seeded: torch (which builds the pair) is not installed in this Python; use "
+        "--models dummy, or give the folders as --target/--draft")
+    assert state["servers"] == {}

@@ -370,3 +370,27 @@ def test_start_warns_when_the_kv_pools_differ_and_names_the_cap_that_evens_them(
     # a server that did not answer /server_info leaves nothing to compare
     assert kv_pool_note({"spec": {"error": "ConnectError"},
                          "plain": {"max_total_num_tokens": 1}}) is None
+
+
+def test_the_plugins_depth_0_blocks_are_reported_as_the_plugin_gives_them():
+    """Whatever /server_info's specctl state holds under off_path and plain_decode goes into
+    the summary whole, fields the harness has never seen included; other plugin fields stay
+    out, and a server without the plugin's block shows none."""
+    from benchmarks.gpu import summary
+    from benchmarks.gpu.server_info import plugin_state
+
+    specctl = {"active": True, "inactive_reason": None, "captured_depths": [0, 1, 3],
+               "source": "push", "off_path": {"path": "specctl", "new_field": [1, 2]},
+               "plain_decode": {"launches": 7}, "skipped_draft_extends": 12}
+    state = plugin_state(specctl)
+    assert state == {"active": True, "inactive_reason": None, "captured_depths": [0, 1, 3],
+                     "source": "push", "off_path": {"path": "specctl", "new_field": [1, 2]},
+                     "plain_decode": {"launches": 7}}
+    assert plugin_state({"active": False}) == {"active": False}
+    text = summary.markdown({"run_dir": "/tmp/run", "steps": {}, "server_info": {
+        "spec": {"max_running_requests": 128, "specctl": state},
+        "plain": {"max_running_requests": 128}}})
+    assert '- spec: {"active": true, "captured_depths": [0, 1, 3], "inactive_reason": null, ' \
+        '"off_path": {"new_field": [1, 2], "path": "specctl"}, "plain_decode": {"launches": ' \
+        '7}, "source": "push"}' in text
+    assert "- plain:" not in text and "| specctl |" not in text

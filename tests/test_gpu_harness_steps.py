@@ -15,7 +15,7 @@ from benchmarks.gpu import harness, steps
 from benchmarks.gpu.context import Run, StepError
 from benchmarks.gpu.options import Options
 from benchmarks.gpu.state import RunState
-from benchmarks.gpu.steps import parity, trace
+from benchmarks.gpu.steps import bench, parity, trace
 
 SPEC_URL, PLAIN_URL = "http://127.0.0.1:1", "http://127.0.0.1:2"  # nothing is sent there
 
@@ -54,6 +54,14 @@ def test_series_are_numbered_on_from_the_folder(tmp_path):
     run = _run(tmp_path, parity_tag="swapped")
     assert parity.folder(run) == run.dir / "parity_swapped"
     assert parity.folder(_run(tmp_path)) == run.dir / "parity"
+
+
+def test_a_later_bench_of_the_run_gets_a_folder_of_its_own(tmp_path):
+    assert bench.fresh_folder(tmp_path / "bench") == tmp_path / "bench"
+    (tmp_path / "bench").mkdir()
+    assert bench.fresh_folder(tmp_path / "bench") == tmp_path / "bench_2"
+    (tmp_path / "bench_2").mkdir()
+    assert bench.fresh_folder(tmp_path / "bench") == tmp_path / "bench_3"
 
 
 def test_each_draw_has_its_own_seed_fresh_prompts_and_spread_outputs(tmp_path):

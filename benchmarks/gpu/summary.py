@@ -75,7 +75,7 @@ def _bench_lines(result: dict[str, Any]) -> list[str]:
         if conc not in concs:
             concs.append(conc)
     concs.sort(key=int)
-    lines = ["Output tok/s per series and concurrency:", ""]
+    lines = [f"Output tok/s per series and concurrency ({result.get('folder', 'bench')}/):", ""]
     lines += _md_table(["series", *concs],
                        [[name, *[vals.get(c) for c in concs]] for name, vals in series.items()])
     if result.get("levels_without_finished_requests"):

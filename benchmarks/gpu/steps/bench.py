@@ -1,5 +1,6 @@
-"""`bench`: `specctl bench` over the bench depths with the plain server beside, and how every
-step runs `specctl bench` (one command line, pinned to --bench-cpus, with a timeout).
+"""`bench`: `specctl bench` over the bench depths with the plain server beside, into bench/
+(a later bench of the run into bench_2/, ...), and how every step runs `specctl bench` (one
+command line, pinned to --bench-cpus, with a timeout).
 """
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ def run_bench(run: Run, argv: list[str], levels: int, log: Path,
     return done, data
 
 
+def fresh_folder(path: Path) -> Path:
+    """`path`, or path_2, path_3, ... where an earlier bench of the run wrote there."""
+    out, n = path, 2
+    while out.exists():
+        out, n = path.with_name(f"{path.name}_{n}"), n + 1
+    return out
+
+
 def levels_summary(data: dict[str, Any]) -> dict[str, Any]:
     rows = data.get("results", [])
     return {
@@ -75,14 +84,16 @@ def run(run: Run) -> dict[str, Any]:
     dataset = run.dataset()
     if dataset is not None:
         extra += ["--dataset", str(dataset)]
+    out = fresh_folder(run.dir / "bench")
     run.say(f"  {levels} levels of {o.level_seconds:g} s after {o.warmup_seconds:g} s of "
-            "warm-up each")
-    done, data = run_bench(run, bench_argv(run, run.dir / "bench", extra), levels,
-                           run.dir / "bench.txt")
+            f"warm-up each, into {out.name}/")
+    done, data = run_bench(run, bench_argv(run, out, extra), levels,
+                           out.with_name(out.name + ".txt"))
     if data is None:
         raise StepError(f"bench wrote no bench.json: {done.describe()}")
-    result = {"returncode": done.returncode, "seconds": round(done.seconds, 1),
-              "levels_planned": levels, **levels_summary(data),
+    result = {"folder": out.name, "returncode": done.returncode,
+              "seconds": round(done.seconds, 1), "levels_planned": levels,
+              **levels_summary(data),
               "crossovers": data.get("crossovers"),
               "recommended_table": data.get("recommended_table_text"),
               "interrupted": data.get("interrupted")}

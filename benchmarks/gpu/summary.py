@@ -121,7 +121,11 @@ def _acceptance_lines(result: dict[str, Any]) -> list[str]:
     lines += _md_table(["family", *[f"depth {d}" for d in depths]],
                        [[name, *[f["accept_length"].get(d) for d in depths]]
                         for name, f in families.items()])
-    if spell := result.get("off_spell"):
+    spell = result.get("off_spell")
+    if spell and spell["loss"] is None:
+        lines.append(f"After {spell['off_tokens']} tokens at depth 0: not measured (no verify "
+                     "was counted after the push: the requests ended first).\n")
+    elif spell:
         lines.append(f"After {spell['off_tokens']} tokens at depth 0: accept length "
                      f"{spell['off_then_on']} at depth {spell['depth']}, against "
                      f"{spell['on_throughout']} drafted all along (loss {spell['loss']}).\n")

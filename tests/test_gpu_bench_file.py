@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu import bench_file, level_windows, parity, timeline
+from benchmarks.gpu import bench_file, parity
 
 
 def _bench(folder: Path, body: object) -> Path:
@@ -26,8 +26,7 @@ def test_a_folder_or_its_file_reads_the_same_levels(tmp_path: Path) -> None:
     assert bench_file.level_rows(folder, data) == rows
 
 
-@pytest.mark.parametrize("error", [parity.ParityError, timeline.TimelineError,
-                                   level_windows.WindowError, bench_file.BenchFileError])
+@pytest.mark.parametrize("error", [parity.ParityError, bench_file.BenchFileError])
 def test_each_tool_gets_its_own_error_naming_the_file(tmp_path: Path,
                                                       error: type[Exception]) -> None:
     missing = tmp_path / "missing"

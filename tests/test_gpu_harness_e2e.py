@@ -1,6 +1,13 @@
-"""The GPU harness end to end on CPU: every phase, with two `specctl sim serve` processes in
-place of the speculative and the plain SGLang server (real subprocesses in their own
-sessions, real loopback HTTP, the real bench, smoke test and daemon as subprocesses).
+"""The GPU harness end to end on CPU through its entry, `python -m benchmarks.gpu`: every step,
+with two `specctl sim serve` processes in place of the speculative and the plain SGLang server
+(real subprocesses in their own sessions, real loopback HTTP, the real bench, smoke test,
+trace and daemon as subprocesses), over two commands that share the run's state.
+
+The load is the tiny seeded pair's two prompt families (written by the seeded pair's own
+generator, benchmarks/gpu/seeded/datasets.py, from the tiny plan), served as --dataset and
+--trace-datasets: the stand-ins load no model, so the prompt families are the part of the
+pair that reaches them, and building the pair itself trains a head for minutes on a CPU
+(tests/sglang/test_real_seeded_build.py builds it).
 
 What the simulator cannot show: SGLang's log lines (it writes none, so both counts are 0),
 GPU memory (no nvidia-smi here) and real greedy numerics (its output ids depend on the prompt
@@ -12,11 +19,18 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import subprocess
+import sys
 import tarfile
+from pathlib import Path
+
+import pytest
 
 from benchmarks.gpu import harness
-from benchmarks.gpu.options import PHASES
 from benchmarks.gpu.procs import pid_alive
+from benchmarks.gpu.seeded.datasets import family_rows, write_family
+from benchmarks.gpu.seeded.plan import SEEDED_TINY, make_plan
+from benchmarks.gpu.steps import order
 
 
 def _free_ports(n: int) -> list[int]:
@@ -29,87 +43,135 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-def test_all_phases_against_simulated_servers_then_a_later_command(tmp_path, capsys):
+def _families(folder: Path) -> dict[str, Path]:
+    plan = make_plan(SEEDED_TINY, 0)
+    out = {}
+    for family in ("a", "b"):
+        out[family] = folder / f"family_{family}.jsonl"
+        write_family(out[family], family_rows(plan, family, 64, 12, 16, seed=0))
+    return out
+
+
+def _state(run_dir: Path) -> dict:
+    return json.loads((run_dir / "state.json").read_text())
+
+
+@pytest.mark.slow
+def test_every_step_through_the_entry_over_two_commands(tmp_path, capsys):
     run_dir = tmp_path / "run"
+    fam = _families(tmp_path)
     spec_port, plain_port = _free_ports(2)
-    code = harness.main([
-        "all", "--run-dir", str(run_dir), "--out-tar", str(tmp_path / "run.tar.gz"),
-        "--backend", "sim", "--sim-speedup", "20", "--tiny",
+    first = [
+        sys.executable, "-m", "benchmarks.gpu", "setup", "acceptance", "check", "bench",
+        "parity", "--run-dir", str(run_dir), "--out-tar", str(tmp_path / "one.tar.gz"),
+        "--tiny", "--backend", "sim", "--sim-speedup", "100",
         "--spec-port", str(spec_port), "--plain-port", str(plain_port),
+        "--dataset", str(fam["a"]), "--trace-datasets", f"a={fam['a']},b={fam['b']}",
+        "--acceptance-depths", "1,3", "--acceptance-requests", "4",
+        "--acceptance-concurrency", "2", "--acceptance-off-spell", "4",
         "--smoke-seconds", "0.5", "--greedy-prompts", "2", "--greedy-tokens", "16",
         "--switches", "20", "--switch-probe-every", "10", "--switch-load", "2",
-        "--switch-interval", "0.01", "--bench-concurrency", "1,2", "--bench-depths", "0,3",
-        "--bench-duration", "0.5", "--output-tokens", "16", "--prompt-tokens", "32",
-        "--daemon-seconds", "4", "--daemon-segment", "2",
-    ])  # fmt: skip
+        "--switch-interval", "0.01", "--bench-concurrency", "2", "--bench-depths", "0,3",
+        "--level-seconds", "0.5", "--warmup-seconds", "0.1", "--client-processes", "1",
+        "--output-tokens", "16", "--parity-streams", "1,4", "--parity-series", "2",
+        "--output-spread", "8:24", "--fresh-prompts", "200",
+        "--trace-policies", "static:3 plain", "--trace-phases", "1:2:a,1:4:b",
+        "--daemon-seconds", "3", "--daemon-segment", "1",
+    ]  # fmt: skip
+    done = subprocess.run(first, capture_output=True, text=True, timeout=240)
+    state = _state(run_dir)
+    failed = {k: v["error"] for k, v in state["steps"].items() if v["status"] != "ok"}
+    assert done.returncode == 0 and not failed, (failed, done.stdout[-3000:], done.stderr)
+    for step in ("setup", "acceptance", "check", "bench", "parity"):
+        assert f"== step {step}: ok in " in done.stdout
+    servers = {role: s["pid"] for role, s in state["servers"].items()}
+    try:
+        # The second command finds both servers up: no warm pass again, the series numbered
+        # on and judged with the first two, then the trace, the daemon, and both stopped.
+        code = harness.main(["parity", "trace", "daemon", "summary", "stop", "--run-dir",
+                             str(run_dir), "--parity-series", "1",
+                             "--out-tar", str(tmp_path / "two.tar.gz")])
+    finally:
+        for pid in servers.values():
+            if pid_alive(pid):
+                harness.main(["stop", "--run-dir", str(run_dir)])
+                break
     out = capsys.readouterr().out
-    state = json.loads((run_dir / "state.json").read_text())
-    failed = {k: v["error"] for k, v in state["phases"].items() if v["status"] != "ok"}
+    state = _state(run_dir)
+    failed = {k: v["error"] for k, v in state["steps"].items() if v["status"] != "ok"}
     assert code == 0 and not failed, (failed, out[-3000:])
-    assert list(state["phases"]) == list(PHASES)
-    for phase in PHASES:
-        assert f"== phase {phase}: ok in " in out  # elapsed time printed per phase
+    assert list(state["steps"]) == list(order())
+    assert {r: s["pid"] for r, s in state["servers"].items()} == servers
+    assert not any(pid_alive(p) for p in servers.values())
+    assert "warmed and frozen by an earlier parity command" in out
 
-    summary = json.loads((run_dir / "summary.json").read_text())
-    phases = summary["phases"]
-    # each server's log read for SGLang's prefill lines (the stand-ins write none)
-    assert summary["prefill_batches"]["plain"] == {"graphed": 0, "eager": 0,
-                                                   "eager_one_token": 0}
-    assert set(summary["prefill_batches"]) == {"spec", "plain"}
-    # with the off modes, both trims' settings, the fence at the replay's, the draft prefill
-    # skip's, and the plain decode switch's 400 (the simulator has no DECODE graphs)
-    assert phases["smoke"]["result"]["result"] == "32 passed, 0 failed"
-    greedy = phases["greedy"]["result"]["comparisons"]
-    assert [c["mode"] for c in greedy] == ["plain-again", "spec-switching", "spec-d3"]
-    assert all(c["flips"] == 0 and c["prompts"] == 2 for c in greedy)
-    switch = phases["switch"]["result"]
-    assert switch["pushes_sent"] == 20 and switch["ok"] and switch["failures"] == 0
-    assert switch["checks"]["server RSS within limit"] is True  # /proc of the sim's process
-    if shutil.which("nvidia-smi") is None:  # not measured is not a pass
-        assert switch["checks"]["GPU memory within limit"] is None
-    assert switch["iterations_by_depth"]["d0"] > 0 and switch["iterations_by_depth"]["d3"] > 0
-    bench = phases["bench"]["result"]
-    assert bench["levels"] == bench["levels_planned"] == 6
-    assert set(bench["tok_per_s"]) == {f"{s} c={c}" for s in ("d0", "d3", "no-spec")
-                                       for c in (1, 2)}
-    assert phases["daemon"]["result"]["samples_stored"] > 0
-    counts = summary["sglang_log_lines"]["lines"]
-    assert counts["Adaptive spec params updated"] == {"total": 0, "under_table": 0}
-    info = summary["server_info"]
-    assert info["spec"]["max_running_requests"] and info["plain"]["max_total_num_tokens"]
-    for name in ("summary.md", "greedy_report.json", "switch_report.json", "bench/bench.json",
-                 "bench/bench.png", "smoke.txt", "daemon/daemon.log", "daemon/pushes.json",
-                 "server_info_spec.json", "server_info_plain.json", "logs/spec.log",
-                 "models/target-tiny/tokenizer.json"):
-        assert (run_dir / name).is_file(), name
-    assert "| smoke | ok |" in (run_dir / "summary.md").read_text()
-    with tarfile.open(tmp_path / "run.tar.gz") as tar:
+    steps = json.loads((run_dir / "summary.json").read_text())["steps"]
+    setup = steps["setup"]["result"]
+    assert setup["server_info"]["spec"]["max_running_requests"]
+    assert state["machine"]["cpus"] >= 1 and (run_dir / "cpu_topology.txt").is_file()
+    if shutil.which("nvidia-smi") is None:
+        assert state["machine"]["gpus"] is None  # not read is not "no GPU"
+    assert state["servers"]["spec"]["env"] == {}  # the stand-ins take no plugin settings
+    assert state["servers"]["plain"]["env"] == {"SGLANG_PLUGINS": "none"}
+    accepted = steps["acceptance"]["result"]
+    assert set(accepted["families"]["family_a"]["accept_length"]) == {"1", "3"}
+    assert accepted["off_spell"]["off_tokens"] == 4
+    check = steps["check"]["result"]
+    assert check["smoke"]["result"].endswith(" 0 failed")
+    assert [c["mode"] for c in check["greedy"]["comparisons"]] == [
+        "plain-again", "spec-switching", "spec-d3"]
+    assert check["switch"]["pushes_sent"] == 20 and check["switch"]["failures"] == 0
+    bench = steps["bench"]["result"]
+    assert bench["levels"] == bench["levels_planned"] == 3 and bench["folder"] == "bench"
+    assert set(bench["tok_per_s"]) == {"d0 c=2", "d3 c=2", "no-spec c=2"}
+
+    # parity: the warm pass once, three series in two commands, the order alternating
+    parity = steps["parity"]["result"]
+    assert [s["series"] for s in parity["series"]] == [3] and "warm" not in parity
+    orders = [json.loads((run_dir / f"parity/series_{n}/bench.json").read_text())
+              ["paired_order"] for n in (1, 2, 3)]
+    assert orders == ["spec-first", "plain-first", "spec-first"]
+    # each series its own draw of prompts, the warm pass another
+    assert parity["series"][0]["seed"] == 3
+    assert sorted(p.name for p in (run_dir / "prompts").glob("draw_*.jsonl")) == [
+        "draw_1.jsonl", "draw_1000.jsonl", "draw_2.jsonl", "draw_3.jsonl"]
+    verdict = parity["verdict"]
+    assert verdict["series_judged"] == 3
+    assert [v["concurrency"] for v in verdict["levels"]] == [1, 4]
+    assert all(v["runs"] == 3 and v["interval"] is not None for v in verdict["levels"])
+    assert "d0 against the plain server over 3 bench runs" in (
+        run_dir / "parity/parity.txt").read_text()
+
+    trace = steps["trace"]["result"]
+    assert list(trace["policies"]) == ["static-3", "plain"]
+    assert all(p["tok_per_s"] > 0 for p in trace["policies"].values())
+    assert "| plain |" in (run_dir / "trace/compare.md").read_text()
+    assert steps["daemon"]["result"]["samples_stored"] > 0
+    text = (run_dir / "summary.md").read_text()
+    for line in ("| parity | ok |", "| trace | ok |", "## The plugin (/server_info)",
+                 "| 1 | ", "GPU: "):
+        assert line in text, line
+    with tarfile.open(tmp_path / "two.tar.gz") as tar:
         names = set(tar.getnames())
-    assert {"run/summary.md", "run/summary.json", "run/state.json", "run/MANIFEST.txt"} <= names
-    assert not any(pid_alive(int(s["pid"])) for s in state["servers"].values())
+        manifest = tar.extractfile("run/MANIFEST.txt").read().decode()  # type: ignore[union-attr]
+    assert {"run/summary.md", "run/state.json", "run/parity/parity.txt",
+            "run/parity/series_3/bench.json", "run/trace/compare.md"} <= names
+    assert not any(n.startswith("run/prompts/") for n in names)
+    assert "prompts/draw_1.jsonl" in manifest
 
-    # A later command continues from state.json: saved options, servers gone since `stop`.
-    code = harness.main(["smoke", "greedy", "--run-dir", str(run_dir)])
-    out = capsys.readouterr().out
-    state = json.loads((run_dir / "state.json").read_text())
-    assert code == 1 and state["options"]["tiny"] is True
-    for phase in ("smoke", "greedy"):
-        assert state["phases"][phase]["status"] == "failed"
-        assert "does not answer /health: run the `start` phase" in state["phases"][phase]["error"]
-        assert f"== phase {phase}: FAILED" in out
-    assert "| greedy | failed |" in (run_dir / "summary.md").read_text()
-
-    # A budget too short for any phase: each is skipped, the summary still written.
-    assert harness.main(["smoke", "bench", "summary", "--run-dir", str(run_dir),
-                         "--budget", "50"]) == 1
-    state = json.loads((run_dir / "state.json").read_text())
-    assert state["phases"]["bench"]["status"] == "skipped"
-    assert state["phases"]["summary"]["status"] == "ok" and "budget" not in state["options"]
-    assert harness.main(["smoke", "--run-dir", str(run_dir), "--budget", "10"]) == 2
+    # After `stop`, a step that needs the servers fails and says what to run; the summary
+    # still comes; a budget too short for any step skips them.
+    assert harness.main(["check", "--run-dir", str(run_dir)]) == 1
+    assert "run the `setup` step" in _state(run_dir)["steps"]["check"]["error"]
+    assert harness.main(["bench", "summary", "--run-dir", str(run_dir), "--budget", "50"]) == 1
+    state = _state(run_dir)
+    assert state["steps"]["bench"]["status"] == "skipped"
+    assert state["steps"]["summary"]["status"] == "ok" and "budget" not in state["options"]
 
 
-def test_a_later_start_reuses_a_server_only_if_its_launch_is_the_same(tmp_path, capsys):
-    """`start` again with the same options finds both servers up and keeps them; with the
+@pytest.mark.slow
+def test_a_later_setup_reuses_a_server_only_if_its_launch_is_the_same(tmp_path, capsys):
+    """`setup` again with the same options finds both servers up and keeps them; with the
     plugin asked into the plain server its environment differs, so that server alone is
     restarted (real `specctl sim serve` processes)."""
     run_dir = tmp_path / "run"
@@ -117,14 +179,14 @@ def test_a_later_start_reuses_a_server_only_if_its_launch_is_the_same(tmp_path, 
     base = ["--run-dir", str(run_dir), "--backend", "sim", "--tiny", "--spec-port",
             str(spec_port), "--plain-port", str(plain_port)]  # fmt: skip
     try:
-        assert harness.main(["start", *base]) == 0
-        first = json.loads((run_dir / "state.json").read_text())["servers"]
+        assert harness.main(["setup", *base]) == 0
+        first = _state(run_dir)["servers"]
         assert first["plain"]["env"] == {"SGLANG_PLUGINS": "none"}
-        assert harness.main(["start", *base]) == 0
+        assert harness.main(["setup", *base]) == 0
         assert capsys.readouterr().out.count("already up") == 2
-        assert harness.main(["start", *base, "--plain-with-plugin"]) == 0
+        assert harness.main(["setup", *base, "--plain-with-plugin"]) == 0
         out = capsys.readouterr().out
-        now = json.loads((run_dir / "state.json").read_text())["servers"]
+        now = _state(run_dir)["servers"]
         assert "spec: already up" in out and "plain: stopping the old server" in out
         assert now["spec"]["pid"] == first["spec"]["pid"]
         assert now["plain"]["pid"] != first["plain"]["pid"] and now["plain"]["env"] == {}

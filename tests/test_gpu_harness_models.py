@@ -4,6 +4,8 @@ real `tokenizers` package)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from tokenizers import Tokenizer
@@ -18,7 +20,7 @@ from benchmarks.gpu.model_folders import (
     check_given_folders,
     target_config,
 )
-from benchmarks.gpu.options import OptionError, resolve, validate
+from benchmarks.gpu.options import OptionError, Options, resolve, validate
 from benchmarks.gpu.tokenizer import (
     EOS,
     bench_words,
@@ -96,11 +98,13 @@ def test_options_layer_defaults_tiny_saved_and_explicit():
     assert (opts.shape, opts.switches, opts.bench_concurrency) == ("llama8b", 1000,
                                                                    "1,4,16,64,128")
     tiny = resolve({"tiny": True}, {"switches": 7})
-    assert (tiny.shape, tiny.switches, tiny.bench_duration) == ("tiny", 7, 2.0)
+    assert (tiny.shape, tiny.switches, tiny.level_seconds) == ("tiny", 7, 2.0)
     # A saved option beats the preset; this command's beats both.
-    assert resolve({"tiny": True, "bench_duration": 5.0}, {}).bench_duration == 5.0
-    assert resolve({"tiny": True, "bench_duration": 5.0}, {"bench_duration": 2.0}) \
-        .bench_duration == 2.0
+    assert resolve({"tiny": True, "level_seconds": 5.0}, {}).level_seconds == 5.0
+    assert resolve({"tiny": True, "level_seconds": 5.0}, {"level_seconds": 3.0}) \
+        .level_seconds == 3.0
+    # An option the harness no longer has, saved by an older run, is passed over.
+    assert resolve({"bench_duration": 5.0}, {}) == Options()
 
 
 @pytest.mark.parametrize(("explicit", "message"), [
@@ -110,6 +114,21 @@ def test_options_layer_defaults_tiny_saved_and_explicit():
     ({"mem_fraction_first": 1.5}, "--mem-fraction-first"),
     ({"bench_concurrency": "1,x"}, "--bench-concurrency: expected comma-separated integers"),
     ({"backend": "vllm"}, "--backend"),
+    ({"depths": "1,3"}, "--greedy-switch-depths: depth 0 is not in --depths"),
+    ({"off_path": "skip-extend"}, "--off-path: expected specctl or sglang"),
+    ({"parity_order": "random"}, "--parity-order: expected alternate or spec-first or "
+                                 "plain-first"),
+    ({"output_spread": "192:64"}, "--output-spread: expected LOW:HIGH with 1 <= LOW <= HIGH"),
+    ({"parity_streams": "0,4"}, "--parity-streams: every value must be >= 1"),
+    ({"parity_tag": "a/b"}, "--parity-tag: letters, digits"),
+    ({"bench_cpus": "99999"}, "--bench-cpus: core 99999 is not available"),
+    ({"trace_phases": "5:2"}, "--trace-phases item 1 '5:2': write seconds:concurrency:dataset"),
+    ({"trace_policies": "static:2"}, "--trace-policies: static:2 needs depth 2 in --depths"),
+    ({"trace_policies": "greedy"}, "--trace-policies 'greedy': use daemon, sglang"),
+    ({"trace_datasets": "a=x.jsonl"}, "--trace-datasets: the trace uses dataset 'b'"),
+    ({"acceptance_depths": "2"}, "--acceptance-depths: depth 2 is not in --depths"),
+    ({"level_seconds": 0.0}, "--level-seconds: must be > 0"),
+    ({"client_processes": 0}, "--client-processes: must be >= 1"),
 ])  # fmt: skip
 def test_bad_options_are_refused_naming_the_option(explicit, message):
     with pytest.raises(OptionError, match=message):
@@ -118,8 +137,48 @@ def test_bad_options_are_refused_naming_the_option(explicit, message):
 
 def test_cli_refuses_bad_input_with_exit_2(tmp_path, capsys):
     assert harness.main(["nope", "--run-dir", str(tmp_path)]) == 2
-    assert "unknown phase 'nope'" in capsys.readouterr().err
-    assert harness.main(["models", "--run-dir", str(tmp_path), "--switch-depths", "1,9"]) == 2
+    assert "unknown step 'nope'" in capsys.readouterr().err
+    assert harness.main(["setup", "--run-dir", str(tmp_path), "--switch-depths", "1,9"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --switch-depths") and err.count("\n") == 1
     assert not (tmp_path / "state.json").exists()  # nothing recorded for a refused command
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["setup", "--level-seconds", "abc"], "error: argument --level-seconds: invalid float "
+                                           "value: 'abc'"),
+    (["setup", "--parity-order", "random"], "error: --parity-order: expected alternate"),
+    (["setup", "--bench-duration", "5"], "error: unrecognized arguments: --bench-duration 5"),
+    (["setup"], "error: the following arguments are required: --run-dir"),
+    (["sideways", "--run-dir", "RUN"], "error: unknown step 'sideways'; steps: setup, "
+                                       "acceptance, check, bench, parity, trace, daemon, "
+                                       "summary, stop, all"),
+])  # fmt: skip
+def test_the_entry_refuses_a_bad_option_in_one_line_with_exit_2(tmp_path, argv, message):
+    """`python -m benchmarks.gpu` itself: a value of the wrong type, a bad choice, a removed
+    option, a missing --run-dir and an unknown step are one line on stderr each, exit 2."""
+    argv = [a.replace("RUN", str(tmp_path / "run")) for a in argv]
+    if "--run-dir" not in argv and argv != ["setup"]:
+        argv += ["--run-dir", str(tmp_path / "run")]
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu", *argv], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(message) and done.stderr.count("\n") == 1, done.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_seeded_models_without_torch_fail_setup_naming_the_fix(tmp_path, capsys):
+    """The seeded pair is built with torch: in a Python without it, `setup` fails before any
+    server starts, and says what to use instead."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed here: the build would run (minutes on a CPU)")
+    run_dir = tmp_path / "run"
+    assert harness.main(["setup", "--models", "seeded", "--backend", "sim", "--run-dir",
+                         str(run_dir)]) == 1
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["steps"]["setup"]["error"] == (
+        "--models seeded: torch (which builds the pair) is not installed in this Python; use "
+        "--models dummy, or give the folders as --target/--draft")
+    assert state["servers"] == {}

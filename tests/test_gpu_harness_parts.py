@@ -131,12 +131,17 @@ def test_trim_and_pack_keep_the_folder_small(tmp_path):
     assert big.stat().st_size > MAX_LOG_BYTES
     (run / "summary.md").write_text("# x\n")
     (run / "store.sqlite-wal").write_text("x")
-    # A drawn prompt set beside the models stays out; a small one (the family's own) goes in.
+    # Weights and prompt sets (the families beside the models, the draws) stay out; the
+    # models' configs and other JSONL files (results) go in.
     seeded = run / "models" / "seeded"
-    seeded.mkdir(parents=True)
+    (seeded / "target").mkdir(parents=True)
+    (seeded / "target" / "model-00001-of-00001.safetensors").write_bytes(b"w" * 1000)
+    (seeded / "target" / "config.json").write_text("{}")
     drawn = '{"prompt": "' + "word " * 40 + '", "output_tokens": 99}\n'
-    (seeded / "family_a_spread_3001.jsonl").write_text(drawn * 6_000)
     (seeded / "family_a.jsonl").write_text(drawn * 10)
+    (run / "prompts").mkdir()
+    (run / "prompts" / "draw_3.jsonl").write_text(drawn * 6_000)
+    (run / "levels.jsonl").write_text(drawn)
     short = tmp_path / "short.log"
     info = trim_log(big, short, head=10, tail=20)
     text = short.read_text()
@@ -149,9 +154,12 @@ def test_trim_and_pack_keep_the_folder_small(tmp_path):
     assert "run/logs/spec.log.trimmed" in names and "run/summary.md" in names
     assert "run/logs/spec.log" not in names and "run/store.sqlite-wal" not in names
     assert "logs/spec.log: 60000 lines" in manifest
-    assert "run/models/seeded/family_a.jsonl" in names
-    assert "run/models/seeded/family_a_spread_3001.jsonl" not in names
-    assert "models/seeded/family_a_spread_3001.jsonl (" in manifest and "from a seed" in manifest
+    assert {"run/models/seeded/target/config.json", "run/levels.jsonl"} <= set(names)
+    for left in ("models/seeded/family_a.jsonl", "prompts/draw_3.jsonl"):
+        assert f"run/{left}" not in names
+        assert f"{left} (" in manifest and "a prompt set, remade from its seed" in manifest
+    assert "run/models/seeded/target/model-00001-of-00001.safetensors" not in names
+    assert "model-00001-of-00001.safetensors (1000 bytes; model weights)" in manifest
     assert packed["bytes"] < 200_000
 
 
@@ -204,91 +212,61 @@ def test_sim_launch_plan_matches_the_sglang_one_in_shape(tmp_path):
     assert all(a in spec.argv for a in shared)  # the same flags minus speculation
     assert "--load-format" in plain.argv and "--log-level" in plain.argv
     # The plain server is stock SGLang unless asked otherwise; the speculative one has its plugin.
-    assert plain.env == servers.NO_PLUGINS and spec.env == {}
-    assert plain.describe().startswith("SGLANG_PLUGINS=none ") and spec.describe()[0] == "/"
+    assert plain.env == servers.NO_PLUGINS and spec.env == {servers.OFF_PATH_ENV: "specctl"}
+    assert plain.describe().startswith("SGLANG_PLUGINS=none ")
+    assert spec.describe().startswith("SPECCTL_OFF_PATH=specctl /")
     with_plugin = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1,
                                         plain_port=2, plain_with_plugin=True)
-    assert all(p.env == {} for p in servers.plans(models, with_plugin, tmp_path))
+    assert [p.env for p in servers.plans(models, with_plugin, tmp_path)] == [
+        {servers.OFF_PATH_ENV: "specctl"}, {}]
     order = servers.plans(models, servers.ServerOptions(
         backend="sglang", admin_key="k", spec_port=1, plain_port=2, spec_first=False), tmp_path)
     assert [p.role for p in order] == ["plain", "spec"] and "0.4" in order[0].argv
 
 
-def test_the_device_timer_switch_is_part_of_each_sglang_launch(tmp_path, monkeypatch):
-    """SGLang reads the switch from its environment: each launch carries it, so that a start
-    with another setting restarts the servers instead of reusing them."""
+def test_the_servers_start_up_settings_are_part_of_each_launch(tmp_path, monkeypatch):
+    """SGLang's device timer (both servers) and the plugin's off path (the speculative one)
+    are read from the environment at start-up: each launch carries the options' values, so
+    that a start with another setting restarts a server instead of reusing it. The plain
+    server runs without the plugin, so its launch does not carry the off path."""
     from benchmarks.gpu.model_folders import TINY, build_dummy_folders
 
     models = build_dummy_folders(tmp_path, TINY)
+    monkeypatch.delenv(servers.DEVICE_TIMER_ENV, raising=False)
     opts = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1, plain_port=2)
-    for name in (*servers.SGLANG_LAUNCH_SWITCHES, *servers.PLUGIN_LAUNCH_SWITCHES):
-        monkeypatch.delenv(name, raising=False)
-    without = {p.role: p.env for p in servers.plans(models, opts, tmp_path)}
-    assert without == {"spec": {}, "plain": servers.NO_PLUGINS}
+    plain = {p.role: p.env for p in servers.plans(models, opts, tmp_path)}
+    assert plain == {"spec": {servers.OFF_PATH_ENV: "specctl"}, "plain": servers.NO_PLUGINS}
+    timed = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1, plain_port=2,
+                                  device_timer=True, off_path="sglang")
+    env = {p.role: p.env for p in servers.plans(models, timed, tmp_path)}
+    assert env == {"spec": {servers.DEVICE_TIMER_ENV: "1", servers.OFF_PATH_ENV: "sglang"},
+                   "plain": {**servers.NO_PLUGINS, servers.DEVICE_TIMER_ENV: "1"}}
+    # an environment the harness runs in does not stand for the options
     monkeypatch.setenv(servers.DEVICE_TIMER_ENV, "1")
-    timed = {p.role: p.env for p in servers.plans(models, opts, tmp_path)}
-    assert timed == {"spec": {servers.DEVICE_TIMER_ENV: "1"},
-                     "plain": {**servers.NO_PLUGINS, servers.DEVICE_TIMER_ENV: "1"}}
+    assert {p.role: p.env for p in servers.plans(models, opts, tmp_path)} == plain
 
 
-def test_the_coarse_barrier_switch_is_part_of_each_sglang_launch(tmp_path, monkeypatch):
-    """Set for a run, SGLang's coarse write-after-read barrier reaches both servers' launches
-    (and a later start without it restarts them)."""
-    from benchmarks.gpu.model_folders import TINY, build_dummy_folders
-
-    models = build_dummy_folders(tmp_path, TINY)
-    opts = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1, plain_port=2)
-    for name in (*servers.SGLANG_LAUNCH_SWITCHES, *servers.PLUGIN_LAUNCH_SWITCHES):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(servers.COARSE_WAR_BARRIER_ENV, "1")
-    coarse = {p.role: p.env for p in servers.plans(models, opts, tmp_path)}
-    assert coarse == {"spec": {servers.COARSE_WAR_BARRIER_ENV: "1"},
-                      "plain": {**servers.NO_PLUGINS, servers.COARSE_WAR_BARRIER_ENV: "1"}}
-    sim = servers.ServerOptions(backend="sim", admin_key="k", spec_port=1, plain_port=2)
-    assert all(servers.COARSE_WAR_BARRIER_ENV not in p.env
-               for p in servers.plans(models, sim, tmp_path))
-
-
-def test_the_plugins_start_up_switches_are_part_of_the_speculative_launch(tmp_path, monkeypatch):
-    """The plugin reads these once, at start-up: a start with another value restarts the
-    speculative server instead of reusing it (run 20 reused one whose SPECCTL_PLAIN_DECODE had
-    changed). The plain server runs without the plugin, so its launch does not carry them."""
-    from benchmarks.gpu.model_folders import TINY, build_dummy_folders
-    from sglang_hooks import plain_decode, verify_schedule
-
-    models = build_dummy_folders(tmp_path, TINY)
-    opts = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1, plain_port=2)
-    for name in (*servers.SGLANG_LAUNCH_SWITCHES, *servers.PLUGIN_LAUNCH_SWITCHES):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv(plain_decode.ENV, "1")
-    monkeypatch.setenv(verify_schedule.ENV, "0")
-    env = {p.role: p.env for p in servers.plans(models, opts, tmp_path)}
-    assert env == {"spec": {plain_decode.ENV: "1", verify_schedule.ENV: "0"},
-                   "plain": servers.NO_PLUGINS}
-    monkeypatch.setenv(plain_decode.ENV, "0")
-    again = {p.role: p.env for p in servers.plans(models, opts, tmp_path)}
-    assert again["spec"] != env["spec"] and again["plain"] == env["plain"]
-
-
-def test_sim_stand_ins_follow_sglangs_device_timer_switch(tmp_path, monkeypatch):
-    """SGLang times its forwards when SGLANG_ENABLE_METRICS_DEVICE_TIMER is set; the sim
-    stand-ins of both servers then export the same counter."""
+def test_sim_stand_ins_follow_the_device_timer_option(tmp_path):
+    """SGLang times its forwards with --device-timer; the sim stand-ins of both servers then
+    export the same counter, and take no environment settings."""
     from benchmarks.gpu.model_folders import TINY, build_dummy_folders
 
     models = build_dummy_folders(tmp_path, TINY)
     opts = servers.ServerOptions(backend="sim", admin_key="k", spec_port=1, plain_port=2)
-    monkeypatch.delenv(servers.DEVICE_TIMER_ENV, raising=False)
     assert not any("--device-timer" in p.argv for p in servers.plans(models, opts, tmp_path))
-    monkeypatch.setenv(servers.DEVICE_TIMER_ENV, "1")
-    assert all("--device-timer" in p.argv for p in servers.plans(models, opts, tmp_path))
+    timed = servers.ServerOptions(backend="sim", admin_key="k", spec_port=1, plain_port=2,
+                                  device_timer=True)
+    plans = servers.plans(models, timed, tmp_path)
+    assert all("--device-timer" in p.argv for p in plans)
+    assert [p.env for p in plans] == [{}, servers.NO_PLUGINS]
 
 
-def test_phases_that_need_only_the_speculative_server_run_without_the_plain_one(
+def test_steps_that_need_only_the_speculative_server_run_without_the_plain_one(
     sim_server, tmp_path
 ):
-    """The smoke test and the daemon talk to the speculative server alone: a plain server
-    that is down must stop the phases that compare against it, not these."""
-    from benchmarks.gpu.context import PhaseError, Run
+    """The acceptance step and the daemon talk to the speculative server alone: a plain server
+    that is down must stop the steps that compare against it, not these."""
+    from benchmarks.gpu.context import Run, StepError
     from benchmarks.gpu.options import Options
     from benchmarks.gpu.state import RunState
 
@@ -297,7 +275,7 @@ def test_phases_that_need_only_the_speculative_server_run_without_the_plain_one(
     state.servers[servers.PLAIN] = {"url": "http://127.0.0.1:9"}  # nothing listens there
     run = Run(Options(), state)
     run.require_servers(servers.SPEC)
-    with pytest.raises(PhaseError, match="plain server"):
+    with pytest.raises(StepError, match="plain server"):
         run.require_servers()
 
 
@@ -378,8 +356,8 @@ def test_both_servers_get_one_kv_pool_size_unless_the_caller_sets_one(tmp_path):
 
 def test_start_warns_when_the_kv_pools_differ_and_names_the_cap_that_evens_them():
     """SGLang lowers a cap its memory share cannot hold, so on a smaller card the one cap
-    leaves two pool sizes; the start phase's note names the smaller as the cap to pass."""
-    from benchmarks.gpu.phases import kv_pool_note
+    leaves two pool sizes; the setup step's note names the smaller as the cap to pass."""
+    from benchmarks.gpu.server_info import kv_pool_note
 
     even = {"spec": {"max_total_num_tokens": 65536}, "plain": {"max_total_num_tokens": 65536}}
     assert kv_pool_note(even) is None
@@ -392,3 +370,27 @@ def test_start_warns_when_the_kv_pools_differ_and_names_the_cap_that_evens_them(
     # a server that did not answer /server_info leaves nothing to compare
     assert kv_pool_note({"spec": {"error": "ConnectError"},
                          "plain": {"max_total_num_tokens": 1}}) is None
+
+
+def test_the_plugins_depth_0_blocks_are_reported_as_the_plugin_gives_them():
+    """Whatever /server_info's specctl state holds under off_path and plain_decode goes into
+    the summary whole, fields the harness has never seen included; other plugin fields stay
+    out, and a server without the plugin's block shows none."""
+    from benchmarks.gpu import summary
+    from benchmarks.gpu.server_info import plugin_state
+
+    specctl = {"active": True, "inactive_reason": None, "captured_depths": [0, 1, 3],
+               "source": "push", "off_path": {"path": "specctl", "new_field": [1, 2]},
+               "plain_decode": {"launches": 7}, "skipped_draft_extends": 12}
+    state = plugin_state(specctl)
+    assert state == {"active": True, "inactive_reason": None, "captured_depths": [0, 1, 3],
+                     "source": "push", "off_path": {"path": "specctl", "new_field": [1, 2]},
+                     "plain_decode": {"launches": 7}}
+    assert plugin_state({"active": False}) == {"active": False}
+    text = summary.markdown({"run_dir": "/tmp/run", "steps": {}, "server_info": {
+        "spec": {"max_running_requests": 128, "specctl": state},
+        "plain": {"max_running_requests": 128}}})
+    assert '- spec: {"active": true, "captured_depths": [0, 1, 3], "inactive_reason": null, ' \
+        '"off_path": {"new_field": [1, 2], "path": "specctl"}, "plain_decode": {"launches": ' \
+        '7}, "source": "push"}' in text
+    assert "- plain:" not in text and "| specctl |" not in text

@@ -55,9 +55,17 @@ def test_read_is_none_when_nvidia_smi_fails(monkeypatch: pytest.MonkeyPatch, tmp
     assert gpu_info.read() is None
 
 
-def test_summary_names_the_gpu_of_an_sglang_run_only():
-    base = {"run_dir": "/tmp/run", "phases": {}, "models": {"kind": "seeded"}}
+def test_summary_names_the_machine_the_run_measured_on():
+    """The GPU as nvidia-smi named it in `setup`, and a run on a machine without nvidia-smi
+    says so rather than naming none."""
+    base = {"run_dir": "/tmp/run", "steps": {}, "models": {"kind": "seeded"}}
     gpus = [{"name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "driver": "580.159.04"}]
-    text = summary.markdown(base | {"backend": "sglang", "gpus": gpus})
+    cpus = {"cpu_model": "AMD EPYC 9654", "cpus": 16, "cpus_allowed": 16,
+            "cores_shared_by_threads": ["0,8", "1,9"], "cpu_topology": "cpu_topology.txt"}
+    text = summary.markdown(base | {"backend": "sglang", "machine": {"gpus": gpus, **cpus}})
     assert "GPU: NVIDIA H100 80GB HBM3 (81,559 MiB, driver 580.159.04)" in text
-    assert "GPU:" not in summary.markdown(base | {"backend": "sim", "gpus": None})
+    assert "CPU: AMD EPYC 9654, 16 CPUs (16 allowed here); 2 physical cores run two " \
+        "threads or more, e.g. CPUs 0,8 (cpu_topology.txt)" in text
+    bare = summary.markdown(base | {"backend": "sim", "machine": {"gpus": None, **cpus}})
+    assert "GPU: not read (no nvidia-smi on the machine that ran the harness)" in bare
+    assert "Machine: not recorded (run the `setup` step)" in summary.markdown(base)

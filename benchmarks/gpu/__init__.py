@@ -1,1 +1,2 @@
-"""The GPU end-to-end harness (`python -m benchmarks.gpu.harness`): docs/sglang.md."""
+"""The GPU harness: `python -m benchmarks.gpu STEP... --run-dir DIR` (its manual:
+benchmarks/gpu/__main__.py)."""

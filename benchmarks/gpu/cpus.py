@@ -1,24 +1,16 @@
 """Run a command on a set of CPU cores: `python -m benchmarks.gpu.cpus 0-5 -- CMD ARGS...`.
 
-`python -m benchmarks.gpu.cpus repin SESSION 6-11` moves a running server, every thread of
-every process in its session (the harness starts each server as a session leader, so SESSION
-is its pid in state.json), to other cores without a restart: a paired series can then swap
-the two servers' cores, to tell whether a slow level follows the server or the cores.
-
-The GPU harness starts each server through this (`--spec-cpus`, `--plain-cpus`) and the
-session script its bench client (`BENCH_CPUS`), so that the two servers' host loops and the
-client's load processes do not take turns on the same cores. Every process the command starts
-inherits the set. At 64-128 streams both servers on the H200 spent 1-3 ms per forward pass
-outside the decode forward, varying from level to level (the fourteenth run); pinning is the
-test of whether sharing cores is what varies.
+The GPU harness starts each server through this (`--spec-cpus`, `--plain-cpus`) and its bench
+client (`--bench-cpus`), so that the two servers' host loops and the client's load processes
+do not take turns on the same cores. Every process the command starts inherits the set. At
+64-128 streams both servers spent 1-3 ms per forward pass outside the decode forward, varying
+from level to level (the fourteenth run); pinning takes shared cores out of that.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-
-from benchmarks.gpu.procs import pid_alive, session_pids
 
 
 class CpuListError(ValueError):
@@ -65,60 +57,10 @@ def pinned_argv(cpus: str, argv: list[str], python: str = sys.executable) -> lis
     return [python, "-m", "benchmarks.gpu.cpus", cpus, "--", *argv]
 
 
-def repin_session(session: int, cpus: frozenset[int]) -> tuple[int, int]:
-    """Every thread of every live process in `session` on `cpus`: (processes, threads) moved.
-    A thread or process that ends meanwhile is passed over."""
-    processes = threads = 0
-    for pid in sorted(session_pids(session)):
-        try:
-            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-        except OSError:
-            continue  # ended since the scan
-        moved = 0
-        for tid in tids:
-            try:
-                os.sched_setaffinity(tid, cpus)
-                moved += 1
-            except (ProcessLookupError, FileNotFoundError):
-                continue
-        processes += moved > 0
-        threads += moved
-    return processes, threads
-
-
-def _repin(args: list[str]) -> int:
-    usage = "usage: python -m benchmarks.gpu.cpus repin SESSION CPUS"
-    if len(args) != 2 or not args[0].isdigit():
-        print(f"{usage} (SESSION: a session leader's pid, e.g. a server's pid in the "
-              f"harness's state.json)", file=sys.stderr)
-        return 2
-    session = int(args[0])
-    try:
-        cpus = parse_cpu_list(args[1])
-    except CpuListError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    if not pid_alive(session):
-        print(f"error: no process {session}; give a running server's pid (state.json)",
-              file=sys.stderr)
-        return 2
-    processes, threads = repin_session(session, cpus)
-    if not threads:
-        print(f"error: session {session} has no live process to move (is {session} a session "
-              f"leader? the harness starts each server as one)", file=sys.stderr)
-        return 1
-    print(f"moved {threads} threads of {processes} processes (session {session}) to cores "
-          f"{_ranges(cpus)}")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args[:1] == ["repin"]:
-        return _repin(args[1:])
     if len(args) < 3 or args[1] != "--":
-        print("usage: python -m benchmarks.gpu.cpus CPUS -- COMMAND [ARGS...]\n"
-              "       python -m benchmarks.gpu.cpus repin SESSION CPUS", file=sys.stderr)
+        print("usage: python -m benchmarks.gpu.cpus CPUS -- COMMAND [ARGS...]", file=sys.stderr)
         return 2
     try:
         cpus = parse_cpu_list(args[0])

@@ -76,7 +76,7 @@ class SteppedLoad:
     def _run(self) -> None:
         try:
             asyncio.run(self._segments())
-        except Exception as err:  # reported in the phase result, never lost
+        except Exception as err:  # reported in the step result, never lost
             self.error = f"{type(err).__name__}: {err}"
 
     def start(self) -> SteppedLoad:

@@ -1,7 +1,7 @@
 """Which GPUs a run measured on, as nvidia-smi names them, for the run's summary.
 
-Runs of the harness have gone to an H200 and to an H100 of the same lending pool, and the two
-cards' timings do not compare (memory bandwidth 4.8 against 3.35 TB/s by the datasheets), so
+Runs of the harness have gone to different cards of one kind of machine, and two cards'
+timings do not compare (memory bandwidth differs by almost half between two of them), so
 every run folder says which card it had rather than leaving it to the folder's name.
 `query` is the harness's one call of nvidia-smi's queries (memory.py samples through it too).
 """

@@ -1,138 +1,209 @@
-"""The harness's options: defaults for the full 8B run, the `--tiny` preset, and layering.
+"""The harness's options: one typed field each, with its default, its help line and the step
+it belongs to; the `--tiny` preset; how options layer over a run's commands; their checks.
 
 Options given on a command are saved in DIR/state.json; a later command of the same run
 starts from them, so only `--run-dir` must be repeated. Precedence: the defaults, then the
 tiny preset (when `--tiny` was given now or before), then the saved options, then this
-command's.
+command's. A new option is one field here (`opt(default, help, group)`) and, if its value
+can be wrong, a check in `validate`.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from benchmarks.gpu.cpus import CpuListError, parse_cpu_list
 
-PHASES = ("models", "start", "smoke", "greedy", "switch", "bench", "daemon", "summary", "stop")
-SERVER_PHASES = ("smoke", "greedy", "switch", "bench", "daemon")
+GROUPS = {
+    "run": "the run",
+    "setup": "setup: models and servers",
+    "acceptance": "acceptance: the head's accept length per family and depth",
+    "check": "check: smoke test, greedy check, on/off switches",
+    "load": "load: what bench and parity send",
+    "bench": "bench",
+    "parity": "parity: depth 0 against the plain server",
+    "trace": "trace: a closed-loop load trace per policy",
+    "daemon": "daemon",
+}
+
+
+def opt(default: Any, help: str, group: str) -> Any:
+    """A field of `Options`: its default, its help line and its group in `--help`."""
+    return field(default=default, metadata={"help": help, "group": group})
 
 
 @dataclass
 class Options:
-    backend: str = "sglang"
-    models: str = "dummy"
-    shape: str = "llama8b"
-    target: str | None = None
-    draft: str | None = None
-    dataset: str | None = None
-    seeded_args: str = ""
-    seeded_timeout: float = 540.0
-    tiny: bool = False
-    spec_port: int = 30000
-    plain_port: int = 30001
-    depths: str = "0,1,2,3"
-    mem_fraction_first: float = 0.4
-    mem_fraction_second: float = 0.6
-    start_order: str = "spec,plain"
-    start_timeout: float = 420.0
-    server_args: str = ""
-    plain_with_plugin: bool = False
-    spec_cpus: str = ""
-    plain_cpus: str = ""
-    sim_speedup: float = 1.0
-    smoke_seconds: float = 15.0
-    greedy_prompts: int = 8
-    greedy_tokens: int = 256
-    greedy_interval: float = 0.1
-    greedy_switch_depths: str = "0,3,1"
-    greedy_fixed_depths: str = "0,3"
-    switches: int = 1000
-    switch_interval: float = 0.05
-    switch_depths: str = "0,3"
-    switch_load: int = 8
-    switch_probe_every: int = 100
-    gpu_growth_limit_mib: float = 256.0
-    rss_growth_limit_mib: float = 512.0
-    bench_concurrency: str = "1,4,16,64,128"
-    bench_depths: str | None = None  # default: --depths
-    bench_duration: float = 10.0
-    output_tokens: int = 128
-    prompt_tokens: int = 256
-    daemon_seconds: float = 90.0
-    daemon_concurrency: str = "4,64"
-    daemon_segment: float = 15.0
+    # the run
+    backend: str = opt("sglang", "sglang: real SGLang servers; sim: `specctl sim serve` "
+                       "stand-ins (CPU tests of the harness)", "run")
+    tiny: bool = opt(False, "the tiny preset: a tiny model and short steps (minutes in all)",
+                     "run")
+    # setup
+    models: str = opt("dummy", "dummy: configs for --load-format dummy (random weights); "
+                      "seeded: the seeded pair built by benchmarks.gpu.seeded.build", "setup")
+    shape: str = opt("llama8b", "target shape of dummy and seeded models: llama8b or tiny",
+                     "setup")
+    target: str | None = opt(None, "an existing target folder (weights, tokenizer); needs "
+                             "--draft", "setup")
+    draft: str | None = opt(None, "an existing EAGLE-3 head folder; needs --target", "setup")
+    dataset: str | None = opt(None, "JSONL prompts for every step's load and the greedy "
+                              "prompts (default: the seeded family a, or synthetic prompts)",
+                              "setup")
+    seeded_args: str = opt("", "extra arguments for `python -m benchmarks.gpu.seeded.build` "
+                           "(one shell-quoted string)", "setup")
+    seeded_timeout: float = opt(540.0, "seconds the seeded build may take", "setup")
+    spec_port: int = opt(30000, "port of the speculative server", "setup")
+    plain_port: int = opt(30001, "port of the plain server", "setup")
+    depths: str = opt("0,1,3", "depths the speculative server captures (`specctl serve "
+                      "--depths`)", "setup")
+    mem_fraction_first: float = opt(0.4, "--mem-fraction-static of the server started first",
+                                    "setup")
+    mem_fraction_second: float = opt(0.6, "--mem-fraction-static of the server started "
+                                     "second", "setup")
+    start_order: str = opt("spec,plain", "which server starts first (gets "
+                           "--mem-fraction-first): spec,plain or plain,spec", "setup")
+    start_timeout: float = opt(420.0, "seconds a server may take to answer /health", "setup")
+    server_args: str = opt("", "extra SGLang arguments for both servers (one shell-quoted "
+                           "string, e.g. \"--sleep-on-idle --max-total-tokens 65536\")",
+                           "setup")
+    plain_with_plugin: bool = opt(False, "load the specctl plugin into the plain server too "
+                                  "(inactive there, hooks installed); default: stock SGLang",
+                                  "setup")
+    spec_cpus: str = opt("", "CPU cores for the speculative server and every process it "
+                         "starts, like 0-5; '' for no pinning", "setup")
+    plain_cpus: str = opt("", "CPU cores for the plain server, like 6-11; '' for no pinning",
+                          "setup")
+    off_path: str = opt("specctl", "the speculative server's depth 0 (SPECCTL_OFF_PATH): "
+                        "specctl (the plugin's own) or sglang (SGLang's own)", "setup")
+    device_timer: bool = opt(False, "start both servers with SGLang's device timer "
+                             "(SGLANG_ENABLE_METRICS_DEVICE_TIMER=1): GPU seconds per forward "
+                             "kind in every bench level", "setup")
+    sim_speedup: float = opt(1.0, "--backend sim: the stand-ins' clock speed-up", "setup")
+    # acceptance
+    acceptance_depths: str = opt("1,3", "draft depths measured per prompt family",
+                                 "acceptance")
+    acceptance_requests: int = opt(32, "requests per family and depth", "acceptance")
+    acceptance_concurrency: int = opt(8, "requests in flight", "acceptance")
+    acceptance_off_spell: int = opt(64, "also the accept length after this many tokens at "
+                                    "depth 0 against the same requests on all along (0: "
+                                    "skip)", "acceptance")
+    # check
+    smoke_seconds: float = opt(4.0, "seconds per forced depth in sglang_hooks.smoke", "check")
+    greedy_prompts: int = opt(4, "prompts of the greedy check", "check")
+    greedy_tokens: int = opt(128, "tokens generated per greedy prompt", "check")
+    greedy_interval: float = opt(0.1, "seconds between the pusher's depth switches during "
+                                 "the greedy check", "check")
+    greedy_switch_depths: str = opt("0,3,1", "depths the pusher cycles through during the "
+                                    "greedy check", "check")
+    greedy_fixed_depths: str = opt("0,3", "depths also checked with a fixed table ('' for "
+                                   "none)", "check")
+    switches: int = opt(1000, "depth pushes in the on/off stress", "check")
+    switch_interval: float = opt(0.02, "seconds between two pushes of the stress", "check")
+    switch_depths: str = opt("0,3", "off,on depths of the stress", "check")
+    switch_load: int = opt(8, "/generate requests kept in flight during the stress", "check")
+    switch_probe_every: int = opt(100, "pushes between two health and memory probes",
+                                  "check")
+    gpu_growth_limit_mib: float = opt(256.0, "GPU memory the stress may add (MiB)", "check")
+    rss_growth_limit_mib: float = opt(512.0, "server RSS the stress may add (MiB)", "check")
+    # load
+    level_seconds: float = opt(8.0, "seconds of each bench level's measured window (bench "
+                               "and parity)", "load")
+    warmup_seconds: float = opt(2.0, "seconds of unmeasured load before each window", "load")
+    client_processes: int = opt(4, "load-generator processes each level's streams are dealt "
+                                "over (`specctl bench --client-processes`)", "load")
+    bench_cpus: str = opt("", "CPU cores for the bench client and its load processes, like "
+                          "12-15; '' for no pinning", "load")
+    output_tokens: int = opt(128, "tokens generated per request (bench, daemon load; parity "
+                             "without --output-spread)", "load")
+    prompt_tokens: int = opt(256, "synthetic prompt length, where no dataset is given", "load")
+    # bench
+    bench_concurrency: str = opt("1,4,16,64,128", "streams of each bench level", "bench")
+    bench_depths: str | None = opt(None, "depths the bench forces (default: --depths)",
+                                   "bench")
+    # parity
+    parity_series: int = opt(3, "paired series of depth 0 and the plain server this command "
+                             "adds (the verdict pools every series of the run)", "parity")
+    parity_streams: str = opt("1,4,16,64,128", "streams of each series' levels", "parity")
+    output_spread: str = opt("64:192", "LOW:HIGH: each request's output length drawn over "
+                             "that range, so requests end one by one ('' for "
+                             "--output-tokens each)", "parity")
+    fresh_prompts: int = opt(20000, "prompts freshly drawn from the dataset's words for each "
+                             "series, so none repeats while a prefix cache holds it (0: the "
+                             "dataset's own)", "parity")
+    parity_order: str = opt("alternate", "which server goes first at each load: alternate "
+                            "(depth 0 in odd series, plain in even ones), spec-first or "
+                            "plain-first", "parity")
+    parity_tag: str = opt("", "keeps these series apart from the run's others (folder "
+                          "parity_TAG), e.g. after a restart with other settings", "parity")
+    # trace
+    trace_policies: str = opt("static:3 sglang daemon plain", "policies run one after "
+                              "another: static:D, sglang, daemon (learns from nothing), "
+                              "daemon-warm (from the daemon run's store), plain", "trace")
+    trace_phases: str = opt("10:2:a,12:16:a,15:128:a,15:4:b,20:128:b,10:4:b",
+                            "the trace: seconds:streams:dataset, ...", "trace")
+    trace_datasets: str = opt("", "NAME=FILE,... for the trace's dataset names (default: the "
+                              "seeded families a and b; without them, the run's prompts under "
+                              "every name)", "trace")
+    # daemon
+    daemon_seconds: float = opt(90.0, "seconds of the daemon run", "daemon")
+    daemon_concurrency: str = opt("4,64", "load levels cycled during the daemon run",
+                                  "daemon")
+    daemon_segment: float = opt(15.0, "seconds per daemon load level", "daemon")
 
 
 TINY_PRESET: dict[str, Any] = {
     "shape": "tiny",
     "start_timeout": 300.0,
-    "smoke_seconds": 4.0,
-    "greedy_prompts": 4,
     "greedy_tokens": 64,
     "greedy_fixed_depths": "3",
     "switches": 200,
-    "switch_interval": 0.02,
     "switch_probe_every": 50,
-    "bench_concurrency": "1,16,128",
-    "bench_depths": "0,3",
-    "bench_duration": 2.0,
+    "level_seconds": 2.0,
+    "warmup_seconds": 0.5,
     "output_tokens": 32,
     "prompt_tokens": 64,
+    "bench_concurrency": "1,16,128",
+    "bench_depths": "0,3",
+    "acceptance_requests": 16,
+    "acceptance_off_spell": 16,
+    "parity_streams": "1,16,128",
+    "output_spread": "16:48",
+    "fresh_prompts": 2000,
+    "trace_phases": "4:2:a,4:16:a,4:4:b",
     "daemon_seconds": 25.0,
     "daemon_segment": 5.0,
 }
 
-HELP = {
-    "backend": "sglang: real servers; sim: `specctl sim serve` stand-ins (CPU tests)",
-    "models": "dummy: write configs for --load-format dummy; seeded: call the seeded builder",
-    "shape": "dummy target shape: llama8b or tiny",
-    "target": "an existing target folder (weights, tokenizer); needs --draft",
-    "draft": "an existing EAGLE-3 head folder; needs --target",
-    "dataset": "JSONL prompts for bench, daemon load and greedy prompts",
-    "seeded_args": "extra arguments for `python -m benchmarks.gpu.seeded.build` (one "
-                   "shell-quoted string)",
-    "tiny": "the tiny preset: a tiny model and short phases (about 3 minutes in all)",
-    "server_args": "extra SGLang arguments for both servers (one shell-quoted string)",
-    "plain_with_plugin": "load the specctl plugin into the plain server too (inactive there, "
-                         "hooks installed; runs 1-13 did); default: no plugin, stock SGLang",
-    "spec_cpus": "CPU cores for the speculative server and every process it starts, like "
-                 "0-5 (benchmarks/gpu/cpus.py); '' for no pinning",
-    "plain_cpus": "CPU cores for the plain server, like 6-11; '' for no pinning",
-    "start_order": "which server starts first (gets --mem-fraction-first): spec,plain or "
-                   "plain,spec",
-    "smoke_seconds": "seconds per forced depth in sglang_hooks.smoke",
-    "greedy_switch_depths": "depths the pusher cycles through during the greedy check",
-    "greedy_fixed_depths": "depths also checked with a fixed table ('' for none)",
-    "switches": "pushes in the on/off stress",
-    "switch_depths": "off,on depths of the stress",
-    "switch_load": "/generate requests kept in flight during the stress",
-    "bench_depths": "depths the bench forces (default: --depths)",
-    "bench_duration": "seconds per bench level",
-    "output_tokens": "tokens generated per bench/daemon request",
-    "daemon_concurrency": "load levels cycled during the daemon run",
-    "daemon_segment": "seconds per daemon load level",
-}
+
+class OptionError(ValueError):
+    """An option value is unusable; the message names the option and the fix."""
 
 
 def option_names() -> list[str]:
     return [f.name for f in fields(Options)]
 
 
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    groups = {key: parser.add_argument_group(title) for key, title in GROUPS.items()}
     for f in fields(Options):
-        flag = "--" + f.name.replace("_", "-")
-        default = Options.__dataclass_fields__[f.name].default
-        helptext = HELP.get(f.name, "") + f" (default: {default!r})"
+        group = groups[f.metadata["group"]]
+        helptext = f"{f.metadata['help']} (default: {f.default!r})"
         type_name = str(f.type)  # a string: this module postpones annotations
         if type_name == "bool":
-            parser.add_argument(flag, dest=f.name, action="store_true",
-                                default=argparse.SUPPRESS, help=helptext)
+            group.add_argument(flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=helptext)
             continue
         kind: type = {"int": int, "float": float}.get(type_name, str)
-        parser.add_argument(flag, dest=f.name, type=kind, default=argparse.SUPPRESS,
-                            help=helptext)
+        group.add_argument(flag(f.name), dest=f.name, type=kind, default=argparse.SUPPRESS,
+                           metavar=f.name.split("_")[-1].upper(), help=helptext)
 
 
 def resolve(saved: dict[str, Any], explicit: dict[str, Any]) -> Options:
@@ -142,10 +213,6 @@ def resolve(saved: dict[str, Any], explicit: dict[str, Any]) -> Options:
     merged = {**dataclasses.asdict(Options()), **(TINY_PRESET if tiny else {}), **saved,
               **explicit}
     return Options(**merged)
-
-
-class OptionError(ValueError):
-    """An option value is unusable; the message names the option and the fix."""
 
 
 def int_list(text: str, option: str, minimum: int = 0) -> tuple[int, ...]:
@@ -159,54 +226,119 @@ def int_list(text: str, option: str, minimum: int = 0) -> tuple[int, ...]:
     return values
 
 
+def output_span(text: str) -> tuple[int, int] | None:
+    """--output-spread LOW:HIGH as (LOW, HIGH); None for ''."""
+    if not text:
+        return None
+    low, sep, high = text.partition(":")
+    try:
+        span = int(low), int(high) if sep else int(low)
+    except ValueError:
+        span = (0, -1)
+    if not 1 <= span[0] <= span[1]:
+        raise OptionError(f"--output-spread: expected LOW:HIGH with 1 <= LOW <= HIGH, like "
+                          f"64:192 ('' for none), got {text!r}")
+    return span
+
+
+def trace_datasets(text: str) -> dict[str, str]:
+    """--trace-datasets NAME=FILE,... as {name: file}."""
+    out: dict[str, str] = {}
+    for item in (p.strip() for p in text.split(",") if p.strip()):
+        name, sep, path = item.partition("=")
+        if not sep or not name or not path:
+            raise OptionError(f"--trace-datasets: write NAME=FILE,..., e.g. a=fa.jsonl,"
+                              f"b=fb.jsonl; got {item!r}")
+        out[name] = path
+    return out
+
+
+def _trace_checks(opts: Options, captured: set[int]) -> None:
+    from benchmarks.gpu.seeded.trace import TraceError, parse_phases, parse_policy
+
+    try:
+        phases = parse_phases(opts.trace_phases)
+        policies = opts.trace_policies.split()
+        if not policies:
+            raise TraceError("--trace-policies: give at least one policy, e.g. static:3")
+        for name in policies:
+            _, depth = parse_policy("daemon" if name == "daemon-warm" else name)
+            if depth is not None and depth not in captured:
+                raise TraceError(f"--trace-policies: static:{depth} needs depth {depth} in "
+                                 f"--depths {opts.depths}")
+    except TraceError as err:
+        raise OptionError(str(err).replace("--phases", "--trace-phases")
+                          .replace("--policy", "--trace-policies")) from None
+    names = trace_datasets(opts.trace_datasets)
+    missing = sorted({p.dataset for p in phases} - set(names)) if names else []
+    if missing:
+        raise OptionError(f"--trace-datasets: the trace uses dataset {missing[0]!r}: name a "
+                          "file for it")
+
+
 def validate(opts: Options) -> None:
     """Refuse contradictory or malformed options before anything starts."""
-    if opts.backend not in ("sglang", "sim"):
-        raise OptionError(f"--backend: expected sglang or sim, got {opts.backend!r}")
-    if opts.models not in ("dummy", "seeded"):
-        raise OptionError(f"--models: expected dummy or seeded, got {opts.models!r}")
+    choices = {"backend": ("sglang", "sim"), "models": ("dummy", "seeded"),
+               "shape": ("llama8b", "tiny"), "start_order": ("spec,plain", "plain,spec"),
+               "off_path": ("specctl", "sglang"),
+               "parity_order": ("alternate", "spec-first", "plain-first")}
+    for name, allowed in choices.items():
+        if getattr(opts, name) not in allowed:
+            raise OptionError(f"{flag(name)}: expected {' or '.join(allowed)}, got "
+                              f"{getattr(opts, name)!r}")
     if (opts.target is None) != (opts.draft is None):
         raise OptionError("--target and --draft go together: give both folders, or neither")
     if opts.target is not None and opts.models == "seeded":
         raise OptionError("--models seeded builds its own folders: drop --target/--draft, or "
                           "pass the seeded folders as --target/--draft without --models")
-    if opts.shape not in ("llama8b", "tiny"):
-        raise OptionError(f"--shape: expected llama8b or tiny, got {opts.shape!r}")
-    if opts.start_order not in ("spec,plain", "plain,spec"):
-        raise OptionError(f"--start-order: expected spec,plain or plain,spec, got "
-                          f"{opts.start_order!r}")
-    for name in ("spec_cpus", "plain_cpus"):
+    for name in ("spec_cpus", "plain_cpus", "bench_cpus"):
         if getattr(opts, name):
             try:
                 parse_cpu_list(getattr(opts, name), name.replace("_", "-"))
             except CpuListError as err:
                 raise OptionError(str(err)) from None
     for name in ("depths", "greedy_switch_depths", "switch_depths", "bench_concurrency",
-                 "daemon_concurrency"):
+                 "daemon_concurrency", "parity_streams", "acceptance_depths"):
         if not int_list(getattr(opts, name), name.replace("_", "-")):
-            raise OptionError(f"--{name.replace('_', '-')}: give at least one value")
+            raise OptionError(f"{flag(name)}: give at least one value")
+    for name in ("bench_concurrency", "daemon_concurrency", "parity_streams",
+                 "acceptance_depths"):
+        int_list(getattr(opts, name), name.replace("_", "-"), minimum=1)
     int_list(opts.greedy_fixed_depths, "greedy-fixed-depths")
-    if opts.bench_depths is not None:
-        int_list(opts.bench_depths, "bench-depths")
     if len(int_list(opts.switch_depths, "switch-depths")) != 2:
         raise OptionError(f"--switch-depths: expected two depths (off,on) like 0,3, got "
                           f"{opts.switch_depths!r}")
     captured = set(int_list(opts.depths, "depths"))
-    for name in ("greedy_switch_depths", "greedy_fixed_depths", "switch_depths"):
-        extra = set(int_list(getattr(opts, name), name)) - captured
+    for name in ("greedy_switch_depths", "greedy_fixed_depths", "switch_depths",
+                 "acceptance_depths", "bench_depths"):
+        value = getattr(opts, name)
+        extra = set() if value is None else set(int_list(value, name.replace("_", "-"))) - captured
         if extra:
-            raise OptionError(f"--{name.replace('_', '-')}: depth {sorted(extra)[0]} is not in "
-                              f"--depths {opts.depths}; the server only runs captured depths")
+            raise OptionError(f"{flag(name)}: depth {sorted(extra)[0]} is not in --depths "
+                              f"{opts.depths}; the server only runs captured depths")
+    if 0 not in captured:
+        raise OptionError(f"--depths: include 0 (off): the checks, parity and the daemon "
+                          f"need it, got {opts.depths!r}")
     for name in ("mem_fraction_first", "mem_fraction_second"):
         value = getattr(opts, name)
         if not 0 < value < 1:
-            raise OptionError(f"--{name.replace('_', '-')}: a share of free GPU memory "
-                              f"between 0 and 1, got {value:g}")
+            raise OptionError(f"{flag(name)}: a share of free GPU memory between 0 and 1, "
+                              f"got {value:g}")
     for name in ("greedy_prompts", "greedy_tokens", "switches", "switch_load",
-                 "switch_probe_every", "output_tokens", "prompt_tokens"):
+                 "switch_probe_every", "output_tokens", "prompt_tokens", "client_processes",
+                 "parity_series", "acceptance_requests", "acceptance_concurrency"):
         if getattr(opts, name) < 1:
-            raise OptionError(f"--{name.replace('_', '-')}: must be >= 1")
-    for name in ("bench_duration", "daemon_seconds", "daemon_segment", "smoke_seconds",
-                 "start_timeout", "sim_speedup", "seeded_timeout"):
+            raise OptionError(f"{flag(name)}: must be >= 1, got {getattr(opts, name)}")
+    for name in ("fresh_prompts", "acceptance_off_spell", "warmup_seconds"):
+        if getattr(opts, name) < 0:
+            raise OptionError(f"{flag(name)}: must be >= 0, got {getattr(opts, name)}")
+    for name in ("level_seconds", "daemon_seconds", "daemon_segment", "smoke_seconds",
+                 "start_timeout", "sim_speedup", "seeded_timeout", "switch_interval",
+                 "greedy_interval"):
         if getattr(opts, name) <= 0:
-            raise OptionError(f"--{name.replace('_', '-')}: must be > 0")
+            raise OptionError(f"{flag(name)}: must be > 0, got {getattr(opts, name):g}")
+    if opts.parity_tag and not opts.parity_tag.replace("-", "").replace("_", "").isalnum():
+        raise OptionError(f"--parity-tag: letters, digits, - and _ only (it names a folder), "
+                          f"got {opts.parity_tag!r}")
+    output_span(opts.output_spread)
+    _trace_checks(opts, captured)

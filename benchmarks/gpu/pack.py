@@ -1,6 +1,7 @@
-"""The results folder as one .tar.gz: logs over `MAX_LOG_BYTES` go in trimmed (head, tail and
-counts of the repeated lines), store side files, oversized files and the prompt sets the
-session draws from a seed stay out (listed in MANIFEST.txt inside the archive).
+"""The run folder as one .tar.gz (`--out-tar`), small enough to come back from a GPU machine
+as one file: logs over `MAX_LOG_BYTES` go in trimmed (head, tail and counts of the repeated
+lines); model weights, prompt sets, store side files and oversized files stay out (listed in
+MANIFEST.txt inside the archive).
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from benchmarks.gpu.server_log import trim_log
 MAX_LOG_BYTES = 1 << 20
 MAX_FILE_BYTES = 8 << 20
 SKIP_SUFFIXES = (".sqlite-wal", ".sqlite-shm", ".tmp")
-# The prompt sets drawn beside the models (20,000 fresh prompts a bench, about 4 MB each): a
-# session of a dozen benches took the archive past what comes back from the machine, and each
-# is remade from its seed by the command that drew it (benchmarks.gpu.seeded.datasets).
-DRAWN_DATASET_BYTES = 1 << 20
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+# Prompt sets: the seeded families beside the models (remade by the build from its seed) and
+# the parity step's draws under prompts/ (20,000 fresh prompts a series, about 4 MB each: a
+# dozen series took an archive past what comes back from the machine), each remade from the
+# seed its step recorded.
+PROMPT_FOLDERS = ("models", "prompts")
 
 
 def pack(run_dir: Path, tar_path: Path) -> dict[str, Any]:
@@ -41,11 +44,9 @@ def pack(run_dir: Path, tar_path: Path) -> dict[str, Any]:
                 trimmed.append(f"{rel}: {info['lines']} lines, {info['left_out']} left out")
                 added += 1
                 continue
-            if size > MAX_FILE_BYTES:
-                left_out.append(f"{rel} ({size} bytes)")
-                continue
-            if _drawn_dataset(rel) and size > DRAWN_DATASET_BYTES:
-                left_out.append(f"{rel} ({size} bytes; drawn from a seed, remade by its command)")
+            why = _left_out(rel, size)
+            if why is not None:
+                left_out.append(f"{rel} ({size} bytes; {why})")
                 continue
             tar.add(path, arcname=f"{root}/{rel}")
             added += 1
@@ -59,6 +60,12 @@ def pack(run_dir: Path, tar_path: Path) -> dict[str, Any]:
             "trimmed": trimmed, "left_out": left_out}
 
 
-def _drawn_dataset(rel: Path) -> bool:
-    """A prompt set written beside the models (`models/<family>/*.jsonl`)."""
-    return rel.parts[:1] == ("models",) and rel.suffix == ".jsonl"
+def _left_out(rel: Path, size: int) -> str | None:
+    """Why a file stays out of the archive, or None."""
+    if rel.suffix in WEIGHT_SUFFIXES:
+        return "model weights"
+    if rel.parts[0] in PROMPT_FOLDERS and rel.suffix == ".jsonl":
+        return "a prompt set, remade from its seed"
+    if size > MAX_FILE_BYTES:
+        return "too large"
+    return None

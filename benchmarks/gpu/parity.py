@@ -32,7 +32,7 @@ one order than the other, the pooled ratio carries the order's own effect.
 A folder without bench.json (a bench cut before it wrote it) is left out, with a note.
 
 `--decode-only` judges benches whose levels admitted nothing inside the window (every request
-longer than a level decodes: h200_session.sh's OUTPUT_LEN), where no request finishes and so
+longer than a level decodes), where no request finishes and so
 no TPOT is measured: per level, the pooled tok/s ratio and each run's, both servers' decode
 passes per second in the window and SGLang's own inter-token latency (its histogram's mean over
 the window), pooled the same way. A level with a prefill pass in its window is refused there.

@@ -1,8 +1,8 @@
 """Start and stop the two servers of a run: speculative (`specctl serve`) and plain.
 
 Each server runs in its own process session (setsid) with its output appended to a log file,
-so it outlives the command that started it: a later command of a phased run finds it by the
-pid and URL in state.json. `backend="sim"` starts `specctl sim serve` instead of SGLang, for
+so it outlives the command that started it: a later command of the run finds it by the pid
+and URL in state.json. `backend="sim"` starts `specctl sim serve` instead of SGLang, for
 the CPU tests of the harness; everything downstream talks to both the same way.
 """
 
@@ -24,18 +24,10 @@ import httpx
 from benchmarks.gpu.cpus import pinned_argv
 from benchmarks.gpu.model_folders import ModelFolders
 from benchmarks.gpu.procs import pid_alive, session_pids
-from sglang_hooks import (
-    draft_prefill,
-    lean_host,
-    lean_relay,
-    off_mode,
-    plain_decode,
-    verify_schedule,
-)
 from sglang_hooks.launch import chooses_decode_graph_sizes, has_flag
 
 SPEC, PLAIN = "spec", "plain"
-# What the H200 runs needed (docs/sglang.md, "GPU end-to-end harness").
+# What the seeded 8B runs needed (docs/sglang.md, "GPU end-to-end harness").
 COMMON_SGLANG_FLAGS = (
     "--sampling-backend", "pytorch", "--context-length", "4096",
     "--max-running-requests", "128", "--cuda-graph-max-bs-decode", "128", "--enable-metrics",
@@ -48,14 +40,14 @@ COMMON_SGLANG_FLAGS = (
 # speculative default up to 128, so that neither pads more than the other.
 SHARED_DECODE_GRAPH_BS = (*range(1, 9), *range(10, 33, 2), *range(40, 65, 4), *range(72, 129, 8))
 # The KV pool's size in tokens, one cap for both servers. Each sizes its pool from its share of
-# GPU memory (0.4 and 0.6 of the H200), and the speculative server's came out larger (305,491
+# GPU memory (0.4 and 0.6 of the card's), and the speculative server's came out larger (305,491
 # tokens against 265,545 in the twenty-sixth run). Under a closed loop both pools fill with
 # cached prefixes, and SGLang 0.5.17's eviction heaps every evictable leaf on each call, so a
 # larger pool holds more leaves to heap: a confounder at 64-128 streams, where depth 0's
 # evictions took 0.43 ms a pass against the plain server's 0.39. SGLang lowers a cap above
 # what fits to what fits (with a warning in the log), so a server that cannot hold this many
-# tokens keeps its own: the start phase then warns that the pools differ and names the cap
-# that evens them (an H100's shares hold fewer; the twenty-seventh run passed 65,536).
+# tokens keeps its own: the setup step then warns that the pools differ and names the cap
+# that evens them (an 80 GB card's shares hold fewer; the twenty-seventh run passed 65,536).
 SHARED_KV_TOKENS = 262_144
 KV_TOKENS_FLAG = "--max-total-tokens"
 EAGLE3_FLAGS = (
@@ -104,6 +96,8 @@ class ServerOptions:
     # CPU cores per server ("" for none): the launch goes through benchmarks.gpu.cpus.
     spec_cpus: str = ""
     plain_cpus: str = ""
+    off_path: str = "specctl"  # the plugin's depth 0 (SPECCTL_OFF_PATH): specctl or sglang
+    device_timer: bool = False  # SGLang times every forward (both servers)
 
 
 def plans(models: ModelFolders | None, opts: ServerOptions, log_dir: Path) -> list[LaunchPlan]:
@@ -117,7 +111,7 @@ def plans(models: ModelFolders | None, opts: ServerOptions, log_dir: Path) -> li
             argv = _sim_argv(role, port, opts)
         else:
             if models is None:
-                raise ValueError("no model folders: run the `models` phase first")
+                raise ValueError("no model folders: run the `setup` step first")
             argv = _sglang_argv(role, port, mem, models, opts)
         argv = pinned_argv(opts.spec_cpus if role == SPEC else opts.plain_cpus, argv,
                            opts.python)
@@ -125,9 +119,7 @@ def plans(models: ModelFolders | None, opts: ServerOptions, log_dir: Path) -> li
         if opts.backend != "sim":
             # Part of the launch, so that a server started with another setting is restarted
             # rather than reused (the stand-ins carry the timer in their argv).
-            switches = SGLANG_LAUNCH_SWITCHES + (PLUGIN_LAUNCH_SWITCHES if role == SPEC else ())
-            env |= {name: value for name in switches
-                    if (value := os.environ.get(name)) is not None}  # fmt: skip
+            env |= launch_env(role, opts)
         out.append(LaunchPlan(role, f"http://127.0.0.1:{port}", argv, log_dir / f"{role}.log",
                               env))
     return out
@@ -152,19 +144,16 @@ def _sglang_argv(role: str, port: int, mem: float, models: ModelFolders,
 
 # SGLang's switch for its device timer (GPU seconds per forward kind on /metrics).
 DEVICE_TIMER_ENV = "SGLANG_ENABLE_METRICS_DEVICE_TIMER"
-# SGLang's switch that makes the scheduler's write-after-read barrier wait for the whole last
-# forward. An EAGLE server on FA3 does so at depth 0 anyway (no captured graph of its publishes
-# an earlier event); set for a run, it gives the plain server the same barrier, so that a
-# paired series says what the barrier costs depth 0.
-COARSE_WAR_BARRIER_ENV = "SGLANG_FORCE_COARSE_WAR_BARRIER"
-# SGLang's environment switches the harness carries into both servers' launches.
-SGLANG_LAUNCH_SWITCHES = (DEVICE_TIMER_ENV, COARSE_WAR_BARRIER_ENV)
-# The plugin's start-up switches, carried into the speculative server's launch: a server
-# started with another value of one is restarted, not reused (the plain server has no plugin).
-PLUGIN_LAUNCH_SWITCHES = (plain_decode.ENV, verify_schedule.ENV, lean_host.ENV,
-                          lean_host.PREPARE_ENV, lean_relay.ENV, lean_relay.FENCE_ENV,
-                          draft_prefill.ENV,
-                          off_mode.OFF_MODE_ENV)
+# The plugin's one start-up setting: which depth 0 the speculative server runs.
+OFF_PATH_ENV = "SPECCTL_OFF_PATH"
+
+
+def launch_env(role: str, opts: ServerOptions) -> dict[str, str]:
+    """The settings a server reads from its environment at start-up, as options set them."""
+    env = {DEVICE_TIMER_ENV: "1"} if opts.device_timer else {}
+    if role == SPEC:
+        env[OFF_PATH_ENV] = opts.off_path
+    return env
 
 
 def _sim_argv(role: str, port: int, opts: ServerOptions) -> list[str]:
@@ -172,7 +161,7 @@ def _sim_argv(role: str, port: int, opts: ServerOptions) -> list[str]:
             "--port", str(port), "--admin-key", opts.admin_key,
             "--speedup", f"{opts.sim_speedup:g}"]
     # SGLang reads its device timer's switch from the environment; the stand-in takes a flag.
-    if os.environ.get(DEVICE_TIMER_ENV, "").strip().lower() in ("1", "true", "yes"):
+    if opts.device_timer:
         argv.append("--device-timer")
     return argv + (["--no-speculative"] if role == PLAIN else [])
 

@@ -1,6 +1,6 @@
-"""DIR/state.json: what one harness run knows across commands (servers, models, phases).
+"""DIR/state.json: what one harness run knows across commands (servers, models, steps).
 
-Each command of a phased run loads it, adds what it did and writes it back atomically, so a
+Each command of a run loads it, adds what it did and writes it back atomically, so a
 later command (possibly minutes later, in another process) continues where the last stopped.
 """
 
@@ -22,7 +22,7 @@ class RunState:
         self.data.setdefault("created_at", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         self.data.setdefault("options", {})
         self.data.setdefault("servers", {})
-        self.data.setdefault("phases", {})
+        self.data.setdefault("steps", {})
         self.data.setdefault("control_windows", [])
         self.data.setdefault("commands", [])
 
@@ -59,13 +59,13 @@ class RunState:
         server = self.servers.get(role)
         return None if server is None else str(server["url"])
 
-    def phase(self, name: str) -> dict[str, Any]:
-        phases: dict[str, dict[str, Any]] = self.data["phases"]
-        return phases.setdefault(name, {})
+    def step(self, name: str) -> dict[str, Any]:
+        steps: dict[str, dict[str, Any]] = self.data["steps"]
+        return steps.setdefault(name, {})
 
-    def record_phase(self, name: str, status: str, elapsed_s: float, result: Any = None,
-                     error: str | None = None) -> None:
-        entry = self.phase(name)
+    def record_step(self, name: str, status: str, elapsed_s: float, result: Any = None,
+                    error: str | None = None) -> None:
+        entry = self.step(name)
         entry.update(status=status, elapsed_s=round(elapsed_s, 1), error=error,
                      finished_at=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         entry["result"] = result

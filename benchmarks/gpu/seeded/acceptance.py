@@ -13,17 +13,16 @@ r_k = L_k - L_(k-1) (L_0 = 1) is P(the first k drafts accepted), p_k = r_k / r_(
 `--off-spell N`: the same requests twice, at depth 0 for their first N tokens before a push to
 depth 3 (the deepest of --depths), and at depth 3 throughout; the accept length at depth 3 is
 compared over the same stretch of the requests: from the tokens the off arm decoded at depth 0
-(N a request, plus what the push's latency added) to their end. SGLang keeps extending the
-draft's KV cache at depth 0 unless the plugin's off mode skips it (`skip-extend`), and prefills
-the draft at admission unless the plugin's `specctl_skip_draft_prefill` is on (the requests
-start while depth 0 is live), so the difference shows what the draft work skipped while off
-costs on that server. Before each arm the draft's KV is scrubbed: after a flush, as many other
-prompts run at depth 3, asking twice the arm's tokens, so the slots the arm is given next
-hold other requests' draft KV, as on a busy server. Then the prefix cache is flushed again
-(SGLang's `/flush_cache`; each arm records both), so the arm finds neither its prompts cached
-nor its draft KV left in its slots by the other arm. Each arm sends its --concurrency requests
-once, with no replacements as they finish (those would start after the off arm's push, never
-off). The first dataset needs twice --concurrency prompts, from the `--off-spell-from`-th on.
+(N a request, plus what the push's latency added) to their end. Whatever draft work the
+server's depth 0 leaves out (the draft's KV extends, its prefill at admission) shows as what
+the off arm accepts less once drafting resumes. Before each arm the draft's KV is scrubbed:
+after a flush, as many other prompts run at depth 3, asking twice the arm's tokens, so the
+slots the arm is given next hold other requests' draft KV, as on a busy server. Then the
+prefix cache is flushed again (SGLang's `/flush_cache`; each arm records both), so the arm
+finds neither its prompts cached nor its draft KV left in its slots by the other arm. Each
+arm sends its --concurrency requests once, with no replacements as they finish (those would
+start after the off arm's push, never off). The first dataset needs twice --concurrency
+prompts, from the `--off-spell-from`-th on.
 The table live before the run is pushed back at the end.
 Works against a real SGLang server with the specctl plugin and against `specctl sim serve`.
 """
@@ -139,7 +138,7 @@ async def off_spell(
     then starts at that many tokens too (read off the server's counters while it runs), so
     both arms' accept lengths cover the same stretch of their requests. Before, the on arm's
     window opened on the client's count alone, about 30 tokens a request earlier than the off
-    arm's (eighteenth H200 run), and a request's later tokens need not draft alike.
+    arm's (the eighteenth run), and a request's later tokens need not draft alike.
     """
     prompts = prompts[first_prompt:]
     if len(prompts) < 2 * concurrency:
@@ -231,7 +230,7 @@ async def scrub_draft_kv(
     requests are given the same slots, in the same order, as the last requests sent after the
     last flush. Without this, the off arm would find its draft KV where the on arm (the same
     prompts, the same greedy tokens) wrote it, and no skipped draft work would show: sixteenth
-    and seventeenth H200 runs, docs/sglang.md. Sent at `depth`, so the draft writes its KV for
+    and seventeenth runs, docs/sglang.md. Sent at `depth`, so the draft writes its KV for
     every position; the flush before makes the slots given out start where the arm's will.
     Returns whether its flush was answered (the arm records its own)."""
     flushed = await _flushed_at(s, depth)

@@ -14,7 +14,7 @@ bench's load generator (controller/bench/loadgen.py): `--seconds` scales the def
 - `sglang`: control is released (`specctl_tiers: 0`): SGLang's own adaptive choice of steps.
 - `daemon`: `specctl daemon` runs against the server for the trace (config written here,
   intervals of seconds); `--daemon-store FILE` starts it from a copy of a store learned
-  earlier (e.g. the harness's daemon phase on the same model pair), else from nothing.
+  earlier (e.g. the harness's daemon step on the same model pair), else from nothing.
 
 Each run writes RESULTS/<policy>.json: output tok/s and TPOT p50/p90 for the whole trace and
 per phase, the table live after each phase, and for the daemon its pushes and final table.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Repacks what the H200 machine lacks (the folder ../shared/gpu/fetch_wheels.sh made: wheel parts
+# Repacks what the GPU machine lacks (the folder ../shared/gpu/fetch_wheels.sh made: wheel parts
 # p1.. and FlashAttention-3 parts f1..) into fewer bytes to carry: every wheel unpacked into one
 # site-packages tree with FA3 in place, one tar, xz -9, split into parts of PART_SIZE.
 #   usage: bash benchmarks/gpu/staging/pack.sh SRC DEST [PART_SIZE]   (DEST ignored by git;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs ON the H200 machine, from the checkout's root. DIR is the folder pack.sh filled.
+# Runs ON the GPU machine, from the checkout's root. DIR is the folder pack.sh filled.
 #   bash DIR/stage.sh DIR keep      copy the parts carried in this call to /tmp/w
 #   source DIR/stage.sh DIR env     (every part kept) unpack once into /tmp/site, register the
 #                                   checkout's plugin and commands, export PYTHONPATH and PATH

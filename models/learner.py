@@ -5,7 +5,7 @@ roofline model (stable, long memory, `models/step_model.py`), accept length L_s 
 Gamma posteriors (drifting, short memory, `models/acceptance.py`). `propose` picks the best depth
 per batch size, compresses it into tiers (`models/tiers.py`), and adds exploration where the
 posterior says an alternative may still win (Thompson sampling on posterior draws), within
-`exploration_cap`. Rationale and measurements: docs/models.md.
+`exploration_cap`. Rationale and measurements: docs/learning.md.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ class LearnerConfig(BaseModel):
         "depth past it on that side while that one is cold too, so that a table walking down "
         "from a depth measured at small batches reaches the best depth in one push instead of "
         "one depth per push (off: throughput-neutral on the slow profiles, not run on the full "
-        "evaluation; docs/models.md)",
+        "evaluation; docs/learning.md)",
     )
     cheap_probe_loss: float = Field(
         default=0.05,
@@ -212,7 +212,7 @@ class LearnerConfig(BaseModel):
         ge=0.0,
         description="switch_margin for the live depth where its run of the live table carries "
         "loaded_run_share of the load (null: switch_margin everywhere; measured on one profile "
-        "only, docs/models.md)",
+        "only, docs/learning.md)",
     )
     extrapolation_factor: float = Field(
         default=2.0,

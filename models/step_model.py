@@ -18,7 +18,7 @@ batch 12: few probes suffice to place a depth that the server rarely runs. sciki
 learns both the noise and the prior precision from the data.
 
 `IsotonicStepModel` and `PerDepthLinearStepModel` are the alternatives the comparison in
-benchmarks/model_comparison.py measures against (see docs/models.md).
+benchmarks/model_comparison.py measures against (see docs/learning.md).
 """
 
 from __future__ import annotations

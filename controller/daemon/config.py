@@ -299,7 +299,7 @@ def explain(err: ValidationError, root: tuple[Any, ...] = ()) -> str:
         loc = _format_loc(root + tuple(e["loc"]))
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; docs/daemon.md lists every field)"
+            msg = "unknown field (check the spelling; docs/daemon-config.md lists every field)"
         lines.append(f"{loc}: {msg}")
     return "; ".join(lines)
 

@@ -159,7 +159,8 @@ def test_shipped_profile_is_the_fit_of_the_checked_in_data(key: str) -> None:
 
 @pytest.mark.parametrize("key", sorted(SHIPPED))
 def test_shipped_profile_fit_error_within_targets(key: str) -> None:
-    """Median < 5% and worst < 15% on held-out points, except where docs/simulator.md ("Calibrating the cost model on a GPU") says.
+    """Median < 5% and worst < 15% on held-out points, except where docs/simulator.md
+    ("Calibrating the cost model on a GPU") says.
 
     Known miss: Llama-3.1-8B at 8k context, where the attention kernel's split heuristic
     makes KV time jump between B=16 and B=32; the linear KV term cannot follow it there.

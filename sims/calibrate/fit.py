@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             f"sims/calibrate (python -m sims.calibrate.fit --preset {args.preset} --profile "
             f"{fitted.name} --write);\n"
             "acceptance and scheduler fields come from the cited sources. See "
-            "docs/simulator.md ("Calibrating the cost model on a GPU")."
+            "docs/simulator.md, 'Calibrating the cost model on a GPU'."
         )
         write_profile(fitted, path, header)
         print(f"wrote {path}")

@@ -17,10 +17,6 @@ the unpacked 0.5.17 source and timed beside the trim on the same stand-in reques
   mirror, its gather and the sum, as CPU operations.
 - the forward's isolation (`Scheduler._forward_isolation`) of a speculative batch, on a
   dataclass with 0.5.17's ScheduleBatch fields: every field snapshotted and set back.
-And the operators of the depth-0 relay trims' bonus-token stash and gather
-(sglang_hooks/lean_relay.py: `index_copy_`, `index_select`) beside the indexing SGLang 0.5.17's
-FutureMap writes for them. On a server they are GPU launches; here the host side of the
-operator alone.
 
 Run: SPECCTL_SGLANG17_SRC=<unpacked sglang 0.5.17>/sglang python benchmarks/host_trims.py
 (torch needed; scripts/test.sh's .venv-sglang has it).
@@ -176,29 +172,6 @@ def main() -> int:
                                    args.calls, args.rounds),
                      *_us_per_call(lambda m=lean_map, b=lean_batch:
                                    lean_host.resolve_seq_lens(m, b), args.calls, args.rounds)))
-
-    # The relay trims' operators alone: their checks around them are the same as before.
-    tokens_buf = torch.zeros(4096, dtype=torch.int64)
-    pool_rows = torch.randperm(4096, generator=torch.Generator().manual_seed(0))[:args.requests]
-    bonus = torch.arange(args.requests)
-
-    def indexed_assignment() -> None:
-        tokens_buf[pool_rows] = bonus.to(tokens_buf.dtype)
-
-    copied = torch.full_like(tokens_buf, -1).index_copy_(0, pool_rows, bonus)
-    indexed_assignment()
-    assert torch.equal(copied[pool_rows], bonus) and torch.equal(
-        tokens_buf.index_select(0, pool_rows), tokens_buf[pool_rows])
-
-    rows.append(("bonus tokens' stash (the operator)",
-                 *_us_per_call(indexed_assignment, args.calls, args.rounds),
-                 *_us_per_call(lambda: tokens_buf.index_copy_(0, pool_rows,
-                                                              bonus.to(tokens_buf.dtype)),
-                               args.calls, args.rounds)))
-    rows.append(("bonus tokens' gather (the operator)",
-                 *_us_per_call(lambda: tokens_buf[pool_rows], args.calls, args.rounds),
-                 *_us_per_call(lambda: tokens_buf.index_select(0, pool_rows),
-                               args.calls, args.rounds)))
 
     # The forward's isolation: a dataclass with 0.5.17's ScheduleBatch fields, snapshotted
     # and restored around an empty forward (no sampling info, no pinning: both the same).

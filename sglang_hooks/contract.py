@@ -35,6 +35,7 @@ import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 CONTRACT_VERSION = 1
@@ -577,116 +578,35 @@ def bucket_upper(lower: int) -> int:
     return BS_BUCKET_EDGES[i + 1] - 1 if i + 1 < len(BS_BUCKET_EDGES) else 10**9
 
 
-# ----------------------------------------------------------------------------- off mode
-# What a depth-0 tier runs (sglang_hooks/off_mode.py): pushed as its own admin key, alone or
-# beside a table's keys.
+# ----------------------------------------------------------------------------- off path
+# What depth 0 ("off") runs on a server, reported beside `server_state`'s keys under
+# OFF_PATH_KEY (`off_path_state`): the path (SPECCTL_OFF_PATH in the server's environment: the
+# plugin's, or SGLang's own depth 0; null until the plugin steers) and the pieces of it that
+# run, which the SGLang version decides (sglang_hooks/adapters/).
 
-SGLANG, SKIP_EXTEND, SKIP_EXTEND_ALL = "sglang", "skip-extend", "skip-extend-all"
-OFF_MODES = (SGLANG, SKIP_EXTEND, SKIP_EXTEND_ALL)  # the wire code of a mode is its index
-OFF_MODE_KEY = "specctl_off_mode"
-# Trimmed host work on the speculative iteration (sglang_hooks/lean_host.py): 0 or 1.
-LEAN_HOST_KEY = "specctl_lean_host"
-# A depth-0 iteration's lighter hand-over to the next (sglang_hooks/lean_relay.py): 0 or 1.
-LEAN_RELAY_KEY = "specctl_lean_relay"
-# Under those trims, where a depth-0 plain decode fences the scheduler's next writes: at the
-# DECODE graph's replay, as a server without speculation does (sglang_hooks/lean_relay.py): 0 or 1.
-FENCE_AT_REPLAY_KEY = "specctl_fence_at_replay"
-# The draft's prefill at admission skipped while off (sglang_hooks/draft_prefill.py): 0 or 1.
-SKIP_DRAFT_PREFILL_KEY = "specctl_skip_draft_prefill"
-# Depth-0 batches on the target's DECODE graphs, where the server captured them at start-up
-# (sglang_hooks/plain_decode.py): 0 or 1.
-PLAIN_DECODE_KEY = "specctl_plain_decode"
-SETTING_KEYS = frozenset({OFF_MODE_KEY, LEAN_HOST_KEY, LEAN_RELAY_KEY, FENCE_AT_REPLAY_KEY,
-                          SKIP_DRAFT_PREFILL_KEY, PLAIN_DECODE_KEY})
+OFF_PATH_KEY = "off_path"
+OFF_PATH_SPECCTL, OFF_PATH_SGLANG = "specctl", "sglang"
+OFF_PATHS = (OFF_PATH_SPECCTL, OFF_PATH_SGLANG)
 
 
-def decode_off_mode(value: Any) -> str:
-    """The mode a `specctl_off_mode` value names. Raises PolicyError naming the key."""
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != int(value) \
-            or not 0 <= int(value) < len(OFF_MODES):
-        codes = ", ".join(f"{i} = {m}" for i, m in enumerate(OFF_MODES))
-        raise PolicyError(OFF_MODE_KEY, f"must be one of {codes}; got {value!r}")
-    return OFF_MODES[int(value)]
+class OffPathFeature(StrEnum):
+    """What the plugin runs at depth 0 ("off") in place of SGLang's own, one piece at a time.
+    Each adapter declares the pieces measured on its SGLang (`Adapter.off_path`); the hooks of
+    a piece it does not declare are not registered, and none is with SPECCTL_OFF_PATH=sglang
+    (sglang_hooks/settings.py)."""
+
+    # A table's depth-0 tier skips the draft extend through SGLang's own stub
+    # (sglang_hooks/hooks.py, `skip_extend`); a depth-0 tier that probes positive depths keeps it.
+    SKIP_EXTEND = "skip-extend"
+    # Requests admitted into such a tier skip the draft's prefill (sglang_hooks/draft_prefill.py).
+    SKIP_DRAFT_PREFILL = "skip-draft-prefill"
+    # Depth 0 on the target's own DECODE graphs (sglang_hooks/plain_decode.py), its WAR fence at
+    # the graph's replay (sglang_hooks/fence.py).
+    PLAIN_DECODE = "plain-decode"
+    # The speculative iteration's host-work trims (sglang_hooks/lean_host.py).
+    HOST_TRIMS = "host-trims"
 
 
-def _decode_switch(key: str, value: Any, off: str, on: str) -> bool:
-    """An on/off plugin setting's value: 0 or 1 (or a bool). Raises PolicyError naming `key`."""
-    if isinstance(value, bool) or value in (0, 1):
-        return bool(value)
-    raise PolicyError(key, f"must be 0 ({off}) or 1 ({on}); got {value!r}")
-
-
-def decode_lean_host(value: Any) -> bool:
-    """Whether a `specctl_lean_host` value turns the trims on. Raises PolicyError naming the
-    key."""
-    return _decode_switch(LEAN_HOST_KEY, value, "SGLang's own host work", "trimmed")
-
-
-def decode_lean_relay(value: Any) -> bool:
-    """Whether a `specctl_lean_relay` value turns the depth-0 relay trims on. Raises
-    PolicyError naming the key."""
-    return _decode_switch(LEAN_RELAY_KEY, value, "SGLang's own hand-over", "lean")
-
-
-def decode_fence_at_replay(value: Any) -> bool:
-    """Whether a `specctl_fence_at_replay` value fences a depth-0 plain decode at its graph's
-    replay. Raises PolicyError naming the key."""
-    return _decode_switch(FENCE_AT_REPLAY_KEY, value, "at the decode's outputs",
-                          "at the DECODE graph's replay")
-
-
-def decode_skip_draft_prefill(value: Any) -> bool:
-    """Whether a `specctl_skip_draft_prefill` value skips the draft's prefill while off.
-    Raises PolicyError naming the key."""
-    return _decode_switch(SKIP_DRAFT_PREFILL_KEY, value, "the draft prefills every admission",
-                          "skipped while off")
-
-
-def decode_plain_decode(value: Any) -> bool:
-    """Whether a `specctl_plain_decode` value sends depth-0 batches to the DECODE graphs.
-    Raises PolicyError naming the key."""
-    return _decode_switch(PLAIN_DECODE_KEY, value, "SGLang's one-token verify",
-                          "the DECODE graphs captured at start-up")
-
-
-def no_decode_graphs(reasons: Iterable[str]) -> str:
-    """What a push of `specctl_plain_decode` 1 is refused with by a server that has no DECODE
-    graphs to send depth 0 to, and why it has none (the plugin's or the simulator's)."""
-    listed = ", ".join(reasons) or "none was built"
-    return f"1 needs the DECODE graphs, and this server has none: {listed}"
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The plugin settings a request asks for; None where its key is absent."""
-
-    off_mode: str | None = None
-    lean_host: bool | None = None
-    lean_relay: bool | None = None
-    fence_at_replay: bool | None = None
-    skip_draft_prefill: bool | None = None
-    plain_decode: bool | None = None
-
-
-def decode_settings(settings: Mapping[str, Any]) -> Settings:
-    """The plugin settings a request's keys ask for. Raises PolicyError naming the key."""
-    return Settings(
-        off_mode=decode_off_mode(settings[OFF_MODE_KEY]) if OFF_MODE_KEY in settings else None,
-        lean_host=decode_lean_host(settings[LEAN_HOST_KEY]) if LEAN_HOST_KEY in settings
-        else None,
-        lean_relay=decode_lean_relay(settings[LEAN_RELAY_KEY]) if LEAN_RELAY_KEY in settings
-        else None,
-        fence_at_replay=decode_fence_at_replay(settings[FENCE_AT_REPLAY_KEY])
-        if FENCE_AT_REPLAY_KEY in settings else None,
-        skip_draft_prefill=decode_skip_draft_prefill(settings[SKIP_DRAFT_PREFILL_KEY])
-        if SKIP_DRAFT_PREFILL_KEY in settings else None,
-        plain_decode=decode_plain_decode(settings[PLAIN_DECODE_KEY])
-        if PLAIN_DECODE_KEY in settings else None,
-    )
-
-
-def split_settings(server_args: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(plugin settings such as the off mode, every other key)."""
-    settings = {k: v for k, v in server_args.items() if k in SETTING_KEYS}
-    rest = {k: v for k, v in server_args.items() if k not in SETTING_KEYS}
-    return settings, rest
+def off_path_state(path: str | None, features: Iterable[str]) -> dict[str, Any]:
+    """The report of what depth 0 runs: `{"path": ..., "features": [sorted names]}`."""
+    return {"path": path, "features": sorted(str(f) for f in features)}

@@ -1,19 +1,18 @@
-"""The draft's prefill at admission, skipped while off (`specctl_skip_draft_prefill`).
+"""The draft's prefill at admission, skipped while off.
 
 With speculation on, every prefill batch runs the target's forward and then the draft model's
 extend over the same prompt tokens (`EagleDraftWorker._draft_extend_for_prefill`), so that
-the draft has KV for the prompt and a hidden state to start drafting from. The `skip-extend`
-off modes skip the draft's work after each depth-0 verify but not this one: on fresh prompts
-it was what depth 0 still paid at admission (docs/sglang.md, "Off": the device timer's
-prefill ms per request, depth 0 against a plain server).
+the draft has KV for the prompt and a hidden state to start drafting from. The skipped draft
+extend (`OffPathFeature.SKIP_EXTEND`) skips the draft's work after each depth-0 verify but not
+this one: on fresh prompts it was what depth 0 still paid at admission (docs/sglang.md, "Off":
+the device timer's prefill ms per request, depth 0 against a plain server).
 
-With the switch on, a prefill batch admitted while the table's live tier is a depth-0 tier
-that skips its extend (the same tiers `skip-extend` and `skip-extend-all` skip) gets the
-draft input the skipped extend's stub gives a depth-0 iteration: the target's bonus tokens,
-zeroed top-k and hidden state (SGLang's `_stub_skipped_draft_extend`; with the host-work trims
-on, the same zeros reused per batch size). No draft forward runs; with the depth-0 relay
-trims on, the overlap scheduler then stashes the bonus tokens alone (lean_relay.py).
-The target still prefills and samples, so outputs do not change. A request admitted so has
+Where the adapter declares the skip (`OffPathFeature.SKIP_DRAFT_PREFILL`), a prefill batch
+admitted while the table's live tier is a depth-0 tier that skips its extend gets the draft
+input the skipped extend's stub gives a depth-0 iteration: the target's bonus tokens, zeroed
+top-k and hidden state (SGLang's `_stub_skipped_draft_extend`; with the host-work trims, the
+same zeros reused per batch size). No draft forward runs. The target still prefills and
+samples, so outputs do not change. A request admitted so has
 no draft KV for its prompt: if it is still running when its tier drafts again, the draft
 starts cold (its first drafts almost surely rejected) and attends to whatever its prompt's
 KV slots held; the target verifies every drafted token, so what that costs is acceptance.
@@ -21,10 +20,6 @@ KV slots held; the target verifies every drafted token, so what that costs is ac
 Which tier a prefill batch lands in is read without moving the table's hysteresis state:
 the tier the last decode launch was in, looked up at that launch's batch size plus the
 requests being admitted.
-
-Chosen at start-up with `SPECCTL_SKIP_DRAFT_PREFILL=1` and at run time with the admin key
-`specctl_skip_draft_prefill` (0 or 1) in `POST /set_internal_state`. Off where the variable
-is absent.
 """
 
 from __future__ import annotations
@@ -32,16 +27,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from sglang_hooks import contract, lean_host
-from sglang_hooks.env_switch import read_switch
-
-ENV = "SPECCTL_SKIP_DRAFT_PREFILL"
-KEY = contract.SKIP_DRAFT_PREFILL_KEY
-
-
-def from_env() -> tuple[bool, str | None]:
-    """(on, error): the start-up setting, and why the variable was ignored if it was."""
-    return read_switch(ENV, "the draft's prefill skip")
+from sglang_hooks import lean_host
 
 
 def skippable_batch(draft_worker: Any, batch: Any, extra: tuple[Any, ...],

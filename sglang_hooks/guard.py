@@ -45,18 +45,6 @@ def read_version(root: Path) -> str:
     return match.group(1)
 
 
-def installed_version() -> str | None:
-    """The installed SGLang's version, read from its source without importing it; None when
-    SGLang is not installed or its version file is unreadable (`evaluate` says which)."""
-    root = sglang_root()
-    if root is None:
-        return None
-    try:
-        return read_version(root)
-    except (OSError, ValueError):
-        return None
-
-
 def parse_version(text: str) -> tuple[int, int, int] | None:
     match = re.match(r"(\d+)\.(\d+)\.(\d+)", text)
     return None if match is None else (int(match[1]), int(match[2]), int(match[3]))

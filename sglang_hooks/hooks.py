@@ -10,21 +10,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from sglang_hooks import (
-    draft_prefill,
-    lean_host,
-    lean_relay,
-    off_mode,
-    override_log,
-    plain_decode,
-    verify_schedule,
-)
-from sglang_hooks.adapters.base import Adapter
+from sglang_hooks import draft_prefill, fence, lean_host, override_log, plain_decode, settings
+from sglang_hooks.adapters.base import Adapter, OffPathFeature
 from sglang_hooks.contract import (
     PolicyError,
     has_policy_keys,
@@ -34,12 +25,15 @@ from sglang_hooks.contract import (
 from sglang_hooks.gpu_timer import make_timer
 from sglang_hooks.peers import default_peer_check, fingerprint
 from sglang_hooks.policy_file import load_policy_file, policy_file_from_env, table_fingerprint
-from sglang_hooks.runtime import NOT_STARTED, Change, SchedulerRuntime, validate_change
+from sglang_hooks.runtime import NOT_STARTED, SchedulerRuntime, validate_change
 
 logger = logging.getLogger("specctl")
 
 ADAPTER: Adapter | None = None
 RELEASE: str | None = None  # the SGLang version the guard read, once bound
+# What depth 0 runs in this process (plugin.register): the path and the adapter's pieces of it.
+OFF_PATH = settings.SPECCTL
+FEATURES: frozenset[OffPathFeature] = frozenset()
 RUNTIME = SchedulerRuntime()
 
 
@@ -54,9 +48,11 @@ HTTP = _HttpSide()
 _failed: set[str] = set()
 
 
-def bind(adapter: Adapter, release: str | None = None) -> None:
-    global ADAPTER, RELEASE
+def bind(adapter: Adapter, release: str | None, off_path: str,
+         features: Iterable[OffPathFeature]) -> None:
+    global ADAPTER, RELEASE, OFF_PATH, FEATURES
     ADAPTER, RELEASE = adapter, release
+    OFF_PATH, FEATURES = off_path, frozenset(features)
 
 
 def _log_failure_once(name: str) -> None:
@@ -142,7 +138,6 @@ class QuietSwitchLog(logging.Filter):
 
 
 _QUIET_SWITCHES = QuietSwitchLog()
-SKIP_EXTEND_ENV = "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"
 
 
 def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *args: Any,
@@ -163,26 +158,7 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
         usable, partial = captured_depths(
             controller.params, controller.worker.speculative_num_steps, cuda_graph_bs
         )
-        mode, mode_error = off_mode.mode_from_env()
-        if mode_error is not None:
-            logger.error("specctl: %s", mode_error)
-        rt.off_mode = mode
-        rt.lean_host, lean_error = lean_host.from_env()
-        if lean_error is not None:
-            logger.error("specctl: %s", lean_error)
-        rt.lean_relay, relay_error = lean_relay.from_env()
-        if relay_error is not None:
-            logger.error("specctl: %s", relay_error)
-        rt.fence_at_replay, fence_error = lean_relay.fence_from_env()
-        if fence_error is not None:
-            logger.error("specctl: %s", fence_error)
-        rt.skip_draft_prefill, prefill_error = draft_prefill.from_env()
-        if prefill_error is not None:
-            logger.error("specctl: %s", prefill_error)
-        if plain_decode.ENV_ERROR is not None:
-            logger.error("specctl: %s", plain_decode.ENV_ERROR)
-        if lean_host.PREPARE_ENV_ERROR is not None:
-            logger.error("specctl: %s", lean_host.PREPARE_ENV_ERROR)
+        rt.use_off_path(OFF_PATH, FEATURES)
         startup = None
         path = policy_file_from_env()
         if path is not None:
@@ -205,24 +181,18 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
             assert ADAPTER is not None
             peers.publish(fingerprint({
                 "sglang": ADAPTER.name, "depths": sorted(usable),
-                "startup": table_fingerprint(startup), "off_mode": mode,
-                "lean_host": rt.lean_host, "lean_relay": rt.lean_relay,
-                "fence_at_replay": rt.fence_at_replay,
-                "skip_draft_prefill": rt.skip_draft_prefill,
-                "plain_decode": plain_decode.ENABLED,
-                "lean_prepare": lean_host.PREPARE_ENABLED,
-                SKIP_EXTEND_ENV: os.environ.get(SKIP_EXTEND_ENV, ""),
+                "startup": table_fingerprint(startup), "off_path": rt.off_path,
+                "off_path_features": sorted(rt.features),
+                settings.SGLANG_SKIP_EXTEND.name: settings.SGLANG_SKIP_EXTEND.get() or "",
             }))
         rt.activate(usable, startup, peers)
         # Every TP rank logs this line: with several nodes, each reads its own policy file.
         logger.info("specctl: active; depths usable by a table: %s%s; start-up table: %s%s; "
-                    "off mode %s; host-work trims %s; depth-0 relay trims %s (fence at the "
-                    "replay %s); draft prefill skipped while off %s%s",
+                    "depth 0 on the %s path (%s)%s",
                     sorted(usable),
                     f" (partly captured, refused: {sorted(partial)})" if partial else "",
                     table_fingerprint(startup), f" from {path}" if startup is not None else "",
-                    mode, "on" if rt.lean_host else "off", "on" if rt.lean_relay else "off",
-                    "on" if rt.fence_at_replay else "off", "on" if rt.skip_draft_prefill else "off",
+                    rt.off_path, ", ".join(sorted(rt.features)) or "SGLang's own depth 0",
                     f"; waits for TP ranks 0-{peers.world_size - 1} to agree before a "
                     f"table takes control" if peers is not None else "")
     except Exception:
@@ -243,22 +213,7 @@ def choose_depth(original: Callable[..., int], params: Any, batch_size: int, *ar
             depth = None
     if depth is None:
         depth = original(params, batch_size, *args, **kwargs)
-    _settle_gather(rt, depth)
     return depth
-
-
-def _settle_gather(rt: SchedulerRuntime, depth: int) -> None:
-    """A launch that drafts runs the draft-state gather the relay trims put off (lean_relay):
-    here, on the launch's stream, before any draft work. Should it fail, the draft starts from
-    the state its input last held, which costs acceptance, not outputs (the target verifies)."""
-    owed, rt.owed_gather = rt.owed_gather, None
-    if owed is not None and depth > 0:
-        gather, future_map, batch = owed
-        try:
-            gather(future_map, batch)
-            rt.late_gathers += 1
-        except Exception:
-            _log_failure_once("lean_resolve_extras:late")
 
 
 def feed_ema(original: Callable[..., Any], params: Any, *args: Any, **kwargs: Any) -> Any:
@@ -278,9 +233,9 @@ def time_launch(original: Callable[..., Any], worker: Any, batch: Any, *args: An
                 **kwargs: Any) -> Any:
     """AROUND EAGLEWorkerV2.forward_batch_generation: bracket a decode launch for timing."""
     rt = RUNTIME
-    # Reset even while inactive: a stub flag left from the last steered launch would make
-    # the relay stash a drafting launch's bonus tokens alone.
-    rt.launched = rt.launch_skips_extend = rt.launch_stubbed = False
+    # Reset even while inactive: a skip flag left from the last steered launch must not reach
+    # this launch's extend.
+    rt.launched = rt.launch_skips_extend = False
     if not rt.active:
         return original(worker, batch, *args, **kwargs)
     rt.spec_worker = worker
@@ -289,10 +244,7 @@ def time_launch(original: Callable[..., Any], worker: Any, batch: Any, *args: An
     except Exception:  # no timing for this launch: its result is counted as unattributed
         _log_failure_once("time_launch")
         token = _UNTIMED
-    try:
-        result = original(worker, batch, *args, **kwargs)
-    finally:
-        rt.owed_gather = None  # owed to this launch only
+    result = original(worker, batch, *args, **kwargs)
     if token is _UNTIMED:
         return result
     try:
@@ -335,11 +287,12 @@ def _drop_superseded_override() -> None:
 
 def skip_extend(original: Callable[..., Any], draft_worker: Any, batch: Any, batch_result: Any,
                 *args: Any, **kwargs: Any) -> Any:
-    """AROUND EagleDraftWorker._draft_extend_for_decode: the off mode's skipped extend.
+    """AROUND EagleDraftWorker._draft_extend_for_decode: the skipped extend of the off path.
 
-    Skips only when the depth choice of this launch said so (a table's depth-0 tier under a
-    skip-extend mode) and the worker really runs depth 0; SGLang's own stub then fills the
-    draft inputs, exactly as its SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND switch does."""
+    Skips only when the depth choice of this launch said so (a table's depth-0 tier that
+    probes no positive depth) and the worker really runs depth 0; SGLang's own stub then fills
+    the draft inputs, exactly as its SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND switch does. A
+    plain decode then hands the WAR barrier its replay's event (fence.py)."""
     rt = RUNTIME
     worker = rt.spec_worker
     if not rt.launch_skips_extend or worker is None \
@@ -347,7 +300,7 @@ def skip_extend(original: Callable[..., Any], draft_worker: Any, batch: Any, bat
         plain_decode.accept_lens_to_device(batch_result, batch.seq_lens.device)
         return original(draft_worker, batch, batch_result, *args, **kwargs)
     try:
-        if rt.lean_host:
+        if rt.host_trims:
             lean_host.stub_skipped_extend(worker, batch, batch_result)
         else:
             worker._stub_skipped_draft_extend(batch, batch_result)
@@ -357,16 +310,13 @@ def skip_extend(original: Callable[..., Any], draft_worker: Any, batch: Any, bat
         plain_decode.accept_lens_to_device(batch_result, batch.seq_lens.device)
         return original(draft_worker, batch, batch_result, *args, **kwargs)
     rt.skipped_extends += 1
-    rt.launch_stubbed = True
-    if rt.lean_relay:
-        try:  # without the event the barrier keeps its whole-forward fence
-            replay = getattr(batch_result, lean_relay.REPLAY_EVENT, None) \
-                if rt.fence_at_replay else None
-            if lean_relay.hand_over(worker, replay):
-                rt.early_fences += 1
-                rt.replay_fences += replay is not None
+    if rt.plain_decode_path:  # its fence at the replay (fence.py)
+        try:  # without the event (a verify ran) the barrier keeps its whole-forward fence
+            replay = getattr(batch_result, fence.REPLAY_EVENT, None)
+            if replay is not None and fence.hand_over(worker, replay):
+                rt.replay_fences += 1
         except Exception:
-            _log_failure_once("skip_extend:lean_relay")
+            _log_failure_once("skip_extend:fence")
     return None
 
 
@@ -375,9 +325,9 @@ def skip_draft_prefill(original: Callable[..., Any], draft_worker: Any, batch: A
                        **kwargs: Any) -> Any:
     """AROUND EagleDraftWorker._draft_extend_for_prefill: no draft prefill while off.
 
-    Skips when the switch is on and the admitted requests land in a depth-0 tier that skips
-    its extend (draft_prefill.py); the draft input is then the skipped extend's stub over the
-    target's bonus tokens. Anything unexpected runs SGLang's extend."""
+    Skips when the admitted requests land in a depth-0 tier that skips its extend
+    (draft_prefill.py); the draft input is then the skipped extend's stub over the target's
+    bonus tokens. Anything unexpected runs SGLang's extend."""
     rt = RUNTIME
     worker = rt.spec_worker
     stub = None
@@ -386,47 +336,14 @@ def skip_draft_prefill(original: Callable[..., Any], draft_worker: Any, batch: A
                 and draft_prefill.skippable_batch(draft_worker, batch, args, kwargs)
                 and rt.prefill_skips_draft(len(batch.reqs))):
             stub = draft_prefill.stub_draft_input(worker, batch, next_token_ids,
-                                                  reuse_stubs=rt.lean_host)
+                                                  reuse_stubs=rt.host_trims)
     except Exception:  # SGLang's own extend then runs
         _log_failure_once("skip_draft_prefill")
     if stub is None:
         return original(draft_worker, batch, target_hidden_states, next_token_ids, *args,
                         **kwargs)
     rt.skipped_prefills += 1
-    rt.launch_stubbed = True  # its relay: the bonus tokens alone (lean_relay.py)
     return stub
-
-
-def lean_stash(original: Callable[..., Any], future_map: Any, future_indices: Any,
-               payload: Any, *args: Any, **kwargs: Any) -> Any:
-    """AROUND FutureMap.stash: under the depth-0 relay trims, a launch that skipped its
-    draft work (a depth-0 decode's extend, an admission's draft prefill) stashes its bonus
-    tokens alone (lean_relay.py)."""
-    rt = RUNTIME
-    if rt.lean_relay and rt.launch_stubbed and not args and not kwargs:
-        try:
-            if lean_relay.stash_bonus_only(RELEASE, future_map, future_indices, payload):
-                rt.lean_stashes += 1
-                return None
-        except Exception:
-            _log_failure_once("lean_stash")
-    return original(future_map, future_indices, payload, *args, **kwargs)
-
-
-def lean_resolve_extras(original: Callable[..., Any], future_map: Any, batch: Any,
-                        *args: Any, **kwargs: Any) -> Any:
-    """AROUND FutureMap._resolve_spec_extras: under the depth-0 relay trims, the bonus tokens
-    now and the rest of the draft state only for a launch that drafts (lean_relay.py)."""
-    rt = RUNTIME
-    if rt.lean_relay and rt.active and not args and not kwargs:
-        try:
-            if lean_relay.resolve_bonus_only(RELEASE, future_map, batch):
-                rt.owed_gather = (original, future_map, batch)
-                rt.lean_gathers += 1
-                return None
-        except Exception:
-            _log_failure_once("lean_resolve_extras")
-    return original(future_map, batch, *args, **kwargs)
 
 
 def lean_trivial_verify(original: Callable[..., Any], worker: Any, batch: Any, *args: Any,
@@ -434,10 +351,10 @@ def lean_trivial_verify(original: Callable[..., Any], worker: Any, batch: Any, *
     """AROUND EAGLEWorkerV2._build_trivial_verify_input: under the host-work trims, the
     input's index tensors reused per batch size, and for a batch the plain decode path will
     run, no mask fill or positions until the verify needs them (lean_host.py)."""
-    if not RUNTIME.lean_host or args or kwargs:
+    if not RUNTIME.host_trims or args or kwargs:
         return original(worker, batch, *args, **kwargs)
     try:
-        for_plain = plain_decode.ENABLED and plain_decode.expects(worker, batch)
+        for_plain = RUNTIME.plain_decode_path and plain_decode.expects(worker, batch)
         verify_input = lean_host.trivial_verify_input(original, worker, batch, for_plain)
         if lean_host.unfinished(verify_input):
             plain_decode.STATS.light_inputs += 1
@@ -452,7 +369,7 @@ def lean_kv_lens(original: Callable[..., Any], tree_cache: Any, *args: Any,
                  **kwargs: Any) -> Any:
     """AROUND alloc_for_spec_decode: under the host-work trims, the next KV lengths handed
     over as a list where the release reads them one by one (lean_host.py)."""
-    if RUNTIME.lean_host:
+    if RUNTIME.host_trims:
         try:
             lean_host.kv_lens_as_list(RELEASE, tree_cache, kwargs)
         except Exception:
@@ -463,7 +380,7 @@ def lean_kv_lens(original: Callable[..., Any], tree_cache: Any, *args: Any,
 def lean_prepare(original: Callable[..., Any], batch: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND eagle_prepare_for_decode: under the host-work trims, 0.5.17's preparation with
     its KV lengths copied to the GPU once, from pinned memory (lean_host.py)."""
-    if RUNTIME.lean_host and not args and not kwargs:
+    if RUNTIME.host_trims and not args and not kwargs:
         try:
             ready = lean_host.prepares(RELEASE, batch)
             if ready:
@@ -484,7 +401,7 @@ def lean_tokens_required(original: Callable[..., Any], batch: Any, requests: Any
                          page_size: Any, *args: Any, **kwargs: Any) -> Any:
     """AROUND ScheduleBatch._new_tokens_required_next_decode_spec_v2: under the host-work
     trims, 0.5.17's estimate at a page size of 1 without its page roundings (lean_host.py)."""
-    if RUNTIME.lean_host and page_size == 1 and not args and not kwargs \
+    if RUNTIME.host_trims and page_size == 1 and not args and not kwargs \
             and RELEASE in lean_host.PREPARE_RELEASES:
         try:
             from sglang.srt.managers import schedule_batch
@@ -502,7 +419,7 @@ def lean_seq_lens(original: Callable[..., Any], future_map: Any, batch: Any, *ar
                   **kwargs: Any) -> Any:
     """AROUND FutureMap.resolve_seq_lens_cpu: under the host-work trims, 0.5.17's hand-over
     of the next lengths with its gathers through `index_select` (lean_host.py)."""
-    if RUNTIME.lean_host and not args and not kwargs:
+    if RUNTIME.host_trims and not args and not kwargs:
         try:
             # the module of the hooked method, loaded with it: where its ROCm and debug
             # switches are
@@ -521,7 +438,7 @@ def lean_isolation(original: Callable[..., Any], scheduler: Any, batch: Any, *ar
                    **kwargs: Any) -> Any:
     """AROUND Scheduler._forward_isolation: under the host-work trims, 0.5.17's isolation of
     a speculative batch with its snapshot and restore in one call each (lean_host.py)."""
-    if RUNTIME.lean_host and not args and len(kwargs) == 1 and "overlap" in kwargs:
+    if RUNTIME.host_trims and not args and len(kwargs) == 1 and "overlap" in kwargs:
         try:
             fields = lean_host.isolation_fields(RELEASE, batch)
         except Exception:
@@ -538,7 +455,7 @@ def lean_free_group_end(original: Callable[..., Any], allocator: Any, *args: Any
     """AROUND BaseTokenToKVPoolAllocator.free_group_end: under the host-work trims, the
     page-size-1 allocator's freed group joined to its list in one concatenation
     (lean_host.py)."""
-    if RUNTIME.lean_host and not args and not kwargs:
+    if RUNTIME.host_trims and not args and not kwargs:
         try:
             ours = lean_host.free_group_is_ours(RELEASE, allocator)
         except Exception:
@@ -550,33 +467,9 @@ def lean_free_group_end(original: Callable[..., Any], allocator: Any, *args: Any
     return original(allocator, *args, **kwargs)
 
 
-def verify_schedule_refresh(original: Callable[..., Any], backend: Any, *args: Any,
-                            **kwargs: Any) -> Any:
-    """AROUND FlashAttentionBackend._apply_cuda_graph_metadata: after SGLang's metadata, a
-    depth-0 verify graph's FA3 scheduler metadata (verify_schedule.py; SPECCTL_VERIFY_SCHEDULE)."""
-    result = original(backend, *args, **kwargs)
-    verify_schedule.refresh(backend, original, args, kwargs)  # raises only when it must
-    return result
-
-
-def verify_as_decode(original: Callable[..., Any], backend: Any, *args: Any,
-                     **kwargs: Any) -> Any:
-    """AROUND FlashAttentionBackend.forward_extend: a depth-0 verify whose graph reads the
-    scheduler metadata runs SGLang's decode attention over the same metadata."""
-    try:
-        forward_batch = verify_schedule.forward_batch_of(original, args, kwargs)
-        redirect = verify_schedule.uses_decode_attention(backend, forward_batch)
-    except Exception:
-        _log_failure_once("verify_as_decode")
-        redirect = False
-    if redirect:
-        return backend.forward_decode(*args, **kwargs)
-    return original(backend, *args, **kwargs)
-
-
 def plain_decode_build(ret: Any, worker: Any, *args: Any, **kwargs: Any) -> Any:
     """AFTER EAGLEWorkerV2.init_cuda_graphs: the DECODE-mode target graphs for depth 0
-    (plain_decode.py; SPECCTL_PLAIN_DECODE). A failed capture leaves depth 0 on the verify."""
+    (plain_decode.py). A failed capture leaves depth 0 on the verify."""
     try:
         import torch
         from sglang.srt.utils import get_available_gpu_memory
@@ -614,7 +507,7 @@ def plain_decode_verify(original: Callable[..., Any], worker: Any, batch: Any, *
             plain_decode.STATS.launches += 1
             return result
         reason = "no DECODE graph for this batch size"
-    if reason not in (plain_decode.NOT_DEPTH_0, plain_decode.SWITCHED_OFF):
+    if reason != plain_decode.NOT_DEPTH_0:
         plain_decode.STATS.fallbacks += 1
         plain_decode.STATS.last_fallback = reason
     # An input built light for this path gets the mask fill and positions the verify reads.
@@ -799,13 +692,6 @@ def captured_everywhere(states: Sequence[Mapping[str, Any]]) -> frozenset[int]:
     return frozenset.intersection(*(frozenset(s.get("captured_depths", ())) for s in states))
 
 
-def check_plain_decode(change: Change, states: Sequence[Mapping[str, Any]]) -> None:
-    """A push that turns depth 0's plain decode on needs the DECODE graphs on every
-    scheduler. Raises PolicyError naming the key."""
-    if change.plain_decode:
-        plain_decode.check_turning_on(state.get("plain_decode") for state in states)
-
-
 async def validate_push(original: Callable[..., Any], manager: Any, obj: Any, *args: Any,
                         **kwargs: Any) -> Any:
     """AROUND TokenizerManager.set_internal_state: a malformed table is a 400, not [false]."""
@@ -817,7 +703,7 @@ async def validate_push(original: Callable[..., Any], manager: Any, obj: Any, *a
                                   f"{HTTP.inactive_reason}")
             validate_change(requested, None)  # shape first: no scheduler round trip for a typo
             states = await _live_states(manager)
-            check_plain_decode(validate_change(requested, captured_everywhere(states)), states)
+            validate_change(requested, captured_everywhere(states))
         except PolicyError as err:
             raise _bad_request(err) from None
     return await original(manager, obj, *args, **kwargs)

@@ -4,6 +4,9 @@ The plugin steers depth only among depths SGLang captured at start-up, and a dep
 at every batch size only if every batch-size slot of the adaptive config lists it (SGLang
 captures CUDA graphs per slot candidate). So the launch writes a one-slot config listing every
 allowed depth.
+
+It sets no plugin variable: the plugin runs the same hooks whether `specctl serve` started the
+server or SGLANG_PLUGINS alone loaded it (sglang_hooks/settings.py lists what it reads).
 """
 
 from __future__ import annotations
@@ -13,8 +16,6 @@ import shlex
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-
-from sglang_hooks import draft_prefill, guard, lean_host, lean_relay, plain_decode, verify_schedule
 
 DEFAULT_DEPTHS = (0, 1, 2, 3, 4, 5)
 DEFAULT_PORT = 30000
@@ -87,14 +88,12 @@ def _flag_value(args: Sequence[str], flag: str) -> str | None:
 
 def build_command(
     sglang_args: Sequence[str], config_path: Path, python: str = "python3",
-    current_env: Mapping[str, str] | None = None, sglang_version: str | None = None,
+    current_env: Mapping[str, str] | None = None,
 ) -> tuple[list[str], dict[str, str], list[str]]:
     """(argv, extra environment, notes for the user) for launching SGLang with the plugin.
 
-    `current_env` is the environment the server would inherit: its SGLANG_PLUGINS is extended,
-    and a switch of `SERVE_SWITCHES` or `OFF_PATH_SWITCHES` it already sets is kept as the user
-    set it. `sglang_version` is the SGLang the server will run (None: not installed here); the
-    off-path switches are turned on only for a release in `OFF_PATH_RELEASES`."""
+    `current_env` is the environment the server would inherit: its SGLANG_PLUGINS is extended
+    (the only variable the launch sets)."""
     current_env = {} if current_env is None else current_env
     args = list(sglang_args)
     notes: list[str] = []
@@ -116,30 +115,7 @@ def build_command(
     notes += _cuda_graph_notes(args)
     argv = [python, "-m", "sglang.launch_server", *args]
     env = plugins_env(current_env.get(PLUGINS_ENV))
-    for variable, what in SERVE_SWITCHES:
-        if variable not in current_env:
-            env[variable] = "1"
-            notes.append(f"set {variable}=1: {what} (set it to 0 to keep SGLang's own)")
-    unset = [variable for variable, _ in OFF_PATH_SWITCHES if variable not in current_env]
-    if measured_off_path(sglang_version):
-        for variable, what in OFF_PATH_SWITCHES:
-            if variable in unset:
-                env[variable] = "1"
-                notes.append(f"set {variable}=1: {what} (set it to 0 to keep SGLang's own)")
-    elif unset:
-        found = "no SGLang in this Python" if sglang_version is None else f"SGLang {sglang_version}"
-        notes.append(f"left {', '.join(unset)} unset (off): depth 0's plain decode path and its "
-                     f"trims are measured on SGLang {', '.join(OFF_PATH_RELEASES)} only, and "
-                     f"this launch found {found}; set them to 1 to try them")
     return argv, env, notes
-
-
-def measured_off_path(sglang_version: str | None) -> bool:
-    """Whether `specctl serve` turns the off-path switches on for this SGLang release."""
-    if sglang_version is None:
-        return False
-    release = guard.parse_version(sglang_version)
-    return release is not None and ".".join(map(str, release)) in OFF_PATH_RELEASES
 
 
 def request_cap_note() -> str:
@@ -174,35 +150,6 @@ def _cuda_graph_notes(args: Sequence[str]) -> list[str]:
 
 
 PLUGINS_ENV = "SGLANG_PLUGINS"
-VERIFY_SCHEDULE_ENV = verify_schedule.ENV
-LEAN_HOST_ENV = lean_host.ENV
-SKIP_DRAFT_PREFILL_ENV = draft_prefill.ENV
-# Plugin switches `specctl serve` turns on unless the user's environment sets them, each
-# measured on an H200 with greedy outputs identical to a plain server's after 1,000 depth
-# switches (docs/sglang.md, "Off"): the verify schedule took depth 0's TPOT from +3% of a
-# plain server's to +1-2.5%; the trims shorten depth 0's iteration by 0.2-0.5 ms at 64-128
-# running requests; the draft prefill's skip takes the draft's extend out of each admission
-# while off (3.4-5.2 ms of GPU time per request at 1-16 streams on fresh prompts).
-SERVE_SWITCHES = (
-    (VERIFY_SCHEDULE_ENV, "depth 0 verifies with the decode's FA3 scheduling"),
-    (LEAN_HOST_ENV, "the speculative iteration's host-work trims"),
-    (SKIP_DRAFT_PREFILL_ENV, "no draft prefill for requests admitted while off"),
-)
-# Depth 0's plain decode path and the three trims measured with it, turned on by `specctl
-# serve` for the releases they were measured on, unless the user's environment sets them. On
-# SGLang 0.5.17 (FA3, the seeded 8B pair), all four on: depth 0 at 0.978-1.007 of a plain
-# server's tok/s at 1-128 streams on an H200 with greedy outputs identical to a plain server's
-# over 1,000 depth switches (twenty-sixth run), 0.984-1.000 over 23 paired benches on an H100
-# (twenty-seventh and twenty-eighth runs); the verify path with the three switches above read
-# 0.971-0.986 (nineteenth run). Each falls back to SGLang's own path where it does not apply
-# (docs/sglang.md, "Off").
-OFF_PATH_SWITCHES = (
-    (plain_decode.ENV, "depth 0 runs the target's own DECODE graphs, as a plain decode"),
-    (lean_relay.ENV, "depth 0's lighter hand-over to the next iteration"),
-    (lean_host.PREPARE_ENV, "the decode bookkeeping trims"),
-    (lean_relay.FENCE_ENV, "depth 0's plain decode hands the next batch its replay's fence"),
-)
-OFF_PATH_RELEASES = ("0.5.17",)
 PLUGIN_NAME = "specctl"
 
 

@@ -1,9 +1,11 @@
-"""Trimmed host work on the speculative server's decode iteration (`specctl_lean_host`).
+"""Trimmed host work on the speculative server's decode iteration (the host-work trims).
 
 A depth-0 iteration's GPU work equals a plain decode's (kernel time within 0.7% on the H200);
 what it loses against a server without speculation is host time around it (docs/sglang.md,
-"Off"). With the trims on, three pieces of that work are done once instead of every
-iteration, with the same values handed to SGLang:
+"Off"). On the SGLang versions whose adapter declares the trims (`OffPathFeature.HOST_TRIMS`:
+0.5.17, whose bodies they reproduce; the H200's twenty-fifth run checked them under 1,000
+depth switches), once a scheduler steers, three pieces of that work are done once instead of
+every iteration, with the same values handed to SGLang:
 
 - the trivial verify input of a depth-0 iteration (`_build_trivial_verify_input`): its three
   index tensors depend on the batch size only, so they are built once per batch size and
@@ -19,11 +21,7 @@ iteration, with the same values handed to SGLang:
   item per running request): handed the same values as a list (0.5.23 does this itself).
 
 Five more, in SGLang 0.5.17's spec-v2 scheduler at every depth, three of them with a page
-size of 1 (read in that release's source; other releases and page sizes keep SGLang's own),
-registered only with `SPECCTL_LEAN_PREPARE=1` in the server's environment (read once, at
-plugin load; the H200's twenty-fifth run checked them under 1,000 depth switches, and
-`specctl serve` sets the variable on 0.5.17 as it does depth 0's plain decode path), and then
-on and off with the trims above:
+size of 1 (read in that release's source; other releases and page sizes keep SGLang's own):
 
 - the decode preparation (`eagle_prepare_for_decode`): the same per-request loop and the same
   KV reservation, with the current and next KV lengths in one CPU tensor and one copy to the
@@ -48,10 +46,7 @@ on and off with the trims above:
   (`operator.attrgetter`, the instance dictionary's `update`), where the batch's class keeps
   its fields as plain instance attributes.
 
-Chosen at start-up with `SPECCTL_LEAN_HOST=1` (which `specctl serve` sets unless the
-environment has the variable) and at run time with the admin key `specctl_lean_host` (0 or 1)
-in `POST /set_internal_state`. Off where the variable is absent, so a server started without
-`specctl serve` runs SGLang's own host work until told otherwise.
+With SPECCTL_OFF_PATH=sglang (settings.py) none of them is registered.
 """
 
 from __future__ import annotations
@@ -63,31 +58,14 @@ import operator
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sglang_hooks import contract
-from sglang_hooks.env_switch import read_switch
-
-ENV = "SPECCTL_LEAN_HOST"
-PREPARE_ENV = "SPECCTL_LEAN_PREPARE"
-# The hooks (names in sglang_hooks.hooks) registered only when PREPARE_ENABLED.
-PREPARE_HOOKS = ("lean_prepare", "lean_tokens_required", "lean_free_group_end",
-                 "lean_seq_lens", "lean_isolation")
-# What /server_info counts of them (`lean_prepare_runs`): calls each trim took over.
+# What /server_info counts of the five (`host_trim_runs`): calls each trim took over.
 PREPARE_TRIMS = ("prepare", "estimate", "free_group_end", "hand_over", "isolation")
-KEY = contract.LEAN_HOST_KEY
 # Releases whose alloc_for_spec_decode reads `nxt_kv_lens_cpu` only in its per-request loop
 # when the page size is 1 (read in their source); other releases are left alone.
 KV_LIST_RELEASES = frozenset({"0.5.17"})
 # Releases whose bodies the PREPARE_HOOKS trims reproduce (read in their source).
 PREPARE_RELEASES = frozenset({"0.5.17"})
 _MAX_CACHED_SIZES = 512  # batch sizes kept per cache; SGLang's largest graph batch is 512
-
-
-def from_env() -> tuple[bool, str | None]:
-    """(on, error): the start-up setting, and why the variable was ignored if it was."""
-    return read_switch(ENV, "the trims")
-
-
-PREPARE_ENABLED, PREPARE_ENV_ERROR = read_switch(PREPARE_ENV, "the decode-preparation trims")
 
 
 class PerBatchSize:

@@ -4,9 +4,8 @@ Every TP rank runs its own copy of the plugin. A rank where the plugin is not lo
 installed on that node, refused by the version guard) or that started with other settings
 would run other work than its peers, and the ranks of one forward pass would hang in their
 collectives. What must match (the fingerprint `hooks.py` publishes): the SGLang adapter, the
-depths a table may use, the start-up table, the off mode, the host-work trims, the depth-0
-relay trims, the draft-prefill skip, depth 0's plain decode path and SGLang's own skip-extend
-variable. So, before a table steers:
+depths a table may use, the start-up table, what depth 0 runs (the off path and the adapter's
+pieces of it) and SGLang's own skip-extend variable. So, before a table steers:
 
 1. at start-up (when SGLang has built its adaptive states), every plugin rank writes
    `specctl/rank/<rank>` = its fingerprint into torch.distributed's default store, the
@@ -14,7 +13,7 @@ variable. So, before a table steers:
    `init_process_group` during model-runner start-up);
 2. at the first moment a table could take control on that rank (first decode launch,
    first push, first state report), the rank reads every peer's key, waiting at most
-   `wait_s` for missing ones (never blocking beyond that), and forms its verdict:
+   `WAIT_S` for missing ones (never blocking beyond that), and forms its verdict:
    agree, or refuse with the reason;
 3. the verdict goes through one `compare_set` on `specctl/verdict`: the first rank to decide
    writes it, every later rank reads it back and adopts it. All plugin ranks therefore reach
@@ -25,19 +24,15 @@ variable. So, before a table steers:
 from __future__ import annotations
 
 import json
-import logging
-import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-logger = logging.getLogger("specctl")
-
 KEY_PREFIX = "specctl/rank/"
 VERDICT_KEY = "specctl/verdict"
 AGREED = "agreed"
-PEER_WAIT_ENV = "SPECCTL_PEER_WAIT_S"
-DEFAULT_WAIT_S = 20.0
+# How long a rank waits for a peer's key before it takes that peer to run without the plugin.
+WAIT_S = 20.0
 _POLL_S = 0.05
 
 
@@ -46,23 +41,10 @@ def fingerprint(fields: Mapping[str, Any]) -> str:
     return json.dumps(dict(fields), sort_keys=True, separators=(",", ":"))
 
 
-def wait_from_env() -> float:
-    raw = os.environ.get(PEER_WAIT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_WAIT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        logger.error("specctl: %s=%r is not a number of seconds; using %g", PEER_WAIT_ENV, raw,
-                     DEFAULT_WAIT_S)
-        return DEFAULT_WAIT_S
-    return max(0.0, value)
-
-
 class PeerCheck:
     """One rank's side of the agreement. `store` is a torch.distributed Store."""
 
-    def __init__(self, store: Any, rank: int, world_size: int, wait_s: float = DEFAULT_WAIT_S,
+    def __init__(self, store: Any, rank: int, world_size: int, wait_s: float = WAIT_S,
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         self.store = store
@@ -127,4 +109,4 @@ def default_peer_check(wait_s: float | None = None) -> PeerCheck | None:
 
     store = distributed_c10d._get_default_store()
     return PeerCheck(store, dist.get_rank(), dist.get_world_size(),
-                     wait_from_env() if wait_s is None else wait_s)
+                     WAIT_S if wait_s is None else wait_s)

@@ -3,9 +3,9 @@
 A speculative SGLang server runs depth 0 through spec-v2's verify: the target forward in
 TARGET_VERIFY mode over the previous bonus token, then `eagle_sample` and the accepted-token
 bookkeeping, with its metadata prepared on a second stream. A server without speculation runs
-the same token through a DECODE-mode CUDA graph and the sampler. With `SPECCTL_PLAIN_DECODE=1`
-in the server's environment (read once, before the CUDA graphs are captured), a depth-0 decode
-batch takes the plain server's path for its target forward:
+the same token through a DECODE-mode CUDA graph and the sampler. On the SGLang versions whose
+adapter declares this path (`OffPathFeature.PLAIN_DECODE`), a depth-0 decode batch takes the
+plain server's path for its target forward:
 
 - **At start-up** (after `EAGLEWorkerV2.init_cuda_graphs`): one more target graph runner,
   captured in DECODE mode with full hidden states (the draft's extend and a later positive
@@ -20,7 +20,7 @@ batch takes the plain server's path for its target forward:
   The result is shaped like a one-token verify's (one token and an accept length of 1 per
   request, the new lengths, the bonus tokens for the next iteration), and the batch is left
   as the verify leaves it, so spec-v2's publish, draft extend (or its skip) and hand-over run
-  unchanged.
+  unchanged, except that the WAR barrier gets the DECODE graph's read-done event (fence.py).
 - **Its own host work, kept small** (each tensor operation on the forward's stream costs the
   scheduler a launch, and at 128 streams the scheduler has no slack left): the new lengths are
   one tensor, used for the forward and handed over as the next lengths; the accept lengths
@@ -46,29 +46,16 @@ CUDA graphs off. Versions: SGLang 0.5.17 (the adapter that lists these hooks).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sglang_hooks import lean_relay
-from sglang_hooks.contract import PLAIN_DECODE_KEY, PolicyError, no_decode_graphs
-from sglang_hooks.env_switch import read_switch
+from sglang_hooks import fence
 from sglang_hooks.lean_host import PerBatchSize
 
 logger = logging.getLogger("specctl")
 
-ENV = "SPECCTL_PLAIN_DECODE"
-# The hooks (names in sglang_hooks.hooks) registered only when ENABLED.
-HOOKS = ("plain_decode_build", "plain_decode_verify")
 _ATTR = "_specctl_plain_decode"  # per worker: its PlainDecode
-
-
-def from_env() -> tuple[bool, str | None]:
-    """(on, error): the start-up setting, and why the variable was ignored if it was."""
-    return read_switch(ENV, "depth 0's plain decode path")
-
-
-ENABLED, ENV_ERROR = from_env()
 
 
 @dataclass
@@ -100,49 +87,12 @@ class _Stats:
 
 
 STATS = _Stats()
-# Whether depth-0 batches take the DECODE graphs where they were captured: the admin key
-# `specctl_plain_decode` switches it at run time, so one server start can be measured both ways.
-_LIVE = [True]
-
-
-def set_live(on: bool) -> None:
-    if on != _LIVE[0]:
-        logger.info("specctl: depth 0 %s", "on the DECODE graphs" if on else "back on the verify")
-    _LIVE[0] = on
-
-
-def live() -> bool:
-    return _LIVE[0]
-
-
-def unavailable(report: Mapping[str, Any]) -> str | None:
-    """Why a push of `specctl_plain_decode` 1 cannot take effect on the scheduler whose
-    `state_report` this is, or None."""
-    if report.get("runners"):
-        return None
-    if not report.get("enabled"):
-        return (f"1 needs the DECODE graphs, captured at start-up: start the server with "
-                f"{ENV}=1")
-    return no_decode_graphs(report.get("unbuilt_reasons") or [])
-
-
-def check_turning_on(reports: Iterable[Mapping[str, Any] | None]) -> None:
-    """A push turning the path on needs the DECODE graphs on every scheduler whose
-    `state_report` is given (the scheduler's own, or every one the HTTP side reads). Raises
-    PolicyError naming the key."""
-    for report in reports:
-        why = unavailable(report or {})
-        if why is not None:
-            raise PolicyError(PLAIN_DECODE_KEY, why)
 
 
 def state_report() -> dict[str, Any]:
     built = [w for w in STATS.workers if w.ready]
     reasons = sorted({w.reason for w in STATS.workers if w.reason})
     return {
-        "enabled": ENABLED,
-        "env_error": ENV_ERROR,
-        "live": live(),
         "runners": len(built),
         "unbuilt_reasons": reasons,
         "build_s": round(sum(w.build_s for w in built), 2),
@@ -249,7 +199,6 @@ def build(worker: Any, *, make_runner: Callable[..., Any] | None = None,
 
 
 NOT_DEPTH_0 = "not a depth-0 batch on a worker with a DECODE runner"
-SWITCHED_OFF = "switched off (specctl_plain_decode 0)"
 
 
 def batch_reason(worker: Any, batch: Any) -> str | None:
@@ -277,8 +226,6 @@ def _launch_reason(worker: Any, batch: Any) -> str | None:
     plain = worker.__dict__.get(_ATTR)
     if plain is None or not plain.ready or getattr(worker, "speculative_num_steps", None) != 0:
         return NOT_DEPTH_0
-    if not live():
-        return SWITCHED_OFF
     if batch.forward_mode.is_idle():
         return "an idle batch"
     if batch.has_grammar:
@@ -414,9 +361,9 @@ def decode(worker: Any, batch: Any, parts: SglangParts | None = None, *,
         batch.seq_lens_cpu = saved.seq_lens_cpu + 1
     if saved.seq_lens_sum is not None:
         batch.seq_lens_sum = saved.seq_lens_sum + len(batch.reqs)
-    # The read-done event the DECODE graph runner publishes before it replays (lean_relay.py,
-    # the fence at the replay), cleared first so that one found after is this forward's.
-    read_done_attr = lean_relay.event_attr(model_runner)
+    # The read-done event the DECODE graph runner publishes before it replays (fence.py),
+    # cleared first so that one found after is this forward's.
+    read_done_attr = fence.event_attr(model_runner)
     if read_done_attr is not None:
         setattr(model_runner, read_done_attr, None)
     verify_runner, verify_backend = model_runner.decode_cuda_graph_runner, model_runner.attn_backend
@@ -462,7 +409,7 @@ def decode(worker: Any, batch: Any, parts: SglangParts | None = None, *,
     )
     result.specctl_plain = True  # its result processing: `resolve_tokens`
     if read_done_attr is not None:
-        setattr(result, lean_relay.REPLAY_EVENT, getattr(model_runner, read_done_attr, None))
+        setattr(result, fence.REPLAY_EVENT, getattr(model_runner, read_done_attr, None))
     return result
 
 

@@ -11,6 +11,10 @@ one line and SGLang runs unmodified.
 Registering imports no SGLang module beyond the hook registry: each hook goes to SGLang's
 HookRegistry when the module it patches is imported (deferred.py), so a process that never
 imports the scheduler or the speculative worker never pays for them.
+
+Which hooks: the same wherever the plugin loads (through SGLANG_PLUGINS alone or started by
+`specctl serve`), chosen by the adapter of the installed SGLang and by SPECCTL_OFF_PATH alone
+(settings.py): the default runs the depth-0 pieces the adapter declares, `sglang` none.
 """
 
 from __future__ import annotations
@@ -18,10 +22,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from sglang_hooks import guard
+from sglang_hooks import guard, settings
 
 if TYPE_CHECKING:
-    from sglang_hooks.adapters.base import Adapter, HookSpec
+    from sglang_hooks.adapters.base import Adapter, HookSpec, OffPathFeature
     from sglang_hooks.deferred import DeferredHooks
 
 logger = logging.getLogger("specctl")
@@ -37,27 +41,31 @@ def register() -> bool:
         return False
     from sglang_hooks import deferred, hooks
 
-    hooks.bind(result.adapter, result.version)
-    wanted = wanted_hooks(result.adapter)
+    path = settings.OFF_PATH.get()
+    features = off_path_features(result.adapter, path)
+    hooks.bind(result.adapter, result.version, path, features)
+    wanted = wanted_hooks(result.adapter, path)
     DEFERRED = deferred.install(
         [deferred.PendingHook(spec.target, getattr(hooks, spec.hook), spec.kind,
                               in_module="" if spec.symbol.cls else spec.symbol.module)
          for spec in wanted],
         source=_plugin_source(),
     )
-    logger.info("specctl: %d hooks for SGLang %s (%s), applied as their modules are imported",
-                len(wanted), result.version, result.adapter.name)
+    logger.info("specctl: %d hooks for SGLang %s (%s), applied as their modules are imported; "
+                "depth 0 on the %s path (%s)", len(wanted), result.version, result.adapter.name,
+                path, ", ".join(sorted(features)) or "SGLang's own depth 0")
     return True
 
 
-def wanted_hooks(adapter: Adapter) -> list[HookSpec]:
-    """The adapter's hooks, less those of switches the server's environment leaves off."""
-    from sglang_hooks import lean_host, plain_decode, verify_schedule
+def off_path_features(adapter: Adapter, path: str) -> frozenset[OffPathFeature]:
+    """The depth-0 pieces this server runs: its adapter's, none on SGLang's own path."""
+    return adapter.off_path if path == settings.SPECCTL else frozenset()
 
-    return [spec for spec in adapter.hooks
-            if (verify_schedule.ENABLED or spec.hook not in verify_schedule.HOOKS)
-            and (plain_decode.ENABLED or spec.hook not in plain_decode.HOOKS)
-            and (lean_host.PREPARE_ENABLED or spec.hook not in lean_host.PREPARE_HOOKS)]
+
+def wanted_hooks(adapter: Adapter, path: str | None = None) -> list[HookSpec]:
+    """The adapter's hooks for depth 0 on `path` (default: SPECCTL_OFF_PATH's)."""
+    path = settings.OFF_PATH.get() if path is None else path
+    return list(adapter.hooks_for(off_path_features(adapter, path)))
 
 
 def _plugin_source() -> object:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from sglang_hooks import settings
 from sglang_hooks.contract import PolicyError, PolicyTable, parse_table
 
-POLICY_FILE_ENV = "SPECCTL_POLICY_FILE"
+POLICY_FILE_ENV = settings.POLICY_FILE.name
 
 
 def load_policy_file(
@@ -53,8 +53,7 @@ def load_policy_file(
 
 
 def policy_file_from_env() -> str | None:
-    value = os.environ.get(POLICY_FILE_ENV, "").strip()
-    return value or None
+    return settings.POLICY_FILE.get()
 
 
 def table_fingerprint(table: PolicyTable | None) -> str:

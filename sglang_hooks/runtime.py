@@ -16,18 +16,19 @@ import random
 import time
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from sglang_hooks import lean_host, off_mode, plain_decode, verify_schedule
+from sglang_hooks import lean_host, plain_decode
 from sglang_hooks.contract import (
+    OFF_PATH_KEY,
+    OffPathFeature,
     PolicyError,
     PolicyTable,
     TierSelector,
-    decode_settings,
     decode_table,
     has_policy_keys,
     lookup,
+    off_path_state,
     server_state,
 )
 from sglang_hooks.counters import DepthCounters
@@ -46,35 +47,17 @@ def exploration_rng(version: int, seed: int = 0) -> random.Random:
     return random.Random((seed << 32) ^ version)
 
 
-@dataclass(frozen=True)
-class Change:
-    """A validated admin request: a table to install (`table_given`; None = release) and/or
-    an off mode to switch to. `SchedulerRuntime.commit` applies it."""
-
-    table: PolicyTable | None = None
-    table_given: bool = False
-    off_mode: str | None = None
-    lean_host: bool | None = None  # the host-work trims (lean_host.py), if the request says
-    lean_relay: bool | None = None  # the depth-0 relay trims (lean_relay.py), likewise
-    fence_at_replay: bool | None = None  # under them, the plain decode's fence at its replay
-    skip_draft_prefill: bool | None = None  # the draft's prefill while off (draft_prefill.py)
-    plain_decode: bool | None = None  # depth 0 on the DECODE graphs (plain_decode.py)
-
-
-def skippable_tiers(table: PolicyTable | None, mode: str) -> tuple[bool, ...]:
-    """Per tier: may a depth-0 launch in it skip the draft extend under `mode`?
+def skippable_tiers(table: PolicyTable | None) -> tuple[bool, ...]:
+    """Per tier: may a depth-0 launch in it skip the draft extend?
 
     Only tiers whose own depth is 0 (an exploration probe of depth 0 inside a speculative
-    tier keeps the extend, so the tier's next iteration drafts from a current state). Under
-    `skip-extend` a tier that probes positive depths keeps the extend too, so those probes
-    measure the acceptance a warm draft gets; `skip-extend-all` skips there as well."""
-    if table is None or mode == off_mode.SGLANG:
+    tier keeps the extend, so the tier's next iteration drafts from a current state), and of
+    those only tiers that probe no positive depth: those probes then measure the acceptance a
+    warm draft gets."""
+    if table is None:
         return ()
-    return tuple(
-        t.depth == 0 and (mode == off_mode.SKIP_EXTEND_ALL
-                          or not any(d > 0 for d in t.explore_depths))
-        for t in table.tiers
-    )
+    return tuple(t.depth == 0 and not any(d > 0 for d in t.explore_depths)
+                 for t in table.tiers)
 
 
 NOT_STARTED = "the adaptive speculative controller has not started"
@@ -105,24 +88,18 @@ class SchedulerRuntime:
         self.launch_explore = False
         self.launch_skips_extend = False
         self.spec_worker: Any = None  # the EAGLEWorkerV2 of the current launch
-        self.off_mode = off_mode.DEFAULT_MODE
-        self.lean_host = False  # lean_host.py: trimmed host work on the speculative iteration
-        self.lean_relay = False  # lean_relay.py: a depth-0 iteration's lighter hand-over
-        # lean_relay.py: a depth-0 plain decode fences at its graph's replay, not its outputs
-        self.fence_at_replay = False
-        # Set inside a launch: its draft work (the decode's extend or the prefill's) was
-        # skipped for the stub, so lean_relay stashes the bonus tokens alone.
-        self.launch_stubbed = False
-        self.early_fences = 0  # depth-0 launches that handed the WAR barrier their own event
-        self.replay_fences = 0  # of those, plain decodes that handed over their replay's
-        self.lean_stashes = 0  # relays that stashed the bonus tokens alone
-        self.lean_gathers = 0  # iterations that gathered the bonus tokens alone
-        self.late_gathers = 0  # of those, launches that drafted and gathered the rest late
-        # calls each decode-bookkeeping trim of lean_host.py took over (SPECCTL_LEAN_PREPARE)
+        # What depth 0 runs (`use_off_path`, once steering starts): the path (settings.py) and
+        # the adapter's pieces of it (OffPathFeature); none until then.
+        self.off_path: str | None = None
+        self.features: frozenset[OffPathFeature] = frozenset()
+        self.skips_extend = False  # a table's depth-0 tier skips the draft extend
+        self.skips_draft_prefill = False  # draft_prefill.py: no draft prefill while off
+        self.host_trims = False  # lean_host.py: trimmed host work on the speculative iteration
+        # plain_decode.py: depth 0 on the DECODE graphs, fenced at their replay (fence.py)
+        self.plain_decode_path = False
+        self.replay_fences = 0  # depth-0 plain decodes that handed the WAR barrier their event
+        # calls each decode-bookkeeping trim of lean_host.py took over
         self.prepare_trims = dict.fromkeys(lean_host.PREPARE_TRIMS, 0)
-        # (SGLang's gather, the FutureMap, the batch) owed to a launch that drafts
-        self.owed_gather: tuple[Any, Any, Any] | None = None
-        self.skip_draft_prefill = False  # draft_prefill.py: no draft prefill while off
         self.skipped_prefills = 0  # prefill batches whose draft extend was skipped
         self.last_batch_size = 0  # of the last decode launch: where admissions land
         self._skippable: tuple[bool, ...] = ()
@@ -159,7 +136,7 @@ class SchedulerRuntime:
         self.selector = None
         self.source = SOURCE_NONE
         self._skippable = ()
-        self.launch_skips_extend = self.launch_stubbed = False
+        self.launch_skips_extend = False
 
     def settle_peers(self) -> None:
         """Agree with the other TP ranks before any table takes control here (once).
@@ -184,13 +161,23 @@ class SchedulerRuntime:
         if startup is not None:
             self._install(startup, SOURCE_STARTUP)
 
+    def use_off_path(self, path: str, features: Iterable[OffPathFeature]) -> None:
+        """Run depth 0 on `path` with these pieces (the adapter's, or none on SGLang's own
+        path): set where steering starts, before any table is installed."""
+        self.off_path = path
+        self.features = frozenset(features)
+        self.skips_extend = OffPathFeature.SKIP_EXTEND in self.features
+        self.skips_draft_prefill = OffPathFeature.SKIP_DRAFT_PREFILL in self.features
+        self.host_trims = OffPathFeature.HOST_TRIMS in self.features
+        self.plain_decode_path = OffPathFeature.PLAIN_DECODE in self.features
+        self._skippable = skippable_tiers(self.table) if self.skips_extend else ()
+
     # ------------------------------------------------------------------ admin RPC
 
-    def apply_request(self, server_args: Mapping[str, Any]) -> Change:
+    def apply_request(self, server_args: Mapping[str, Any]) -> PolicyTable | None:
         """Validate the specctl keys of a set_internal_state request. Raises PolicyError.
 
-        Returns what to change (`commit` applies it): a table (None = release control) when
-        the request carries table keys, an off mode when it carries `specctl_off_mode`.
+        Returns the table to install (`commit` applies it; None = release control).
         """
         if not has_policy_keys(server_args):
             raise PolicyError("server_args", "carries no specctl_* keys")
@@ -198,59 +185,24 @@ class SchedulerRuntime:
         if not self.active:
             raise PolicyError("specctl", f"the plugin is inactive on this server: "
                               f"{self.inactive_reason}")
-        change = validate_change(server_args, self.captured_depths)
-        if change.plain_decode:
-            plain_decode.check_turning_on([plain_decode.state_report()])
-        return change
+        return validate_change(server_args, self.captured_depths)
 
     def reject(self, err: PolicyError) -> None:
         self.last_rejection = f"{err.field}: {err.message}"
         logger.warning("specctl: table push refused: %s", self.last_rejection)
 
-    @staticmethod
-    def _switched(what: str, now: bool, asked: bool) -> bool:
-        """An on/off setting's new value, logged when it changes."""
-        if asked != now:
-            logger.info("specctl: %s %s", what, "on" if asked else "off")
-        return asked
-
-    def commit(self, change: Change | PolicyTable | None) -> None:
-        """Apply a validated change; a bare table (or None: release) is a table change."""
-        if not isinstance(change, Change):
-            change = Change(table=change, table_given=True)
-        if change.off_mode is not None:
-            self.set_off_mode(change.off_mode)
-        if change.lean_host is not None:
-            self.lean_host = self._switched("host-work trims", self.lean_host, change.lean_host)
-        if change.lean_relay is not None:
-            self.lean_relay = self._switched("depth-0 relay trims", self.lean_relay,
-                                             change.lean_relay)
-        if change.fence_at_replay is not None:
-            self.fence_at_replay = self._switched("depth-0 fence at the replay",
-                                                  self.fence_at_replay, change.fence_at_replay)
-        if change.skip_draft_prefill is not None:
-            self.skip_draft_prefill = self._switched(
-                "draft prefill skipped while off", self.skip_draft_prefill,
-                change.skip_draft_prefill)
-        if change.plain_decode is not None:
-            plain_decode.set_live(change.plain_decode)
-        if change.table_given:
-            if change.table is None:
-                self.selector = None
-                self.source = SOURCE_NONE
-                self.applied_iteration = self.iteration
-                self._skippable = ()
-                logger.info("specctl: control released to SGLang's adaptive choice")
-            else:
-                self._install(change.table, SOURCE_PUSH)
+    def commit(self, table: PolicyTable | None) -> None:
+        """Install a validated table (None: release control to SGLang's own choice)."""
+        if table is None:
+            self.selector = None
+            self.source = SOURCE_NONE
+            self.applied_iteration = self.iteration
+            self._skippable = ()
+            logger.info("specctl: control released to SGLang's adaptive choice")
+        else:
+            self._install(table, SOURCE_PUSH)
         self.last_rejection = None
         self.flush()
-
-    def set_off_mode(self, mode: str) -> None:
-        if mode != self.off_mode:
-            logger.info("specctl: off mode %s -> %s", self.off_mode, mode)
-        self.off_mode = mode
-        self._skippable = skippable_tiers(self.table, mode)
 
     def _install(self, table: PolicyTable, source: str) -> None:
         selector = self.selector
@@ -262,7 +214,7 @@ class SchedulerRuntime:
             self.selector = TierSelector(table, rng=exploration_rng(table.version, self.seed))
         self.source = source
         self.applied_iteration = self.iteration
-        self._skippable = skippable_tiers(table, self.off_mode)
+        self._skippable = skippable_tiers(table) if self.skips_extend else ()
         logger.info("specctl: table v%d (%s) applied: %s", table.version, source,
                     table.describe())
 
@@ -284,24 +236,15 @@ class SchedulerRuntime:
         state["inactive_reason"] = self.inactive_reason
         state["iteration"] = self.iteration
         state["unattributed_results"] = self.unattributed_results
-        state["off_mode"] = self.off_mode
-        state["lean_host"] = self.lean_host
-        state["lean_relay"] = self.lean_relay
-        state["lean_prepare"] = lean_host.PREPARE_ENABLED
-        state["lean_prepare_runs"] = dict(self.prepare_trims)
-        state["fence_at_replay"] = self.fence_at_replay
-        state["early_fences"] = self.early_fences
-        state["replay_fences"] = self.replay_fences
-        state["lean_stashes"] = self.lean_stashes
-        state["lean_gathers"] = self.lean_gathers
-        state["late_gathers"] = self.late_gathers
-        state["skip_draft_prefill"] = self.skip_draft_prefill
-        state["skipped_draft_prefills"] = self.skipped_prefills
-        state["depth_switches"] = self.depth_switches
+        # What depth 0 runs here (null path and no feature until steering starts), then what
+        # each piece did.
+        state[OFF_PATH_KEY] = off_path_state(self.off_path, self.features)
         state["skipped_draft_extends"] = self.skipped_extends
-        state["verify_schedule"] = verify_schedule.ENABLED
-        state["verify_schedule_backends"] = verify_schedule.STATS.backends
+        state["skipped_draft_prefills"] = self.skipped_prefills
+        state["replay_fences"] = self.replay_fences
+        state["host_trim_runs"] = dict(self.prepare_trims)
         state["plain_decode"] = plain_decode.state_report()
+        state["depth_switches"] = self.depth_switches
         state["unemitted_rows"] = self.unemitted_rows
         state["empty_results"] = self.empty_results
         state["tp_ranks_checked"] = None if self.peers is None else self.peers.world_size
@@ -326,11 +269,11 @@ class SchedulerRuntime:
         return depth
 
     def prefill_skips_draft(self, admitted: int) -> bool:
-        """Whether a prefill batch of `admitted` requests skips the draft's extend: the switch
-        is on and the tier those requests decode in next is one whose depth-0 launches skip
-        theirs. That tier is the table's lookup at the last decode launch's batch size plus
+        """Whether a prefill batch of `admitted` requests skips the draft's extend: the off path
+        has the skip and the tier those requests decode in next is one whose depth-0 launches
+        skip theirs. That tier is the table's lookup at the last decode launch's batch size plus
         the admitted requests, from the tier the selector is in, without moving it."""
-        if not (self.active and self.skip_draft_prefill and self._skippable):
+        if not (self.active and self.skips_draft_prefill and self._skippable):
             return False
         selector = self.selector
         if selector is None:
@@ -394,14 +337,7 @@ class SchedulerRuntime:
 
 
 def validate_change(server_args: Mapping[str, Any], captured_depths: Iterable[int] | None
-                    ) -> Change:
-    """The change a request's specctl keys ask for. Raises PolicyError naming the wire key."""
-    settings, table_keys = off_mode.split_settings(server_args)
-    asked = decode_settings(settings)
-    table, given = None, has_policy_keys(table_keys)
-    if given:
-        table = decode_table(table_keys, captured_depths=captured_depths)
-    return Change(table=table, table_given=given, off_mode=asked.off_mode,
-                  lean_host=asked.lean_host, lean_relay=asked.lean_relay,
-                  fence_at_replay=asked.fence_at_replay,
-                  skip_draft_prefill=asked.skip_draft_prefill, plain_decode=asked.plain_decode)
+                    ) -> PolicyTable | None:
+    """The table a request's specctl keys carry (None: release control). Raises PolicyError
+    naming the wire key."""
+    return decode_table(server_args, captured_depths=captured_depths)

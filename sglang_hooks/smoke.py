@@ -2,17 +2,17 @@
 
     python -m sglang_hooks.smoke --url http://127.0.0.1:30000 [--admin-key KEY] [--api-key KEY]
 
-It checks, on a real server: the plugin is loaded and active (/server_info), a pushed table
-is applied ([true]) and reported, a malformed and an uncaptured-depth table get HTTP 400,
-each off mode can be pushed and is reported by every rank (a bad code is a 400), and, while a
+It checks, on a real server: the plugin is loaded and active (/server_info), every rank runs
+depth 0 on the same path with the same pieces (`off_path`), a pushed table is applied
+([true]) and reported, a malformed and an uncaptured-depth table get HTTP 400, and, while a
 few concurrent requests decode, each forced depth makes its own per-depth counter move on
-/metrics and, at depth 0 under `skip-extend`, the skipped draft extends grow. After each push
-it waits for the last iterations at the old depth to be exported, and tolerates one
-straggler per replica on other depths, saying so. It puts the off mode back after its check,
-and at the end the table that was live before (a start-up policy table, a daemon's push, or
-none). It needs a GPU server; it has not been run in specctl's CI, which has no GPU (see
-docs/sglang.md). `--api-key` (or $SPECCTL_API_KEY) goes on /generate and /server_info,
-`--admin-key` (or $SPECCTL_ADMIN_KEY) on pushes.
+/metrics and, at depth 0 where the off path skips the draft extend, the skipped draft extends
+grow. After each push it waits for the last iterations at the old depth to be exported, and
+tolerates one straggler per replica on other depths, saying so. At the end it puts back the
+table that was live before (a start-up policy table, a daemon's push, or none). It needs a
+GPU server; it has not been run in specctl's CI, which has no GPU (see docs/sglang.md).
+`--api-key` (or $SPECCTL_API_KEY) goes on /generate and /server_info, `--admin-key` (or
+$SPECCTL_ADMIN_KEY) on pushes.
 """
 
 from __future__ import annotations
@@ -22,20 +22,16 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from sglang_hooks import off_mode
 from sglang_hooks.contract import (
-    FENCE_AT_REPLAY_KEY,
-    LEAN_HOST_KEY,
-    LEAN_RELAY_KEY,
     METRIC_ITERATIONS,
-    PLAIN_DECODE_KEY,
-    SKIP_DRAFT_PREFILL_KEY,
+    OFF_PATH_KEY,
+    OffPathFeature,
     PolicyTable,
     Tier,
     parse_table,
@@ -128,65 +124,18 @@ def depth_check(depth: int, before: dict[str, float], after: dict[str, float],
     return ok, what
 
 
-def applied_everywhere(admin: httpx.Client, api: httpx.Client, key: str, code: Any, shown: Any,
-                       label: str, read: Callable[[Mapping[str, Any]], Any]) -> tuple[bool, str]:
-    """Push `code` for `key`, then read every rank's state with `read`: applied where the push
-    was accepted and every rank shows `shown`."""
-    r = admin.post("/set_internal_state", json={"server_args": {key: code}})
-    live = [read(s) for s in read_server_state(api.get("/server_info").json())]
-    return (r.status_code == 200 and all(r.json()) and live == [shown] * len(live),
-            f"{label} {shown} ({code}) applied on every rank: {r.text} -> {live}")
+def off_path_check(states: Sequence[Mapping[str, Any]]) -> tuple[bool, str]:
+    """Every rank reports the same depth-0 path and pieces (`off_path` in /server_info)."""
+    paths = [s.get(OFF_PATH_KEY) for s in states]
+    ok = isinstance(paths[0], Mapping) and paths[0].get("path") is not None \
+        and all(p == paths[0] for p in paths)
+    return ok, f"every rank runs depth 0 on the same path: {paths}"
 
 
-def setting_checks(admin: httpx.Client, api: httpx.Client, key: str, field: str,
-                   pushes: list[tuple[Any, Any]], bad: Any) -> list[tuple[bool, str]]:
-    """Push each (wire value, reported value) of one plugin setting and read it back from
-    every rank, then the value it started at; `bad` must be a 400 naming the key. Empty when
-    the server does not report `field`."""
-    states = read_server_state(api.get("/server_info").json())
-    if field not in states[0]:
-        return []
-    start = states[0][field]
-    start_code = next(code for code, shown in pushes if shown == start)
-    out = [applied_everywhere(admin, api, key, code, shown, field, lambda s: s.get(field))
-           for code, shown in [*pushes, (start_code, start)]]
-    r = admin.post("/set_internal_state", json={"server_args": {key: bad}})
-    out.append((r.status_code == 400 and key in r.text,
-                f"{key} {bad!r} refused with 400 ({r.status_code})"))
-    return out
-
-
-def plain_decode_checks(admin: httpx.Client, api: httpx.Client) -> list[tuple[bool, str]]:
-    """`specctl_plain_decode`: where every scheduler captured the DECODE graphs, the other
-    value then the one it started at, applied and read back (`plain_decode.live`); where one
-    did not, 1 refused with a 400 naming the key. Empty when the server does not report
-    `plain_decode`."""
-    states = [s.get("plain_decode") or {}
-              for s in read_server_state(api.get("/server_info").json())]
-    if not all(states):
-        return []
-    if not all(s.get("runners") for s in states):
-        r = admin.post("/set_internal_state", json={"server_args": {PLAIN_DECODE_KEY: 1}})
-        return [(r.status_code == 400 and PLAIN_DECODE_KEY in r.text,
-                 f"{PLAIN_DECODE_KEY} 1 without DECODE graphs refused with 400 "
-                 f"({r.status_code}): {r.text}")]
-    started = bool(states[0].get("live", True))
-    return [applied_everywhere(admin, api, PLAIN_DECODE_KEY, code, bool(code), "plain_decode live",
-                               lambda s: (s.get("plain_decode") or {}).get("live"))
-            for code in (int(not started), int(started))]
-
-
-def off_mode_checks(admin: httpx.Client, api: httpx.Client) -> list[tuple[bool, str]]:
-    """Each off mode, then the host-work trims, the depth-0 relay trims, their fence at the
-    replay and the draft prefill's skip on and off, pushed and read back (setting_checks);
-    the server is left as it started."""
-    modes = setting_checks(admin, api, off_mode.OFF_MODE_KEY, "off_mode",
-                           list(enumerate(off_mode.MODES)), len(off_mode.MODES))
-    for key, field in ((LEAN_HOST_KEY, "lean_host"), (LEAN_RELAY_KEY, "lean_relay"),
-                       (FENCE_AT_REPLAY_KEY, "fence_at_replay"),
-                       (SKIP_DRAFT_PREFILL_KEY, "skip_draft_prefill")):
-        modes += setting_checks(admin, api, key, field, [(1, True), (0, False)], 2)
-    return modes
+def skips_extend(state: Mapping[str, Any]) -> bool:
+    """Whether this rank's off path skips the draft extend at depth 0."""
+    path = state.get(OFF_PATH_KEY)
+    return isinstance(path, Mapping) and OffPathFeature.SKIP_EXTEND in (path.get("features") or ())
 
 
 def _skipped_extends(api: httpx.Client) -> int:
@@ -238,8 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     r = client.post("/set_internal_state", json=bad)
     results.append(_check(r.status_code == 400 and "specctl_t1_hysteresis" in r.text,
                           f"malformed table refused with 400 ({r.status_code})"))
-    for ok, what in [*off_mode_checks(client, api), *plain_decode_checks(client, api)]:
-        results.append(_check(ok, what))
+    results.append(_check(*off_path_check(read_server_state(info.json()))))
     uncaptured = next(d for d in range(16) if d not in captured)
     r = client.post("/set_internal_state",
                     json=push_body(single_depth_table(uncaptured, version=2)))
@@ -272,10 +220,9 @@ def main(argv: list[str] | None = None) -> int:
                 what += f"; load requests failed {load_errors.count} times, last: " \
                         f"{load_errors.last}"
             results.append(_check(ok, what))
-            if depth == 0 and live[0].get("off_mode") in (off_mode.SKIP_EXTEND,
-                                                          off_mode.SKIP_EXTEND_ALL):
+            if depth == 0 and skips_extend(live[0]):
                 grew = _skipped_extends(api) - skipped_before
-                results.append(_check(grew > 0, f"depth 0 under {live[0]['off_mode']}: "
+                results.append(_check(grew > 0, f"depth 0 on the {live[0][OFF_PATH_KEY]} path: "
                                       f"{grew} draft extends skipped"))
     finally:
         stop.set()

@@ -222,7 +222,7 @@ class Engine:
         self._draft_prefill_ms = profile.draft.prefill_ms if speculative else 0.0
         self._skipped_prefill_ms = profile.draft.prefill_skipped_ms if speculative else 0.0
         # The plugin's draft prefill skip: admissions that follow a depth-0 decode iteration
-        # (the tier they land in) run no draft prefill. The sim server's admin key sets it.
+        # (the tier they land in) run no draft prefill. The sim server sets it under a table.
         self.skip_draft_prefill = speculative and not profile.draft.prefill_at_depth0
         self._decoded = False  # no decode iteration yet: no tier to land in
         self.skipped_draft_prefills = 0
@@ -309,23 +309,6 @@ class Engine:
         }
         self._host_us_per_token = self.profile.scheduler.host_us_per_token
         self._host_bound = self._host_us_per_token > 0 or any(self._host_us_per_req.values())
-
-    @property
-    def plain_decode(self) -> bool:
-        """Whether depth 0 costs what the plugin's plain decode path does (the profile's
-        `draft.plain_decode_at_depth0`, switched at run time by `set_plain_decode`)."""
-        return self.profile.draft.plain_decode_at_depth0
-
-    def set_plain_decode(self, on: bool) -> None:
-        """Cost depth 0 as the plain decode path (True) or the verify from the next
-        iteration on, as the plugin's `specctl_plain_decode` key switches a real server."""
-        if on == self.plain_decode or not self.speculative:
-            return
-        draft = self.profile.draft.model_copy(update={"plain_decode_at_depth0": on})
-        self.profile = self.profile.model_copy(update={"draft": draft})
-        if 0 in self._cost:  # depth 0 captured
-            self._cost[0] = self._cost_table(0)
-        self._init_host()
 
     def _init_arrays(self) -> None:
         self.n = 0

@@ -25,7 +25,7 @@ An iteration lasts at least the host work that runs beside its forward (`decode_
 
 SGLang's depth 0 still pays the draft extend that keeps the draft KV cache warm, so a
 speculative server at depth 0 is slower than a server without speculation (as measured
-upstream); the plugin's `skip-extend` off mode skips it (`draft.extend_at_depth0: false`).
+upstream); the plugin's off path skips it (`draft.extend_at_depth0: false`).
 
 All functions are numpy-vectorised over the batch size so the simulator and the oracle can
 evaluate whole curves at once.
@@ -114,15 +114,14 @@ class DraftCost(_Strict):
     )
     extend_at_depth0: bool = Field(
         True,
-        description="Depth 0 runs the draft extend (SGLang's own depth 0, the plugin's `sglang` "
-        "off mode); false: the plugin's `skip-extend` mode skips it, and depth 0 pays a "
+        description="Depth 0 runs the draft extend (SGLang's own depth 0, the plugin's "
+        "SPECCTL_OFF_PATH=sglang); false: the plugin's off path skips it, and depth 0 pays a "
         "verify-mode forward and spec_sched_ms only",
     )
     plain_decode_at_depth0: bool = Field(
         False,
-        description="Depth 0 runs as a plain decode: the plugin's path on the target's own "
-        "DECODE graphs with its relay and bookkeeping trims (`SPECCTL_PLAIN_DECODE` and the "
-        "three switches `specctl serve` sets with it on SGLang 0.5.17). Its iteration then "
+        description="Depth 0 runs as a plain decode: the plugin's off path on SGLang 0.5.17, on "
+        "the target's own DECODE graphs with the host-work trims. Its iteration then "
         "pays plain_decode_sched_ms instead of spec_sched_ms, and its host work "
         "scheduler.plain_decode_host_us_per_req instead of spec_host_us_per_req",
     )
@@ -134,8 +133,8 @@ class DraftCost(_Strict):
     prefill_at_depth0: bool = Field(
         True,
         description="A prefill admitted while depth 0 runs pays prefill_ms (SGLang's draft "
-        "prefill at every admission); false: the plugin's draft prefill skip "
-        "(`SPECCTL_SKIP_DRAFT_PREFILL`) leaves it out after a depth-0 decode iteration, "
+        "prefill at every admission); false: the plugin's off path skips the draft's "
+        "prefill after a depth-0 decode iteration, "
         "and the prefill pays prefill_skipped_ms instead",
     )
 

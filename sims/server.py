@@ -40,10 +40,22 @@ class _SetInternalStateBody(BaseModel):
 
 _BODY = TypeAdapter(_SetInternalStateBody)
 # The plugin's plain decode path for depth 0 (sglang_hooks/plain_decode.py) is modelled by its
-# cost only (`draft.plain_decode_at_depth0`); a profile without it is a server started without
-# the DECODE graphs.
+# cost only (`draft.plain_decode_at_depth0`); a profile without it is a server whose adapter
+# runs depth 0 through the verify.
 _NO_DECODE_GRAPHS = ("the profile runs depth 0 through the verify "
                      "(draft.plain_decode_at_depth0 false; docs/simulator.md)")
+
+
+def off_path_of(profile: Profile) -> tuple[str, frozenset[contract.OffPathFeature]]:
+    """What the simulated plugin runs at depth 0: the pieces of the plugin's off path the
+    profile's costs model (the host-work trims are in its host costs, not a piece of their
+    own), on the plugin's path where it models any, else SGLang's own depth 0."""
+    draft, feature = profile.draft, contract.OffPathFeature
+    modelled = ((feature.SKIP_EXTEND, not draft.extend_at_depth0),
+                (feature.SKIP_DRAFT_PREFILL, not draft.prefill_at_depth0),
+                (feature.PLAIN_DECODE, draft.plain_decode_at_depth0))
+    features = frozenset(f for f, runs in modelled if runs)
+    return (contract.OFF_PATH_SPECCTL if features else contract.OFF_PATH_SGLANG), features
 
 
 class SimulatedServer:
@@ -83,17 +95,8 @@ class SimulatedServer:
         self._table: PolicyTable | None = None
         self._source = "none"
         self._last_rejection: str | None = None
-        self._off_mode = (contract.SGLANG if self.engine.profile.draft.extend_at_depth0
-                          else contract.SKIP_EXTEND)  # fmt: skip
-        self._lean_host = False
-        self._lean_relay = False
-        self._fence_at_replay = False
-        # The draft prefill skip as pushed; as in the plugin (sglang_hooks/draft_prefill.py)
-        # it acts only under a table and outside the `sglang` off mode.
-        self._skip_draft_prefill = self.engine.skip_draft_prefill
-        # As the plugin starts: its DECODE graphs live where the profile has the path.
-        self._decode_graphs = speculative and self.engine.plain_decode
-        self._plain_decode = True
+        # What depth 0 runs, as the profile models it; fixed, as on a real server.
+        self._off_path, self._features = off_path_of(profile)
         self._applied_iteration: int | None = None
         self._live_version = 0
         # Of finished streaming requests: tokens, requests, TTFT seconds, latency seconds.
@@ -228,15 +231,7 @@ class SimulatedServer:
         except ValidationError as err:
             return 400, validation_error_body(_fastapi_errors(err))
         with self._lock:
-            settings, args = contract.split_settings(req.server_args)
-            try:
-                asked = contract.decode_settings(settings)
-                if asked.plain_decode and not self._decode_graphs:  # started without them
-                    raise PolicyError(contract.PLAIN_DECODE_KEY,
-                                      contract.no_decode_graphs([_NO_DECODE_GRAPHS]))
-            except PolicyError as err:
-                return 400, contract.rejection_body(err)
-            ours, rest = contract.split_policy_keys(args)
+            ours, rest = contract.split_policy_keys(req.server_args)
             table: PolicyTable | None = None
             if ours:
                 try:
@@ -250,33 +245,19 @@ class SimulatedServer:
                 if reason is not None:
                     # SGLang refuses the whole request when one key is refused; so do we.
                     log.warning(reason)
-                    if ours or settings:  # as the plugin: a specctl key in it was refused too
+                    if ours:  # as the plugin: the table in it was refused too
                         self._last_rejection = reason
                     return 200, [False]
-            if asked.off_mode is not None:
-                self._off_mode = asked.off_mode
-            # Reported only: the profile's host costs stand for both settings of each.
-            if asked.lean_host is not None:
-                self._lean_host = asked.lean_host
-            if asked.lean_relay is not None:
-                self._lean_relay = asked.lean_relay
-            if asked.fence_at_replay is not None:
-                self._fence_at_replay = asked.fence_at_replay
-            if asked.skip_draft_prefill is not None:
-                self._skip_draft_prefill = asked.skip_draft_prefill
-            if asked.plain_decode is not None:
-                self._plain_decode = asked.plain_decode
-                if self._decode_graphs:  # depth 0's cost follows the path, as on a real server
-                    self.engine.set_plain_decode(asked.plain_decode)
             if ours:
                 self._install(table)
             self._apply_prefill_skip()  # changes what an admission costs
             return 200, [True]
 
     def _apply_prefill_skip(self) -> None:
-        self.engine.skip_draft_prefill = (self.engine.speculative and self._skip_draft_prefill
-                                          and self._table is not None
-                                          and self._off_mode != contract.SGLANG)
+        # As in the plugin (sglang_hooks/draft_prefill.py): only under a table.
+        self.engine.skip_draft_prefill = (
+            self.engine.speculative and self._table is not None
+            and contract.OffPathFeature.SKIP_DRAFT_PREFILL in self._features)
 
     def _sglang_key_rejection(self, key: str, value: float) -> str | None:
         """Why SGLang 0.5.23 would refuse this non-specctl key (None: it accepts it)."""
@@ -334,21 +315,21 @@ class SimulatedServer:
             state["inactive_reason"] = None
             state["iteration"] = self.engine.forward_ct
             state["unattributed_results"] = 0
-            # The plugin's off mode: pushed as `specctl_off_mode` like on a real server. What
-            # depth 0 costs here stays the profile's (`draft.extend_at_depth0`) whatever is pushed.
+            # What depth 0 runs (the profile's, `off_path_of`) and what its pieces did.
             if self.engine.speculative:
-                state["off_mode"] = self._off_mode
-                state["lean_host"] = self._lean_host
-                state["lean_relay"] = self._lean_relay
-                state["fence_at_replay"] = self._fence_at_replay
-                state["skip_draft_prefill"] = self._skip_draft_prefill
+                feature = contract.OffPathFeature
+                state[contract.OFF_PATH_KEY] = contract.off_path_state(self._off_path,
+                                                                       self._features)
+                # The depth-0 iterations the cost model ran without the draft extend, and of
+                # those, the plain decodes that fenced at their replay.
+                skipped = self.engine.stats.iterations_per_depth.get(0, 0) \
+                    if feature.SKIP_EXTEND in self._features else 0
+                graphs = feature.PLAIN_DECODE in self._features
+                state["skipped_draft_extends"] = skipped
                 state["skipped_draft_prefills"] = self.engine.skipped_draft_prefills
-                # The depth-0 iterations the cost model ran without the draft extend.
-                state["skipped_draft_extends"] = 0 if self.engine.profile.draft.extend_at_depth0 \
-                    else self.engine.stats.iterations_per_depth.get(0, 0)
-                graphs = self._decode_graphs
+                state["replay_fences"] = skipped if graphs else 0
+                state["host_trim_runs"] = {}  # no piece of its own (`off_path_of`)
                 state["plain_decode"] = {
-                    "enabled": graphs, "env_error": None, "live": self._plain_decode,
                     "runners": 1 if graphs else 0,
                     "unbuilt_reasons": [] if graphs else [_NO_DECODE_GRAPHS], "build_s": 0.0,
                     "memory_gb": None, "launches": 0, "fallbacks": 0, "last_fallback": None,

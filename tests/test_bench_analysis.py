@@ -223,7 +223,7 @@ def test_chunked_streams_are_named_beside_the_itl_columns() -> None:
 
 def test_the_facts_say_whether_depth_0_ran_as_a_plain_decode() -> None:
     """Read from the /server_info bodies of the H200 run that ran depth 0 both ways: one
-    DECODE runner with SPECCTL_PLAIN_DECODE=1, none without; a server without the plugin (or
+    DECODE runner on the plain decode path, none without; a server without the plugin (or
     an older plugin) says nothing."""
     from controller.bench.server_facts import server_facts
 
@@ -235,9 +235,30 @@ def test_the_facts_say_whether_depth_0_ran_as_a_plain_decode() -> None:
     assert plain["plain_decode_runners"] is None
     assert server_facts({"internal_states": [{"specctl": {"plain_decode": {"runners": True}}}]})[
         "plain_decode_runners"] is None
-    switched_off = {"internal_states": [{"specctl": {"plain_decode": {"runners": 1,
-                                                                      "live": False}}}]}
-    assert server_facts(switched_off)["plain_decode_runners"] == 0
+
+
+def test_the_facts_say_what_depth_0_ran() -> None:
+    """The plugin's `off_path` (the path and its pieces) is kept as it reports it; a report
+    of another shape, an older plugin's (whose keys were others) or none is null, and the
+    keys the plugin no longer reports are not recorded."""
+    from controller.bench.server_facts import server_facts
+
+    def facts(specctl: dict[str, object]) -> dict[str, object]:
+        return server_facts({"internal_states": [{"specctl": specctl}]})
+
+    ours = facts({"off_path": {"path": "specctl", "features": ["skip-extend", "plain-decode"]}})
+    assert ours["off_path"] == {"path": "specctl", "features": ["plain-decode", "skip-extend"]}
+    assert facts({"off_path": {"path": "sglang", "features": []}})["off_path"] == {
+        "path": "sglang", "features": []}
+    for bad in ({"path": None, "features": []}, {"path": "specctl"}, "specctl",
+                {"path": "specctl", "features": [1]}):
+        assert facts({"off_path": bad})["off_path"] is None
+    older = facts({"off_mode": "skip-extend", "lean_host": True, "skip_draft_prefill": True})
+    assert older["off_path"] is None
+    for gone in ("off_mode", "lean_host", "lean_relay", "fence_at_replay", "skip_draft_prefill",
+                 "verify_schedule_backends"):
+        assert gone not in older
+    assert server_facts({})["off_path"] is None
 
 
 def test_prompts_that_came_round_within_the_kv_pool_are_flagged() -> None:

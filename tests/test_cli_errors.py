@@ -168,15 +168,13 @@ def test_serve_keeps_the_users_adaptive_config_and_ignores_depths(tmp_path) -> N
     assert refused.exit_code == 2 and "captured: [0, 1]" in flat(refused.output)
 
 
-def test_serve_reads_the_sglang_release_it_launches(tmp_path, monkeypatch) -> None:
-    """The launch's off-path switches follow the SGLang release this Python would import.
-    SGLang 0.5.17 cannot be installed on a CPU machine: a package holding its version file
-    alone, first on sys.path, stands in for it (serve reads the version from the source, as
-    the plugin's guard does, without importing SGLang)."""
+def test_serve_sets_no_plugin_variable_whatever_sglang_it_launches(tmp_path, monkeypatch) -> None:
+    """The plugin runs the same code however it was loaded: `specctl serve` sets no SPECCTL_*
+    variable (SPECCTL_POLICY_FILE only for --policy-file), found SGLang or not. SGLang 0.5.17
+    cannot be installed on a CPU machine: a package holding its version file alone, first on
+    sys.path, stands in for it."""
     absent = run("serve", "--dry-run", *EAGLE)
     assert absent.exit_code == 0, absent.output
-    assert "SPECCTL_PLAIN_DECODE=1" not in absent.output
-    assert "this launch found no SGLang in this Python" in flat(absent.output)
     package = tmp_path / "sglang"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -184,13 +182,8 @@ def test_serve_reads_the_sglang_release_it_launches(tmp_path, monkeypatch) -> No
     monkeypatch.syspath_prepend(str(tmp_path))
     found = run("serve", "--dry-run", *EAGLE)
     assert found.exit_code == 0, found.output
-    for variable in ("SPECCTL_PLAIN_DECODE", "SPECCTL_LEAN_RELAY", "SPECCTL_LEAN_PREPARE",
-                     "SPECCTL_FENCE_AT_REPLAY"):
-        assert f"note: set {variable}=1" in found.output and f"{variable}=1 " in found.output
-    (package / "_version.py").write_text('__version__ = "0.5.23"\n')
-    later = run("serve", "--dry-run", *EAGLE)
-    assert "SPECCTL_PLAIN_DECODE=1" not in later.output
-    assert "this launch found SGLang 0.5.23" in flat(later.output)
+    for result in (absent, found):
+        assert "SPECCTL_" not in result.output
 
 
 def test_serve_writes_a_new_adaptive_config_per_launch(tmp_path) -> None:

@@ -41,10 +41,21 @@ def test_status_shows_the_live_table_and_recent_per_depth_activity(sim_server) -
     assert 1.0 < d1["accept_length"] <= 2.0 and d1["decode_tok_per_s"] > 0
     assert doc["daemon"]["targets"]["sim"]["scrapes"] == 3
     assert doc["daemon"]["targets"]["sim"]["pushes[good]"] == 1
+    # what depth 0 runs there: the Kimi profile runs SGLang's own (the draft extend)
+    assert server["off_path"] == {"path": "sglang", "features": []}
+    assert server["off_path_text"] == "SGLang's own (SPECCTL_OFF_PATH=sglang)"
 
     panel = CliRunner().invoke(app, ["status", "--url", url, "--window", "0.5"])
     assert panel.exit_code == 0
     assert "1+: d1" in panel.output and "decode tok/s" in panel.output
+    assert "depth 0    SGLang's own" in panel.output
+
+
+@pytest.mark.parametrize("sim_server", [{"profile": "h200-sglang-llama8b-seeded"}], indirect=True)
+def test_status_says_which_pieces_of_the_off_path_run(sim_server) -> None:
+    result = CliRunner().invoke(app, ["status", "--url", sim_server.base_url, "--window", "0.5"])
+    assert result.exit_code == 0, result.output
+    assert "depth 0    specctl: plain-decode, skip-draft-prefill, skip-extend" in result.output
 
 
 def test_status_names_an_unreachable_server_and_exits_1() -> None:
@@ -84,3 +95,18 @@ def test_a_server_that_stops_decoding_with_requests_running_is_called_stalled(
     line = " ".join("".join(ch for ch in result.output if ch not in "│╭╮╰╯─").split())
     assert "stalled? no decode iterations in the last 0.5 s, yet SGLang's gauges last read" in line
     assert f"running {server['running_requests']:.0f}," in line and "idle" not in line
+
+
+def test_the_off_path_line_reads_every_shape_a_server_reports() -> None:
+    """A plugin not steering yet reports no path; an older plugin (or garbage) nothing."""
+    from controller.bench.server_client import ServerState, _off_path
+
+    def text(reported: object) -> str | None:
+        state = ServerState(None, 0, (), "none", None, 1, off_path=_off_path(
+            {"off_path": reported}))
+        return state.describe_off_path()
+
+    assert text({"path": None, "features": []}) == "not steering yet"
+    assert text({"path": "specctl", "features": ["skip-extend"]}) == "specctl: skip-extend"
+    for unreadable in (None, "specctl", {"path": 3, "features": []}, {"path": "specctl"}):
+        assert text(unreadable) is None

@@ -79,8 +79,8 @@ def test_the_host_floor_counts_tokens_and_the_curves_see_it() -> None:
 
 
 def test_depth_0_without_the_draft_extend() -> None:
-    """The plugin's skip-extend mode: depth 0 pays verify mode (spec_sched_ms) but no draft
-    extend; deeper iterations still pay it. The served simulator reports the mode."""
+    """The plugin's off path: depth 0 pays verify mode (spec_sched_ms) but no draft extend;
+    deeper iterations still pay it. The served simulator reports the path."""
     sglang, skip = truth(), truth(draft={"extend_at_depth0": False})
     for batch in (1, 8):
         extend = float(sglang.draft_extend_ms(batch, 1))
@@ -92,9 +92,10 @@ def test_depth_0_without_the_draft_extend() -> None:
         assert float(skip.iteration_ms(0, batch)) - plain == pytest.approx(
             skip.draft.spec_sched_ms, rel=1e-9
         )
-    for prof, mode in ((sglang, "sglang"), (skip, "skip-extend")):
+    for prof, mode in ((sglang, "sglang"), (skip, "specctl")):
         state = SimulatedServer(prof, Workload.closed(0)).specctl_state()
-        assert state["off_mode"] == mode
+        assert state["off_path"]["path"] == mode
+        assert ("skip-extend" in state["off_path"]["features"]) is (mode == "specctl")
         # What the plugin counts as `skipped_draft_extends`: depth-0 iterations, where skipped.
         server = SimulatedServer(prof, Workload.closed(4, prompt_tokens=100, output_tokens=500),
                                  policy=FixedDepthPolicy(0))
@@ -105,12 +106,12 @@ def test_depth_0_without_the_draft_extend() -> None:
                                                                    else depth0)
 
 
-def test_depth_0_as_a_plain_decode_costs_its_own_terms_and_switches_live() -> None:
+def test_depth_0_as_a_plain_decode_costs_its_own_terms() -> None:
     """The plugin's plain decode path (`draft.plain_decode_at_depth0`): depth 0 pays
     plain_decode_sched_ms and plain_decode_host_us_per_req in place of the verify's
     spec_sched_ms and spec_host_us_per_req; every drafting depth keeps the verify's. A served
-    simulator reports the path's DECODE runner and, as a real server, the admin key
-    `specctl_plain_decode` moves depth 0 between the two costs without a restart."""
+    simulator reports the path's DECODE runner and keeps depth 0 on it: as on a real server,
+    no push moves it (a former `specctl_plain_decode` is an unknown key)."""
     verify = truth(draft={"extend_at_depth0": False, "spec_sched_ms": 2.0},
                    scheduler={"spec_host_us_per_req": 3000.0})
     path = truth(draft={"extend_at_depth0": False, "spec_sched_ms": 2.0,
@@ -131,22 +132,14 @@ def test_depth_0_as_a_plain_decode_costs_its_own_terms_and_switches_live() -> No
 
     server = SimulatedServer(path, Workload.closed(8, prompt_tokens=100, output_tokens=20_000),
                              policy=FixedDepthPolicy(0))
-    state = server.specctl_state()["plain_decode"]
-    assert state["enabled"] and state["live"] and state["runners"] == 1
+    state = server.specctl_state()
+    assert state["plain_decode"]["runners"] == 1
+    assert "plain-decode" in state["off_path"]["features"]
     engine = server.engine
     server.engine.run_until(0.5)
-    on = engine.iteration_ms(0, 8), engine.decode_ms(0, 8, 8.0)
-    drafting = engine.iteration_ms(3, 8)
-    assert server.set_internal_state({"server_args": {"specctl_plain_decode": 0}}, None) == \
-        (200, [True])
-    off = engine.iteration_ms(0, 8), engine.decode_ms(0, 8, 8.0)
-    assert off[0] - on[0] == pytest.approx(1.5, rel=1e-6)  # the verify's 2 ms for the path's 0.5
-    assert off[1][0] > on[1][0]
-    assert engine.iteration_ms(3, 8) == drafting
-    assert server.specctl_state()["plain_decode"]["live"] is False
-    assert server.set_internal_state({"server_args": {"specctl_plain_decode": 1}}, None) == \
-        (200, [True])
-    assert engine.iteration_ms(0, 8) == on[0]
+    on = engine.iteration_ms(0, 8)
+    status, _ = server.set_internal_state({"server_args": {"specctl_plain_decode": 0}}, None)
+    assert status == 400 and engine.iteration_ms(0, 8) == on
     server.engine.run_until(1.0)  # and the engine runs on with it
     assert server.engine.stats.decode_iterations > 0
 

@@ -448,22 +448,76 @@ def test_the_recv_interval_the_servers_ran_with_goes_into_the_profile(tmp_path: 
         load_bench(bad)
 
 
-def test_the_draft_prefill_skip_the_bench_recorded_goes_into_the_profile(tmp_path: Path) -> None:
-    """The plugin's `skip_draft_prefill`, as the bench recorded it, is the profile's
-    `draft.prefill_at_depth0` (negated) outside the `sglang` off mode; unrecorded, the base's.
-    A bench of depth 0 alone then cannot fit `draft.prefill_ms`, which no level paid."""
+def test_the_depth_0_extend_the_bench_recorded_goes_into_the_profile(tmp_path: Path) -> None:
+    """Whether depth 0 ran the draft extend (`draft.extend_at_depth0`): SGLang's own depth 0
+    did, the plugin's off path did not. Read from the `off_path` a bench records now, or from
+    an older bench's `off_mode` (its three modes); `--off-path` overrides either; unrecorded,
+    the base's, with a note saying so. A value of neither kind is refused naming it."""
+    from sims.fit.framing import off_path_note
+
     facts = {"max_running_requests": 48, "captured_depths": [0, 1, 3],
-             "speculative_num_steps": 3, "off_mode": "skip-extend"}  # fmt: skip
+             "speculative_num_steps": 3}  # fmt: skip
+    base = load_profile("h200-llama8b-eagle3")
+    assert base.draft.extend_at_depth0
+    recorded: list[tuple[dict[str, object], str, bool]] = [
+        ({"off_path": {"path": "specctl", "features": ["skip-extend"]}}, "specctl", False),
+        ({"off_path": {"path": "sglang", "features": []}}, "sglang", True),
+        ({"off_mode": "skip-extend"}, "specctl", False),
+        ({"off_mode": "skip-extend-all"}, "specctl", False),
+        ({"off_mode": "sglang"}, "sglang", True),
+    ]
+    for i, (fields, path, extend) in enumerate(recorded):
+        folder = tmp_path / str(i)
+        folder.mkdir()
+        run = load_bench(bench_json(folder, servers={"spec": {**facts, **fields}}))
+        assert run.spec.off_path == path, fields
+        assert frame(base, [run], run.levels, "x").draft.extend_at_depth0 is extend, fields
+        assert off_path_note([run], base, None) is None
+        flipped = "sglang" if path == "specctl" else "specctl"
+        assert frame(base, [run], run.levels, "x", flipped).draft.extend_at_depth0 is not extend
+    unrecorded = load_bench(bench_json(tmp_path, servers={"spec": facts}))
+    assert unrecorded.spec.off_path is None
+    assert frame(base, [unrecorded], unrecorded.levels, "x").draft.extend_at_depth0
+    note = off_path_note([unrecorded], base, None)
+    assert note is not None and "--off-path" in note
+    assert off_path_note([unrecorded], base, "specctl") is None
+    with pytest.raises(FitError, match="off path 'fast' is not one of sglang, specctl"):
+        frame(base, [unrecorded], unrecorded.levels, "x", "fast")
+    for fields, where in (({"off_path": {"path": "fast", "features": []}}, "off_path"),
+                          ({"off_path": "specctl"}, "off_path"),
+                          ({"off_mode": "fast"}, "off_mode")):
+        bad = bench_json(tmp_path, servers={"spec": {**facts, **fields}})
+        with pytest.raises(BenchFileError, match=rf"servers\.spec\.{where}: must be"):
+            load_bench(bad)
+
+
+def test_the_draft_prefill_skip_the_bench_recorded_goes_into_the_profile(tmp_path: Path) -> None:
+    """The plugin's draft prefill skip, as the bench recorded it, is the profile's
+    `draft.prefill_at_depth0` (negated) on the plugin's off path: from the `off_path` a bench
+    records now (its `skip-draft-prefill` piece), or from an older bench's `skip_draft_prefill`
+    and `off_mode`; unrecorded, the base's. A bench of depth 0 alone then cannot fit
+    `draft.prefill_ms`, which no level paid."""
+    facts = {"max_running_requests": 48, "captured_depths": [0, 1, 3],
+             "speculative_num_steps": 3}  # fmt: skip
     base = load_profile("h200-llama8b-eagle3")
     assert base.draft.prefill_at_depth0
-    for skip, mode, expected in ((True, "skip-extend", False), (False, "skip-extend", True),
-                                 (True, "sglang", True)):
-        folder = tmp_path / f"{skip}-{mode}"
+    recorded: list[tuple[dict[str, object], bool, bool]] = [
+        # today's benches: the path and its pieces
+        ({"off_path": {"path": "specctl", "features": ["skip-draft-prefill", "skip-extend"]}},
+         True, False),
+        ({"off_path": {"path": "specctl", "features": ["skip-extend"]}}, False, True),
+        ({"off_path": {"path": "sglang", "features": []}}, False, True),
+        # older benches (checked in under benchmarks/results/): the switch and the mode
+        ({"skip_draft_prefill": True, "off_mode": "skip-extend"}, True, False),
+        ({"skip_draft_prefill": False, "off_mode": "skip-extend"}, False, True),
+        ({"skip_draft_prefill": True, "off_mode": "sglang"}, True, True),
+    ]
+    for i, (fields, skip, expected) in enumerate(recorded):
+        folder = tmp_path / str(i)
         folder.mkdir()
-        spec = {**facts, "skip_draft_prefill": skip, "off_mode": mode}
-        run = load_bench(bench_json(folder, servers={"spec": spec}))
-        assert run.spec.skip_draft_prefill is skip
-        assert frame(base, [run], run.levels, "x").draft.prefill_at_depth0 is expected
+        run = load_bench(bench_json(folder, servers={"spec": {**facts, **fields}}))
+        assert run.spec.skip_draft_prefill is skip, fields
+        assert frame(base, [run], run.levels, "x").draft.prefill_at_depth0 is expected, fields
     unrecorded = load_bench(bench_json(tmp_path, servers={"spec": facts}))
     assert frame(base, [unrecorded], unrecorded.levels, "x").draft.prefill_at_depth0
     depth0 = [replace(lv, depth=0) if lv.depth is not None else lv
@@ -675,9 +729,10 @@ def test_depth_0_as_a_plain_decode_fits_its_own_cost_and_keeps_the_verifys(
     plain server's, its verify 2 ms) and keeps verify mode's cost, which only drafting depths
     show beside the draft extend, at the start's value."""
     facts = {"max_running_requests": 48, "captured_depths": [0, 1, 3],
-             "speculative_num_steps": 3, "off_mode": "skip-extend"}  # fmt: skip
+             "speculative_num_steps": 3,
+             "off_path": {"path": "specctl", "features": ["plain-decode", "skip-extend"]}}
     base = load_profile("h200-sglang-llama8b-seeded")
-    assert base.draft.plain_decode_at_depth0  # the built-in: what `specctl serve` runs
+    assert base.draft.plain_decode_at_depth0  # the built-in: what the plugin runs on 0.5.17
     for runners, expected in ((1, True), (0, False), (None, False)):
         folder = tmp_path / str(runners)
         folder.mkdir()

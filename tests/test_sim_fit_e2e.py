@@ -82,10 +82,9 @@ def test_fit_of_a_bench_of_sim_serve_recovers_the_profile(servers, tmp_path: Pat
     assert (spec["max_running_requests"], plain["max_running_requests"]) == (32, 64)
     assert spec["max_total_num_tokens"] == 400000 and spec["context_length"] == 32768
     assert spec["page_size"] == 1 and spec["simulated"]["speedup"] == 4.0
-    assert spec["off_mode"] == "sglang" and plain["off_mode"] is None  # the truth's depth 0
-    assert spec["verify_schedule_backends"] is None  # the plugin reports it, the simulator not
-    assert spec["lean_host"] is False and plain["lean_host"] is None  # both report the trims
-    assert spec["lean_relay"] is False and spec["stream_interval"] is None
+    # the truth's depth 0: SGLang's own, as the plugin reports it; the plain server has none
+    assert spec["off_path"] == {"path": "sglang", "features": []} and plain["off_path"] is None
+    assert spec["plain_decode_runners"] == 0 and spec["stream_interval"] is None
     assert spec["scheduler_recv_interval"] == plain["scheduler_recv_interval"] == 1
     for level in data["results"]:
         assert level["server_itl_ms"] > 0 and level["server_ttft_ms"] > 0

@@ -117,49 +117,49 @@ def test_invalid_push_is_400_naming_the_wire_key_and_recorded(kimi):
     assert state["source"] == "none"
 
 
-def test_the_off_mode_key_is_answered_as_the_plugin_answers_it(kimi):
-    """Alone or beside a table, `specctl_off_mode` is applied and read back; a bad code is a
-    400 naming the key, and nothing of that request is applied."""
+@pytest.mark.parametrize("key", ["specctl_off_mode", "specctl_lean_host", "specctl_lean_relay",
+                                 "specctl_fence_at_replay", "specctl_skip_draft_prefill",
+                                 "specctl_plain_decode"])
+def test_a_former_plugin_setting_is_answered_as_any_unknown_key(kimi, key: str):
+    """The plugin has no run-time setting left: alone, such a key is a push without its
+    version; beside a table, an unknown key of it (a 400 naming it). Nothing is applied."""
     server = _server(kimi)
-    assert read_server_state(server.server_info())[0]["off_mode"] == "sglang"  # Kimi's extend
-    alone = {"server_args": {"specctl_off_mode": 1}}
-    assert server.set_internal_state(alone, None) == (200, [True])
-    assert read_server_state(server.server_info())[0]["off_mode"] == "skip-extend"
+    before = read_server_state(server.server_info())[0]
+    status, err = server.set_internal_state({"server_args": {key: 1}}, None)
+    rejection = parse_rejection(err)
+    assert status == 400 and rejection is not None and rejection.field == "specctl_version"
     body = push_body(single_depth_table(2, version=3))
-    body["server_args"]["specctl_off_mode"] = 2
-    assert server.set_internal_state(body, None) == (200, [True])
-    server.advance(2)
-    state = read_server_state(server.server_info())[0]
-    assert state["off_mode"] == "skip-extend-all" and state["version"] == 3
-    status, err = server.set_internal_state({"server_args": {"specctl_off_mode": 7}}, None)
+    body["server_args"][key] = 0
+    status, err = server.set_internal_state(body, None)
     rejection = parse_rejection(err)
-    assert status == 400 and rejection is not None and rejection.field == "specctl_off_mode"
-    assert read_server_state(server.server_info())[0]["off_mode"] == "skip-extend-all"
-    for key, field in (("specctl_lean_host", "lean_host"),
-                       ("specctl_fence_at_replay", "fence_at_replay")):
-        assert read_server_state(server.server_info())[0][field] is False
-        assert server.set_internal_state({"server_args": {key: 1}}, None) == (200, [True])
-        assert read_server_state(server.server_info())[0][field] is True
-        status, err = server.set_internal_state({"server_args": {key: 2}}, None)
-        rejection = parse_rejection(err)
-        assert status == 400 and rejection is not None and rejection.field == key
-        assert read_server_state(server.server_info())[0][field] is True
+    assert status == 400 and rejection is not None and rejection.field == key
+    assert "unknown key" in rejection.message
+    after = read_server_state(server.server_info())[0]
+    assert after["table"] is None and after["off_path"] == before["off_path"]
 
-def test_the_plain_decode_switch_is_answered_as_a_server_without_decode_graphs(kimi):
-    """A profile without the plain decode path (`draft.plain_decode_at_depth0` false) runs
-    depth 0 through the verify: 0 is accepted and read back, 1 is the 400 a real server
-    started without SPECCTL_PLAIN_DECODE gives, naming the key."""
-    server = _server(kimi)
-    assert read_server_state(server.server_info())[0]["plain_decode"]["live"] is True
-    assert server.set_internal_state({"server_args": {"specctl_plain_decode": 0}}, None) == \
-        (200, [True])
-    state = read_server_state(server.server_info())[0]["plain_decode"]
-    assert state["live"] is False and state["runners"] == 0
-    status, err = server.set_internal_state({"server_args": {"specctl_plain_decode": 1}}, None)
-    rejection = parse_rejection(err)
-    assert status == 400 and rejection is not None
-    assert rejection.field == "specctl_plain_decode" and "DECODE graphs" in rejection.message
-    assert read_server_state(server.server_info())[0]["plain_decode"]["live"] is False
+
+@pytest.mark.parametrize(("profile", "path", "features", "runners"), [
+    (KIMI, "sglang", [], 0),  # SGLang's own depth 0: the draft extend, the draft prefill
+    ("h200-sglang-llama8b-seeded",  # SGLang 0.5.17's off path, as the plugin runs it there
+     "specctl", ["plain-decode", "skip-draft-prefill", "skip-extend"], 1),
+])  # fmt: skip
+def test_the_off_path_is_reported_as_the_plugin_reports_it(profile: str, path: str,
+                                                           features: list[str], runners: int):
+    """What depth 0 runs comes from the profile, in the plugin's shape: the path and its
+    pieces, the counters beside them; none of the keys the plugin no longer reports."""
+    server = _server(load_profile(profile))
+    server.set_internal_state(push_body(single_depth_table(0, version=1)), None)
+    server.advance(5)
+    state = read_server_state(server.server_info())[0]
+    assert state["off_path"] == {"path": path, "features": features}
+    assert state["plain_decode"]["runners"] == runners
+    assert not {"enabled", "env_error", "live"} & set(state["plain_decode"])
+    skipped = state["skipped_draft_extends"]
+    assert (skipped > 0) is ("skip-extend" in features)
+    assert state["replay_fences"] == (skipped if runners else 0)
+    assert state["host_trim_runs"] == {}
+    for gone in ("off_mode", "lean_host", "lean_relay", "fence_at_replay", "skip_draft_prefill"):
+        assert gone not in state
 
 
 @pytest.mark.parametrize(
@@ -192,13 +192,6 @@ def test_unknown_sglang_key_is_false_and_known_key_true(kimi):
     assert server.set_internal_state(mixed, None) == (200, [False])
     state = read_server_state(server.server_info())[0]
     assert state["version"] == 0 and "no_such_knob" in state["last_rejection"]
-    # A plugin setting beside a refused key: refused whole, and recorded as the plugin does.
-    fresh = _server(kimi)
-    before = read_server_state(fresh.server_info())[0]["off_mode"]
-    setting = {"server_args": {"specctl_off_mode": 2, "other_knob": 1}}
-    assert fresh.set_internal_state(setting, None) == (200, [False])
-    state = read_server_state(fresh.server_info())[0]
-    assert "other_knob" in state["last_rejection"] and state["off_mode"] == before
 
 
 def test_auth_admin_optional(kimi):
@@ -294,19 +287,18 @@ def _prefill_ms(server: SimulatedServer, seconds: float) -> float:
     return 1000.0 * stats.prefill_seconds / stats.prefill_iterations
 
 
-def _depth0(profile, **settings: int) -> SimulatedServer:
+def _depth0(profile) -> SimulatedServer:
     server = _server(profile, concurrency=16)
     body = push_body(single_depth_table(0, version=1))
-    body["server_args"].update(settings)
     assert server.set_internal_state(body, None) == (200, [True])
     return server
 
 
 def test_the_draft_prefill_skip_drops_its_cost_after_depth_zero_only():
-    """With the switch on (the profile's `prefill_at_depth0: false`) and a table, a prefill
-    after a depth-0 iteration runs without `draft.prefill_ms`; with it pushed off, in the
-    `sglang` off mode, or at depth 2, a prefill pays it. 200 ms stands out of any prefill's
-    own noise."""
+    """On an off path with the skip (the profile's `prefill_at_depth0: false`) and a table, a
+    prefill after a depth-0 iteration runs without `draft.prefill_ms`; on SGLang's own depth
+    0 (`prefill_at_depth0: true`) or at depth 2, a prefill pays it. 200 ms stands out of any
+    prefill's own noise."""
     profile = _with_draft_prefill(200.0)
     assert not _server(profile).engine.skip_draft_prefill  # SGLang's own choice: no table
     skipping = _depth0(profile)
@@ -314,21 +306,16 @@ def test_the_draft_prefill_skip_drops_its_cost_after_depth_zero_only():
     skipped = _prefill_ms(skipping, 30)
     assert skipped < 100
     state = read_server_state(skipping.server_info())[0]
-    assert state["skip_draft_prefill"] is True and state["skipped_draft_prefills"] > 0
-    for server in (_depth0(profile, specctl_skip_draft_prefill=0),
-                   _depth0(profile, specctl_off_mode=0)):
-        assert _prefill_ms(server, 30) > skipped + 150
-        assert server.engine.skipped_draft_prefills == 0
+    assert "skip-draft-prefill" in state["off_path"]["features"]
+    assert state["skipped_draft_prefills"] > 0
+    draft = profile.draft.model_copy(update={"prefill_at_depth0": True})
+    prefilling = _depth0(profile.model_copy(update={"draft": draft}))
+    assert _prefill_ms(prefilling, 30) > skipped + 150
+    assert prefilling.engine.skipped_draft_prefills == 0
     speculating = _server(profile, concurrency=16)
     speculating.set_internal_state(push_body(single_depth_table(2, version=1)), None)
     assert _prefill_ms(speculating, 30) > skipped + 150
     assert read_server_state(speculating.server_info())[0]["skipped_draft_prefills"] == 0
-    status, err = skipping.set_internal_state(
-        {"server_args": {"specctl_skip_draft_prefill": 3}}, None)
-    rejection = parse_rejection(err)
-    assert status == 400 and rejection is not None
-    assert rejection.field == "specctl_skip_draft_prefill"
-    assert read_server_state(skipping.server_info())[0]["skip_draft_prefill"] is True
 
 
 def test_a_skipped_draft_prefill_still_costs_what_the_profile_says_on_the_speculative_server():

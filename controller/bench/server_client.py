@@ -15,6 +15,8 @@ import httpx
 
 from controller.bench.metrics import MetricsFormatError, Scrape, parse_scrape
 from sglang_hooks.contract import (
+    OFF_PATH_KEY,
+    OFF_PATH_SGLANG,
     PolicyError,
     PolicyTable,
     parse_rejection,
@@ -46,9 +48,33 @@ class ServerState:
     ranks: int
     # The plugin's extras: an inactive plugin refuses every push (None: not reported).
     inactive_reason: str | None = None
+    # What depth 0 runs (rank 0's `off_path`: the path and its pieces; None: not reported).
+    off_path: dict[str, Any] | None = None
 
     def describe(self) -> str:
         return "released (SGLang's own choice)" if self.table is None else self.table.describe()
+
+    def describe_off_path(self) -> str | None:
+        """What depth 0 runs, in a few words; None where the server does not say."""
+        path = self.off_path
+        if path is None:
+            return None
+        if path["path"] is None:
+            return "not steering yet"
+        if path["path"] == OFF_PATH_SGLANG:
+            return "SGLang's own (SPECCTL_OFF_PATH=sglang)"
+        return f"{path['path']}: {', '.join(path['features']) or 'no piece'}"
+
+
+def _off_path(rank: dict[str, Any]) -> dict[str, Any] | None:
+    """A rank's `off_path` report, if it has the plugin's shape."""
+    reported = rank.get(OFF_PATH_KEY)
+    if not isinstance(reported, dict):
+        return None
+    path, features = reported.get("path"), reported.get("features")
+    if not (path is None or isinstance(path, str)) or not isinstance(features, list):
+        return None
+    return {"path": path, "features": [str(f) for f in features]}
 
 
 def _inactive_reason(ranks: list[dict[str, Any]]) -> str | None:
@@ -173,6 +199,7 @@ class ServerClient:
             last_rejection=first.get("last_rejection"),
             ranks=len(ranks),
             inactive_reason=_inactive_reason(ranks),
+            off_path=_off_path(first),
         )
 
     def metrics_text(self) -> str:

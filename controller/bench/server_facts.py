@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_hooks.contract import SERVER_INFO_KEY
+from sglang_hooks.contract import OFF_PATH_KEY, SERVER_INFO_KEY
 
 # Top-level keys of SGLang's /server_info worth keeping (scalars only).
 FACT_KEYS = (
@@ -48,10 +48,9 @@ def server_facts(info: dict[str, Any]) -> dict[str, Any]:
 
     `effective_max_running_requests_per_dp` is the running-request cap SGLang actually applies
     (rank 0), which differs from `max_running_requests` when SGLang chose or lowered it.
-    `captured_depths`, `off_mode`, `verify_schedule_backends`, `plain_decode_runners`,
-    `lean_host`, `lean_relay`, `fence_at_replay` and `skip_draft_prefill` come from the specctl
-    plugin's state;
-    `simulated` (profile, speedup) only from `specctl sim serve`.
+    `captured_depths`, `off_path` (what depth 0 ran: the path and its pieces) and
+    `plain_decode_runners` come from the specctl plugin's state; `simulated` (profile,
+    speedup) only from `specctl sim serve`.
     """
     out: dict[str, Any] = {}
     for key in FACT_KEYS:
@@ -67,25 +66,17 @@ def server_facts(info: dict[str, Any]) -> dict[str, Any]:
     out["captured_depths"] = (
         sorted(d for d in depths if isinstance(d, int)) if isinstance(depths, list) else None
     )
-    # What the plugin runs at depth 0 (`sglang` pays the draft extend, `skip-extend` not).
-    mode = specctl.get("off_mode") if isinstance(specctl, dict) else None
-    out["off_mode"] = mode if isinstance(mode, str) else None
-    # Whether depth 0's verify ran with the decode's FA3 scheduling (its GPU cost differs).
-    served = specctl.get("verify_schedule_backends") if isinstance(specctl, dict) else None
-    out["verify_schedule_backends"] = served if isinstance(served, int) else None
-    # Whether depth 0 ran as a plain decode (SPECCTL_PLAIN_DECODE) rather than through the verify:
-    # the runners it ran on, 0 while `specctl_plain_decode` has switched them off.
+    # What the plugin ran at depth 0: `sglang` pays the draft extend; the plugin's path runs
+    # the pieces listed (skip-extend, skip-draft-prefill, plain-decode, host-trims).
+    out["off_path"] = _off_path(specctl.get(OFF_PATH_KEY) if isinstance(specctl, dict) else None)
+    # Whether depth 0 ran as a plain decode rather than through the verify: the DECODE graph
+    # runners it ran on (0 where none was captured).
     plain = specctl.get("plain_decode") if isinstance(specctl, dict) else None
     runners = plain.get("runners") if isinstance(plain, dict) else None
     if isinstance(plain, dict) and isinstance(runners, int) and not isinstance(runners, bool):
-        out["plain_decode_runners"] = 0 if plain.get("live") is False else runners
+        out["plain_decode_runners"] = runners
     else:
         out["plain_decode_runners"] = None
-    # Whether the plugin's host-work trims ran (they shorten depth 0's iteration at high load).
-    # ... and whether requests admitted at depth 0 skipped the draft's prefill.
-    for trims in ("lean_host", "lean_relay", "fence_at_replay", "skip_draft_prefill"):
-        on = specctl.get(trims) if isinstance(specctl, dict) else None
-        out[trims] = on if isinstance(on, bool) else None
     simulated = info.get("simulated")
     if isinstance(simulated, dict):
         out["simulated"] = {
@@ -93,6 +84,17 @@ def server_facts(info: dict[str, Any]) -> dict[str, Any]:
             "speedup": simulated.get("speedup"),
         }
     return out
+
+
+def _off_path(reported: Any) -> dict[str, Any] | None:
+    """The plugin's `off_path` report, kept if it has its shape (a path, a list of names)."""
+    if not isinstance(reported, dict):
+        return None
+    path, features = reported.get("path"), reported.get("features")
+    if not isinstance(path, str) or not isinstance(features, list) \
+            or not all(isinstance(f, str) for f in features):
+        return None
+    return {"path": path, "features": sorted(features)}
 
 
 def running_cap(facts: dict[str, Any]) -> int | None:

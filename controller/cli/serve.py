@@ -2,9 +2,9 @@
 
 Adds --speculative-adaptive, an adaptive config capturing every allowed depth at every batch
 size and --enable-metrics, adds specctl to SGLANG_PLUGINS when that variable lists plugins
-(unset, SGLang loads every installed plugin), sets the plugin's start-up switches that it does
-not find set (`launch.SERVE_SWITCHES`, and `launch.OFF_PATH_SWITCHES` on the SGLang releases
-they were measured on), then prints the admin URL for the daemon.
+(unset, SGLang loads every installed plugin), then prints the admin URL for the daemon. It sets
+no plugin variable but SPECCTL_POLICY_FILE (--policy-file): the plugin runs the same code
+however it was loaded.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import typer
 
 from controller.cli import app
 from controller.cli.args import parse_int_list
-from sglang_hooks import guard, launch
+from sglang_hooks import launch
 from sglang_hooks.contract import MAX_DEPTH, PolicyError
 from sglang_hooks.policy_file import POLICY_FILE_ENV, load_policy_file, table_fingerprint
 
@@ -102,12 +102,10 @@ def serve(
                          f"depths and hang. Each rank logs 'start-up table: "
                          f"{table_fingerprint(table)}': check it matches on every node")
     url = launch.admin_url(ctx.args)
-    version = guard.installed_version()  # the SGLang this Python would launch
     if dry_run:
         shown = config_out or TEMP_CONFIG_PLACEHOLDER
         argv, env, build_notes = launch.build_command(ctx.args, shown, python=sys.executable,
-                                                     current_env=os.environ,
-                                                     sglang_version=version)
+                                                     current_env=os.environ)
         _notes(notes + build_notes)
         if own_config is None:
             where = str(shown) if config_out else "a new temporary file when run; --config-out PATH"
@@ -123,7 +121,7 @@ def serve(
             _fail(f"--config-out {config_out or tempfile.gettempdir()}: cannot write the "
                   f"adaptive config ({err.strerror or err})")
     argv, env, build_notes = launch.build_command(ctx.args, config, python=sys.executable,
-                                                  current_env=os.environ, sglang_version=version)
+                                                  current_env=os.environ)
     _notes(notes + build_notes)
     if own_config is None:
         typer.echo(f"adaptive config {config}: depths {depth_list}", err=True)

@@ -31,12 +31,12 @@ Jobs = Annotated[
         show_default=False,
     ),
 ]
-OffMode = Annotated[
+OffPath = Annotated[
     str | None,
     typer.Option(
-        help="What the server's depth 0 ran: sglang (the draft extend), skip-extend or "
-        "skip-extend-all (the plugin's off modes; default: what the bench recorded from "
-        "/server_info, else the profile's assumption)",
+        help="What the server's depth 0 ran: specctl (the plugin's off path, no draft extend) "
+        "or sglang (SGLang's own, with the draft extend; SPECCTL_OFF_PATH=sglang); default: "
+        "what the bench recorded from /server_info, else the profile's assumption",
         show_default=False,
     ),
 ]
@@ -56,15 +56,15 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _inputs(benches: list[Path], profile: str, option: str, off_mode: str | None
+def _inputs(benches: list[Path], profile: str, option: str, off_path: str | None
             ) -> tuple[Profile, list[BenchRun]]:
     """The profile `option` names and the benches, or the error naming what is wrong."""
     from sims.fit.bench_file import BenchFileError, load_bench
-    from sims.fit.framing import OFF_MODES
+    from sims.fit.framing import OFF_PATHS
     from sims.profile import ProfileError, load_profile
 
-    if off_mode is not None and off_mode not in OFF_MODES:
-        raise _fail(f"--off-mode: {off_mode!r} is not one of {', '.join(OFF_MODES)}")
+    if off_path is not None and off_path not in OFF_PATHS:
+        raise _fail(f"--off-path: {off_path!r} is not one of {', '.join(OFF_PATHS)}")
     try:
         loaded = load_profile(profile)
     except ProfileError as err:
@@ -111,7 +111,7 @@ def fit(
         str | None, typer.Option(help="Name of the fitted profile (default: --out's file name)")
     ] = None,
     jobs: Jobs = None,
-    off_mode: OffMode = None,
+    off_path: OffPath = None,
     pool_repeats: PoolRepeats = False,
     keep: Annotated[
         list[str] | None,
@@ -148,7 +148,7 @@ def fit(
     problem = _out_problem(out)
     if problem is not None:
         raise _fail(problem)
-    base_profile, runs = _inputs(benches, base, "--base", off_mode)
+    base_profile, runs = _inputs(benches, base, "--base", off_path)
     console = Console(stderr=as_json)
     profile_name = name or out.stem
     limits = {run.path: run.request_limit for run in runs}
@@ -158,7 +158,7 @@ def fit(
             with console.status("fitting", spinner="dots") as status:
                 result = fit_profile(
                     runs, base_profile, profile_name, replayer=replayer,
-                    progress=lambda msg: status.update(msg), off_mode=off_mode,
+                    progress=lambda msg: status.update(msg), off_path=off_path,
                     pool=pool_repeats, keep=keep or (),
                 )  # fmt: skip
         except FitError as err:
@@ -231,7 +231,7 @@ def replay(
         str, typer.Option(help="Built-in profile name or profile YAML to replay the benches on")
     ],
     jobs: Jobs = None,
-    off_mode: OffMode = None,
+    off_path: OffPath = None,
     pool_repeats: PoolRepeats = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
@@ -251,9 +251,9 @@ def replay(
     from sims.fit.pool import Replayer
     from sims.fit.report import Report, render, replay_rows
 
-    given, runs = _inputs(benches, profile, "--profile", off_mode)
+    given, runs = _inputs(benches, profile, "--profile", off_path)
     try:
-        result = framed_only(runs, given, off_mode=off_mode, pool=pool_repeats)
+        result = framed_only(runs, given, off_path=off_path, pool=pool_repeats)
     except FitError as err:
         raise _fail(str(err)) from None
     limits = {run.path: run.request_limit for run in runs}

@@ -53,6 +53,8 @@ class ServerStatus:
     last_rejection: str | None = None
     active: bool | None = None  # whether the plugin steers this server (None: not read)
     inactive_reason: str | None = None  # why it does not
+    off_path: dict[str, Any] | None = None  # what depth 0 runs: the path and its pieces
+    off_path_text: str | None = None
     ranks: int | None = None
     depth_in_use: float | None = None  # sglang:spec_num_steps
     running_requests: float | None = None
@@ -174,6 +176,7 @@ def _read_state_and_scrape(st: ServerStatus, client: ServerClient) -> Scrape | N
     st.captured_depths = list(state.captured_depths)
     st.last_rejection, st.ranks = state.last_rejection, state.ranks
     st.active, st.inactive_reason = state.inactive_reason is None, state.inactive_reason
+    st.off_path, st.off_path_text = state.off_path, state.describe_off_path()
     try:
         return client.scrape()
     except ServerError as err:
@@ -225,6 +228,8 @@ def server_panel(st: ServerStatus) -> Panel:
         f"captured depths {st.captured_depths}",
         f"now        {now_line(st)}",
     ]
+    if st.off_path_text:
+        lines.insert(2, f"depth 0    {st.off_path_text}")
     if st.inactive_reason:
         lines.insert(0, f"[red]inactive: {st.inactive_reason}[/red]")
     if st.last_rejection:

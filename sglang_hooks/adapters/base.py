@@ -7,8 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from sglang_hooks.contract import OffPathFeature
+
 # Hook kinds, spelled like sglang.srt.plugins.hook_registry.HookType members.
 AROUND, AFTER = "AROUND", "AFTER"
+
+__all__ = ["AFTER", "AROUND", "Adapter", "HookSpec", "OffPathFeature", "SymbolSpec"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class HookSpec:
     kind: str
     hook: str  # attribute name in sglang_hooks.hooks
     symbol: SymbolSpec
+    feature: OffPathFeature | None = None  # the depth-0 piece it belongs to, if any
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,8 @@ class Adapter:
     min_version: tuple[int, int, int]
     max_version: tuple[int, int, int]
     hooks: tuple[HookSpec, ...]
+    # The depth-0 pieces this SGLang runs (OffPathFeature): measured there, chosen here.
+    off_path: frozenset[OffPathFeature] = frozenset()
     # Symbols read but not hooked (fields of result objects and the like).
     reads: tuple[SymbolSpec, ...] = ()
     # self of the set/get_internal_state hook -> the Scheduler.
@@ -65,3 +72,9 @@ class Adapter:
 
     def symbols(self) -> tuple[SymbolSpec, ...]:
         return tuple(h.symbol for h in self.hooks) + self.reads
+
+    def hooks_for(self, features: frozenset[OffPathFeature]) -> tuple[HookSpec, ...]:
+        """The hooks to register when depth 0 runs `features` (of those this adapter
+        declares): every hook outside the off path, and those of the pieces that run."""
+        running = features & self.off_path
+        return tuple(h for h in self.hooks if h.feature is None or h.feature in running)

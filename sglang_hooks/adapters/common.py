@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sglang_hooks.adapters.base import AFTER, AROUND, HookSpec, SymbolSpec
+from sglang_hooks.adapters.base import AFTER, AROUND, HookSpec, OffPathFeature, SymbolSpec
 
 _PARAMS = "sglang.srt.speculative.adaptive_spec_params"
 _RUNTIME = "sglang.srt.speculative.adaptive_runtime_state"
@@ -14,18 +14,19 @@ _TOKENIZER_MIXIN = "sglang.srt.managers.tokenizer_control_mixin"
 _UTILS = "sglang.srt.managers.utils"
 _BATCH = "sglang.srt.managers.schedule_batch"
 _CONTEXT = "sglang.srt.runtime_context"
-_FA = "sglang.srt.layers.attention.flashattention_backend"
 _INFO = "sglang.srt.speculative.eagle_info"
 
 
 def _hook(module: str, cls: str, name: str, kind: str, hook: str, *params: str,
-          defined_in: tuple[str, str] | None = None, is_async: bool = False) -> HookSpec:
+          defined_in: tuple[str, str] | None = None, is_async: bool = False,
+          feature: OffPathFeature | None = None) -> HookSpec:
     mod, klass = defined_in or (module, cls)
     return HookSpec(
         target=f"{module}.{cls}.{name}",
         kind=kind,
         hook=hook,
         symbol=SymbolSpec(mod, klass, name, params, is_async=is_async),
+        feature=feature,
     )
 
 
@@ -41,12 +42,10 @@ COMMON_HOOKS: tuple[HookSpec, ...] = (
     _hook(_WORKER, "EAGLEWorkerV2", "apply_runtime_state", AROUND,
           "on_apply_state", "state"),
     _hook(_WORKER, "EagleDraftWorker", "_draft_extend_for_decode", AROUND,
-          "skip_extend", "batch", "batch_result"),
+          "skip_extend", "batch", "batch_result", feature=OffPathFeature.SKIP_EXTEND),
     _hook(_WORKER, "EagleDraftWorker", "_draft_extend_for_prefill", AROUND,
-          "skip_draft_prefill", "batch", "target_hidden_states", "next_token_ids"),
-    # host-work trims (lean_host.py)
-    _hook(_WORKER, "EAGLEWorkerV2", "_build_trivial_verify_input", AROUND,
-          "lean_trivial_verify", "batch"),
+          "skip_draft_prefill", "batch", "target_hidden_states", "next_token_ids",
+          feature=OffPathFeature.SKIP_DRAFT_PREFILL),
     _hook(_RESULTS, "SchedulerBatchResultProcessor", "_resolve_spec_v2_tokens", AROUND,
           "count_result", "result", "batch"),
     _hook(_METRICS, "SchedulerMetricsCollector", "__init__", AFTER,
@@ -56,12 +55,6 @@ COMMON_HOOKS: tuple[HookSpec, ...] = (
     _hook(_TOKENIZER, "TokenizerManager", "set_internal_state", AROUND,
           "validate_push", "obj", defined_in=(_TOKENIZER_MIXIN, "TokenizerControlMixin"),
           is_async=True),
-    # Registered only with SPECCTL_VERIFY_SCHEDULE (verify_schedule.py). The metadata body's
-    # parameters are read by name: 0.5.23 put a plan before `bs`.
-    _hook(_FA, "FlashAttentionBackend", "_apply_cuda_graph_metadata", AROUND,
-          "verify_schedule_refresh"),
-    _hook(_FA, "FlashAttentionBackend", "forward_extend", AROUND,
-          "verify_as_decode", "q", "k", "v", "layer", "forward_batch"),
 )
 
 COMMON_READS: tuple[SymbolSpec, ...] = (
@@ -79,24 +72,12 @@ COMMON_READS: tuple[SymbolSpec, ...] = (
     *(SymbolSpec(_INFO, "EagleDraftInput", name, attribute=True)
       for name in ("bonus_tokens", "num_tokens_per_req", "num_tokens_for_logprob_per_req")),
     SymbolSpec(_BATCH, "ScheduleBatch", "reqs", attribute=True),
-    # the trivial verify input's fields the host-work trims rebuild it with
-    SymbolSpec(_WORKER, "EAGLEWorkerV2", "topk", instance=True),
-    SymbolSpec(_WORKER, "EAGLEWorkerV2", "_target_worker", instance=True),
     # the configuration a scheduler checks before it steers (pipeline parallelism)
     SymbolSpec(_WORKER, "EAGLEWorkerV2", "server_args", instance=True),
-    SymbolSpec("sglang.srt.speculative.eagle_info", "EagleVerifyInput", "retrieve_next_sibling",
-               attribute=True),
-    SymbolSpec("sglang.srt.speculative.eagle_info", "EagleVerifyInput", "seq_lens_cpu",
-               attribute=True),
     # emitted-token counts: the rows SGLang's output loop skips
     SymbolSpec(_BATCH, "Req", "finished_reason", instance=True),
     SymbolSpec(_BATCH, "Req", "is_retracted", instance=True),
     # the override log each depth switch appends to
     SymbolSpec(_CONTEXT, "RuntimeContext", "override", ("source",)),
     SymbolSpec(_CONTEXT, "RuntimeContext", "_overrides_log", instance=True),
-    # depth-0 verify with the decode's FA3 scheduling
-    SymbolSpec(_FA, "FlashAttentionBackend", "forward_decode",
-               ("q", "k", "v", "layer", "forward_batch")),
-    SymbolSpec(_FA, "FlashAttentionBackend", "_compute_scheduler_metadata",
-               ("batch_size", "max_seq_len_k", "cache_seqlens", "cu_seqlens_q")),
 )

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_hooks.adapters.base import AFTER, AROUND, Adapter, HookSpec, SymbolSpec
+from sglang_hooks.adapters.base import (
+    AFTER,
+    AROUND,
+    Adapter,
+    HookSpec,
+    OffPathFeature,
+    SymbolSpec,
+)
 from sglang_hooks.adapters.common import COMMON_HOOKS, COMMON_READS
 
 _SCHED = "sglang.srt.managers.scheduler"
@@ -24,6 +31,7 @@ _FORWARD = "sglang.srt.model_executor.forward_batch_info"
 _EAGLE = "sglang.srt.speculative.eagle_utils"
 _BATCH = "sglang.srt.managers.schedule_batch"
 _BASE_ALLOC = "sglang.srt.mem_cache.allocator.base"
+_INFO = "sglang.srt.speculative.eagle_info"
 
 
 def _tokens(result: Any, batch_size: int) -> int:
@@ -31,47 +39,56 @@ def _tokens(result: Any, batch_size: int) -> int:
     return int(result.num_correct_drafts) + batch_size
 
 
+_HOST_TRIMS, _PLAIN_DECODE = OffPathFeature.HOST_TRIMS, OffPathFeature.PLAIN_DECODE
+
 ADAPTER = Adapter(
     name="sglang-0.5.17",
     min_version=(0, 5, 17),
     max_version=(0, 5, 22),
+    # Measured on 0.5.17 (FA3, the seeded 8B pair), all four together: depth 0 at 0.98-1.01
+    # of a plain server's tok/s at 1-128 streams on an H200 and 0.98-1.00 on an H100, greedy
+    # outputs identical to a plain server's over 1,000 depth switches (docs/sglang.md, "Off").
+    off_path=frozenset({OffPathFeature.SKIP_EXTEND, OffPathFeature.SKIP_DRAFT_PREFILL,
+                        _PLAIN_DECODE, _HOST_TRIMS}),
     hooks=(
         *COMMON_HOOKS,
         HookSpec(f"{_SCHED}.Scheduler.set_internal_state", AROUND, "set_internal_state",
                  SymbolSpec(_SCHED, "Scheduler", "set_internal_state", ("recv_req",))),
         HookSpec(f"{_SCHED}.Scheduler.get_internal_state", AFTER, "get_internal_state",
                  SymbolSpec(_SCHED, "Scheduler", "get_internal_state", ("recv_req",))),
-        # depth-0 relay trims (lean_relay.py): 0.5.23 leaves a payload's empty draft fields
-        # out of the stash itself
-        HookSpec(f"{_OVERLAP}.FutureMap.stash", AROUND, "lean_stash",
-                 SymbolSpec(_OVERLAP, "FutureMap", "stash", ("future_indices", "payload"))),
-        HookSpec(f"{_OVERLAP}.FutureMap._resolve_spec_extras", AROUND, "lean_resolve_extras",
-                 SymbolSpec(_OVERLAP, "FutureMap", "_resolve_spec_extras", ("batch",))),
-        # host-work trims (lean_host.py): 0.5.23 reads the KV lengths as a list itself; the
-        # decode preparation, the next decode's KV estimate, the free group's end, the next
-        # lengths' hand-over and the forward's isolation as 0.5.17 writes them
+        # host-work trims (lean_host.py): the trivial verify input; the KV lengths as a list
+        # (0.5.23 reads them as a list itself); the decode preparation, the next decode's KV
+        # estimate, the free group's end, the next lengths' hand-over and the forward's
+        # isolation as 0.5.17 writes them
+        HookSpec(f"{_WORKER}.EAGLEWorkerV2._build_trivial_verify_input", AROUND,
+                 "lean_trivial_verify",
+                 SymbolSpec(_WORKER, "EAGLEWorkerV2", "_build_trivial_verify_input", ("batch",)),
+                 _HOST_TRIMS),
         HookSpec(f"{_ALLOC}.alloc_for_spec_decode", AROUND, "lean_kv_lens",
                  SymbolSpec(_ALLOC, "", "alloc_for_spec_decode",
-                            ("tree_cache", "nxt_kv_lens_cpu"))),
+                            ("tree_cache", "nxt_kv_lens_cpu")), _HOST_TRIMS),
         HookSpec(f"{_EAGLE}.eagle_prepare_for_decode", AROUND, "lean_prepare",
-                 SymbolSpec(_EAGLE, "", "eagle_prepare_for_decode", ("batch",))),
+                 SymbolSpec(_EAGLE, "", "eagle_prepare_for_decode", ("batch",)), _HOST_TRIMS),
         HookSpec(f"{_BATCH}.ScheduleBatch._new_tokens_required_next_decode_spec_v2", AROUND,
                  "lean_tokens_required",
                  SymbolSpec(_BATCH, "ScheduleBatch", "_new_tokens_required_next_decode_spec_v2",
-                            ("requests", "page_size"))),
+                            ("requests", "page_size")), _HOST_TRIMS),
         HookSpec(f"{_BASE_ALLOC}.BaseTokenToKVPoolAllocator.free_group_end", AROUND,
                  "lean_free_group_end",
-                 SymbolSpec(_BASE_ALLOC, "BaseTokenToKVPoolAllocator", "free_group_end")),
+                 SymbolSpec(_BASE_ALLOC, "BaseTokenToKVPoolAllocator", "free_group_end"),
+                 _HOST_TRIMS),
         HookSpec(f"{_OVERLAP}.FutureMap.resolve_seq_lens_cpu", AROUND, "lean_seq_lens",
-                 SymbolSpec(_OVERLAP, "FutureMap", "resolve_seq_lens_cpu", ("batch",))),
+                 SymbolSpec(_OVERLAP, "FutureMap", "resolve_seq_lens_cpu", ("batch",)),
+                 _HOST_TRIMS),
         HookSpec(f"{_SCHED}.Scheduler._forward_isolation", AROUND, "lean_isolation",
-                 SymbolSpec(_SCHED, "Scheduler", "_forward_isolation", ("batch",))),
-        # depth 0 as a plain decode (plain_decode.py), registered only with
-        # SPECCTL_PLAIN_DECODE: the capture after the adaptive states, and the verify it replaces
+                 SymbolSpec(_SCHED, "Scheduler", "_forward_isolation", ("batch",)), _HOST_TRIMS),
+        # depth 0 as a plain decode (plain_decode.py): the capture after the adaptive states,
+        # and the verify it replaces
         HookSpec(f"{_WORKER}.EAGLEWorkerV2.init_cuda_graphs", AFTER, "plain_decode_build",
-                 SymbolSpec(_WORKER, "EAGLEWorkerV2", "init_cuda_graphs")),
+                 SymbolSpec(_WORKER, "EAGLEWorkerV2", "init_cuda_graphs"), _PLAIN_DECODE),
         HookSpec(f"{_WORKER}.EAGLEWorkerV2.verify", AROUND, "plain_decode_verify",
-                 SymbolSpec(_WORKER, "EAGLEWorkerV2", "verify", ("batch", "grammar_barrier"))),
+                 SymbolSpec(_WORKER, "EAGLEWorkerV2", "verify", ("batch", "grammar_barrier")),
+                 _PLAIN_DECODE),
     ),
     reads=(
         *COMMON_READS,
@@ -83,12 +100,14 @@ ADAPTER = Adapter(
         *(SymbolSpec(_BASE_ALLOC, "BaseTokenToKVPoolAllocator", name, instance=True)
           for name in ("need_sort", "free_pages", "release_pages", "is_not_in_free_group",
                        "free_group")),
-        # depth-0 relay trims: the runner the WAR barrier reads, and the FutureMap state the
-        # bonus-only stash reads and writes
-        SymbolSpec("sglang.srt.speculative.eagle_worker_v2", "EAGLEWorkerV2",
-                   "war_fastpath_runner"),
-        SymbolSpec(_OVERLAP, "FutureMap", "_forward_buf_initialized", instance=True),
-        SymbolSpec(_OVERLAP, "FutureMap", "output_tokens_buf", instance=True),
+        # the trivial verify input's fields the host-work trims rebuild it with (and the
+        # worker's target and top-k, which the plain decode reads too)
+        SymbolSpec(_WORKER, "EAGLEWorkerV2", "topk", instance=True),
+        SymbolSpec(_WORKER, "EAGLEWorkerV2", "_target_worker", instance=True),
+        SymbolSpec(_INFO, "EagleVerifyInput", "retrieve_next_sibling", attribute=True),
+        SymbolSpec(_INFO, "EagleVerifyInput", "seq_lens_cpu", attribute=True),
+        # the fence at the replay (fence.py): the runner whose event the WAR barrier reads
+        SymbolSpec(_WORKER, "EAGLEWorkerV2", "war_fastpath_runner"),
         # the next lengths' hand-over (host-work trims)
         *(SymbolSpec(_OVERLAP, "FutureMap", name, instance=True)
           for name in ("publish_ready", "new_seq_lens_buf", "needs_cpu_seq_lens",

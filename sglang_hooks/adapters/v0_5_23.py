@@ -10,7 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from sglang_hooks.adapters.base import AFTER, AROUND, Adapter, HookSpec, SymbolSpec
+from sglang_hooks.adapters.base import (
+    AFTER,
+    AROUND,
+    Adapter,
+    HookSpec,
+    OffPathFeature,
+    SymbolSpec,
+)
 from sglang_hooks.adapters.common import COMMON_HOOKS, COMMON_READS
 
 _STATE = "sglang.srt.managers.scheduler_components.internal_state"
@@ -26,6 +33,9 @@ ADAPTER = Adapter(
     name="sglang-0.5.23",
     min_version=(0, 5, 18),
     max_version=(0, 5, 23),
+    # The draft's work skipped while off. Depth 0 as a plain decode and the host-work trims
+    # are 0.5.17's (they reproduce that release's bodies and were measured there only).
+    off_path=frozenset({OffPathFeature.SKIP_EXTEND, OffPathFeature.SKIP_DRAFT_PREFILL}),
     hooks=(
         *COMMON_HOOKS,
         HookSpec(f"{_STATE}.{_CTRL}.set_internal_state", AROUND, "set_internal_state",

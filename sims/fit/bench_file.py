@@ -15,6 +15,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sglang_hooks.contract import (
+    OFF_PATH_KEY,
+    OFF_PATH_SGLANG,
+    OFF_PATH_SPECCTL,
+    OFF_PATHS,
+    OffPathFeature,
+)
+
 # What `specctl bench` writes (controller/bench/report.py and sweep.py define the writer's
 # side; tests/test_sim_fit.py checks that the two agree). Spelled here so that the simulator
 # does not import the bench, which sits above it.
@@ -37,7 +45,7 @@ class ServerFacts:
     full_depth: int | None  # speculative_num_steps
     model: str | None
     version: str | None
-    off_mode: str | None = None  # the plugin's depth-0 mode, if the bench recorded it
+    off_path: str | None = None  # the plugin's depth-0 path, if the bench recorded it
     # whether the plugin skipped the draft's prefill for admissions at depth 0, if recorded
     skip_draft_prefill: bool | None = None
     # whether depth 0 ran as a plain decode (the plugin's DECODE runners live), if recorded
@@ -163,6 +171,8 @@ def _facts(path: Path, where: str, raw: Any) -> ServerFacts:
     def text(key: str) -> str | None:
         return raw.get(key) if isinstance(raw.get(key), str) else None
 
+    off_path, skip_prefill = _off_path(path, where, raw)
+
     return ServerFacts(
         cap=cap,
         max_total_tokens=count("max_total_num_tokens"),
@@ -173,13 +183,38 @@ def _facts(path: Path, where: str, raw: Any) -> ServerFacts:
         full_depth=count("speculative_num_steps", low=0),
         model=text("model_path"),
         version=text("version"),
-        off_mode=text("off_mode"),
-        skip_draft_prefill=raw.get("skip_draft_prefill")
-        if isinstance(raw.get("skip_draft_prefill"), bool) else None,
+        off_path=off_path,
+        skip_draft_prefill=skip_prefill,
         plain_decode=None if (runners := count("plain_decode_runners", low=0)) is None
         else runners > 0,
         recv_interval=count("scheduler_recv_interval"),
     )
+
+
+# The plugin's depth-0 modes before it had one path (older benches recorded `off_mode` and
+# `skip_draft_prefill`), as the path they ran: SGLang's own depth 0, or the plugin's.
+_OLD_OFF_MODES = {"sglang": OFF_PATH_SGLANG, "skip-extend": OFF_PATH_SPECCTL,
+                  "skip-extend-all": OFF_PATH_SPECCTL}
+
+
+def _off_path(path: Path, where: str, raw: dict[str, Any]) -> tuple[str | None, bool | None]:
+    """(the plugin's depth-0 path, whether admissions at depth 0 skipped the draft's prefill),
+    each None where the bench did not record it: from `off_path` (path and pieces), else from
+    an older bench's `off_mode` and `skip_draft_prefill`."""
+    reported = raw.get(OFF_PATH_KEY)
+    if reported is not None:
+        ran = reported.get("path") if isinstance(reported, dict) else None
+        features = reported.get("features") if isinstance(reported, dict) else None
+        if ran not in OFF_PATHS or not isinstance(features, list):
+            raise _err(path, f"{where}.{OFF_PATH_KEY}", f'must be {{"path": one of '
+                       f'{", ".join(OFF_PATHS)}, "features": [...]}}, got {reported!r}')
+        return ran, OffPathFeature.SKIP_DRAFT_PREFILL in features
+    mode, skip = raw.get("off_mode"), raw.get("skip_draft_prefill")
+    if mode is not None and mode not in _OLD_OFF_MODES:
+        raise _err(path, f"{where}.off_mode", f"must be one of {', '.join(_OLD_OFF_MODES)} "
+                   f"(the plugin's former depth-0 modes), got {mode!r}")
+    return (None if mode is None else _OLD_OFF_MODES[mode]), \
+        (skip if isinstance(skip, bool) else None)
 
 
 def _level(path: Path, i: int, raw: Any, spec: ServerFacts, no_spec: ServerFacts | None) -> Level:

@@ -2,7 +2,7 @@
 
 What comes straight from the bench (no fitting, `sims.fit.framing`): the running-request caps,
 KV pool, prefill budget and context length the servers reported, the captured depths, the
-off mode, and the acceptance per depth the server's counters measured.
+off path (what depth 0 ran), and the acceptance per depth the server's counters measured.
 
 What is fitted, in two passes, each by scipy.optimize:
 
@@ -53,7 +53,7 @@ from sims.fit.framing import (
     active_keys,
     frame,
     measured_accept_lengths,
-    off_mode_note,
+    off_path_note,
     repeat_note,
 )
 from sims.fit.outliers import OUTLIER_ERROR, Outlier, level_errors, outlier_reason
@@ -107,7 +107,7 @@ def framed_only(
     runs: Sequence[BenchRun],
     profile: Profile,
     *,
-    off_mode: str | None = None,
+    off_path: str | None = None,
     pool: bool = False,
 ) -> FitResult:
     """`profile` as the benches frame it (their limits, acceptance, request shape and depth-0
@@ -115,8 +115,8 @@ def framed_only(
     against the benches. Raises FitError where no level can be replayed."""
     t0 = time.perf_counter()
     levels, unfit, repeats = chosen_levels(runs, pool, "replayed")
-    framed = frame(profile, runs, levels, profile.name, off_mode)
-    notes = [note] if (note := off_mode_note(runs, profile, off_mode)) else []
+    framed = frame(profile, runs, levels, profile.name, off_path)
+    notes = [note] if (note := off_path_note(runs, profile, off_path)) else []
     notes += [repeat_note(run.path) for run in runs if run.prompts_came_round]
     return FitResult(
         profile=framed, levels=levels, unfit=unfit, keys=(), kept={}, evaluations=0,
@@ -247,7 +247,7 @@ def _fit_levels(
     budget: int,
     say: Callable[[str], None],
     replayer: Replayer,
-    off_mode: str | None,
+    off_path: str | None,
     keep: Sequence[str] = (),
     warm: Profile | None = None,
 ) -> FitResult:
@@ -255,7 +255,7 @@ def _fit_levels(
     closed-loop fields start the second pass (an outlier's refit). `keep`: fields held at the
     base's value whatever the benches could tell."""
     t0 = time.perf_counter()
-    framed = frame(base, runs, levels, name, off_mode)
+    framed = frame(base, runs, levels, name, off_path)
     keys, kept = active_keys(levels, framed.draft.extend_at_depth0,
                              framed.draft.prefill_at_depth0,
                              framed.draft.plain_decode_at_depth0)
@@ -284,7 +284,7 @@ def _fit_levels(
         fitter.cost = best_cost
     if not steps_measured(levels, fitter.refs):
         current = fitter.search(current, keys, budget // 2, "every field")
-    notes = [note] if (note := off_mode_note(runs, base, off_mode)) else []
+    notes = [note] if (note := off_path_note(runs, base, off_path)) else []
     notes += [repeat_note(run.path) for run in runs if run.prompts_came_round]
     return FitResult(
         profile=current.model_copy(update={"step_time_cv": framed.step_time_cv}),
@@ -308,7 +308,7 @@ def fit_profile(
     budget: int = SEARCH_EVALUATIONS,
     progress: Callable[[str], None] | None = None,
     replayer: Replayer | None = None,
-    off_mode: str | None = None,
+    off_path: str | None = None,
     set_aside: bool = True,
     pool: bool = False,
     keep: Sequence[str] = (),
@@ -341,7 +341,7 @@ def fit_profile(
             f"--keep {unknown[0]}: not a fitted field; one of {', '.join(PARAMS)}"
         )
     options: dict[str, Any] = {
-        "say": say, "replayer": replayer, "off_mode": off_mode, "keep": tuple(keep)
+        "say": say, "replayer": replayer, "off_path": off_path, "keep": tuple(keep)
     }  # fmt: skip
     result = _fit_levels(runs, base, name, levels, unfit, budget=budget, **options)
     evaluations = result.evaluations

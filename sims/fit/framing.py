@@ -1,5 +1,5 @@
 """What a bench states outright, before anything is fitted: each level's protocol, the
-acceptance per depth, the servers' limits and the off mode; which fields the levels can inform
+acceptance per depth, the servers' limits and the off path; which fields the levels can inform
 (`active_keys`), and why the others keep the base profile's values."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from collections.abc import Sequence
 import numpy as np
 from scipy.optimize import brentq
 
+from sglang_hooks.contract import OFF_PATH_SGLANG, OFF_PATH_SPECCTL
 from sims.fit.bench_file import BenchRun, Level
 from sims.fit.params import LOOP_KEYS, STEP_KEYS
 from sims.fit.replay import PHASE, LevelShape
@@ -98,26 +99,28 @@ def per_token_ms(level: Level) -> float | None:
     return level.server_itl_ms or level.tpot_p50_ms
 
 
-OFF_MODES = {"sglang": True, "skip-extend": False, "skip-extend-all": False}
+# Whether depth 0 ran the draft extend, by the plugin's off path: SGLang's own depth 0 runs it,
+# the plugin's skips it (on every SGLang version it supports).
+OFF_PATHS = {OFF_PATH_SGLANG: True, OFF_PATH_SPECCTL: False}
 
 
-def extend_at_depth0(runs: Sequence[BenchRun], base: Profile, off_mode: str | None) -> bool:
-    """Whether the benched server's depth 0 ran the draft extend: `off_mode` (given), else the
-    plugin's mode the bench recorded, else the base profile's assumption."""
-    mode = off_mode or runs[0].spec.off_mode
-    if mode is None:
+def extend_at_depth0(runs: Sequence[BenchRun], base: Profile, off_path: str | None) -> bool:
+    """Whether the benched server's depth 0 ran the draft extend: `off_path` (given), else the
+    plugin's path the bench recorded, else the base profile's assumption."""
+    path = off_path or runs[0].spec.off_path
+    if path is None:
         return base.draft.extend_at_depth0
-    if mode not in OFF_MODES:
+    if path not in OFF_PATHS:
         raise FitError(
-            f"off mode {mode!r} is not one of {', '.join(OFF_MODES)} (the plugin's depth-0 modes)"
+            f"off path {path!r} is not one of {', '.join(OFF_PATHS)} (the plugin's depth-0 paths)"
         )
-    return OFF_MODES[mode]
+    return OFF_PATHS[path]
 
 
 def prefill_at_depth0(runs: Sequence[BenchRun], base: Profile, extend: bool) -> bool:
     """Whether the benched server's admissions at depth 0 ran the draft's prefill: not where
-    the bench recorded the plugin's skip on outside the `sglang` mode (`extend`: depth 0 ran
-    the draft extend, which the skip follows); else the base profile's assumption."""
+    the bench recorded the plugin's skip on the plugin's path (`extend`: depth 0 ran the draft
+    extend, which the skip follows); else the base profile's assumption."""
     skip = runs[0].spec.skip_draft_prefill
     if skip is None:
         return base.draft.prefill_at_depth0
@@ -139,14 +142,14 @@ def plain_decode_at_depth0(runs: Sequence[BenchRun]) -> bool:
     return seen.pop()
 
 
-def off_mode_note(runs: Sequence[BenchRun], base: Profile, off_mode: str | None) -> str | None:
-    """A line when the depth-0 mode is the base profile's guess, not the server's."""
-    if off_mode or runs[0].spec.off_mode:
+def off_path_note(runs: Sequence[BenchRun], base: Profile, off_path: str | None) -> str | None:
+    """A line when the depth-0 path is the base profile's guess, not the server's."""
+    if off_path or runs[0].spec.off_path:
         return None
     ran = "runs" if base.draft.extend_at_depth0 else "skips"
     return (
-        f"the bench did not record the plugin's off mode: depth 0 taken to be as the base "
-        f"profile has it (it {ran} the draft extend); give --off-mode if the server ran another"
+        f"the bench did not record the plugin's off path: depth 0 taken to be as the base "
+        f"profile has it (it {ran} the draft extend); give --off-path if the server ran another"
     )
 
 
@@ -183,7 +186,7 @@ def frame(
     runs: Sequence[BenchRun],
     levels: Sequence[Level],
     name: str,
-    off_mode: str | None = None,
+    off_path: str | None = None,
 ) -> Profile:
     """The base profile with everything the benches state outright (not fitted)."""
     first = runs[0]
@@ -221,7 +224,7 @@ def frame(
         if value is not None:
             sched[key] = value
     data = base.model_dump()
-    extend = data["draft"]["extend_at_depth0"] = extend_at_depth0(runs, base, off_mode)
+    extend = data["draft"]["extend_at_depth0"] = extend_at_depth0(runs, base, off_path)
     data["draft"]["prefill_at_depth0"] = prefill_at_depth0(runs, base, extend)
     data["draft"]["plain_decode_at_depth0"] = plain_decode_at_depth0(runs)
     data.update(

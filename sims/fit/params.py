@@ -9,8 +9,8 @@ Left out on purpose, because a bench cannot tell them from a fitted field: `sche
 (per-iteration CPU work, added to every step exactly as `target.fixed_ms`),
 `draft.extend_us_per_token` (per verified token, as `draft.step_us_per_req` per depth), the
 draft's KV term, MoE and collective terms: they keep the base profile's values.
-`draft.spec_sched_ms` is fitted only where depth 0 skips the draft extend (the plugin's
-`skip-extend` off mode); where it runs it, it adds to every speculative iteration as
+`draft.spec_sched_ms` is fitted only where depth 0 skips the draft extend (the plugin's off
+path); where it runs it, it adds to every speculative iteration as
 `draft.extend_fixed_ms` does (`sims.fit.fitting.active_keys` decides). Where depth 0 ran as a
 plain decode (the bench recorded the plugin's DECODE runners), depth 0 against the plain server
 gives `draft.plain_decode_sched_ms` and `scheduler.plain_decode_host_us_per_req` instead.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sglang_hooks.contract import OFF_PATH_SGLANG, OFF_PATH_SPECCTL
 from sims.fit.bench_file import BenchRun, Level, ServerFacts
 from sims.fit.replay import LevelShape, replay
 from sims.profile import Profile
@@ -23,8 +24,9 @@ def _facts(profile: Profile, speculative: bool) -> ServerFacts:
         full_depth=profile.full_depth if speculative else None,
         model=profile.name,
         version=None,
-        off_mode=(
-            ("sglang" if profile.draft.extend_at_depth0 else "skip-extend") if speculative else None
+        off_path=(
+            (OFF_PATH_SGLANG if profile.draft.extend_at_depth0 else OFF_PATH_SPECCTL)
+            if speculative else None
         ),
         skip_draft_prefill=not profile.draft.prefill_at_depth0 if speculative else None,
     )

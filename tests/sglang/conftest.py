@@ -64,7 +64,8 @@ def plugin_loaded() -> bool:
 
 @pytest.fixture
 def runtime(plugin_loaded: bool):  # type: ignore[no-untyped-def]
-    """A fresh plugin runtime for one test (the hooks read the module global at call time)."""
+    """A fresh plugin runtime for one test (the hooks read the module global at call time),
+    running depth 0 as a scheduler of this SGLang (0.5.23) does once it steers."""
     from sglang_hooks import hooks
     from sglang_hooks.gpu_timer import HostIntervalTimer
     from sglang_hooks.runtime import SchedulerRuntime
@@ -72,6 +73,7 @@ def runtime(plugin_loaded: bool):  # type: ignore[no-untyped-def]
     assert plugin_loaded, "the specctl plugin registered no hooks"
     previous = hooks.RUNTIME
     hooks.RUNTIME = SchedulerRuntime(timer=HostIntervalTimer())
+    hooks.RUNTIME.use_off_path(hooks.OFF_PATH, hooks.FEATURES)
     yield hooks.RUNTIME
     hooks.RUNTIME = previous
 

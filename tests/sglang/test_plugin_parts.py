@@ -1,6 +1,6 @@
-"""Plugin parts added for the off mode, bounded logs, emitted-token counts and lazy hooking
-that need no SGLang: they run in the main venv (the SGLang-side behaviour is tested with the
-real classes in test_real_*.py).
+"""Plugin parts that need no SGLang: its settings, the off path each adapter registers, bounded
+logs, emitted-token counts and lazy hooking. They run in the main venv (the SGLang-side
+behaviour is tested with the real classes in test_real_*.py).
 
 Stand-ins: a throwaway package written to tmp_path stands in for an SGLang module in the
 deferred-hook tests (what is under test is the import machinery, not SGLang).
@@ -9,110 +9,217 @@ deferred-hook tests (what is under test is the import machinery, not SGLang).
 from __future__ import annotations
 
 import importlib
+import json
+import logging
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sglang_hooks import lean_host, lean_relay, off_mode, override_log
-from sglang_hooks.contract import PolicyError, PolicyTable, Tier, encode_table
+from sglang_hooks import launch, lean_host, override_log, plugin, settings
+from sglang_hooks.adapters import ADAPTERS, v0_5_17, v0_5_23
+from sglang_hooks.contract import OffPathFeature, PolicyError, PolicyTable, Tier, encode_table
 from sglang_hooks.deferred import DeferredHooks, PendingHook
 from sglang_hooks.gpu_timer import HostIntervalTimer
 from sglang_hooks.runtime import SchedulerRuntime, skippable_tiers, validate_change
 
-# ----------------------------------------------------------------------------- off mode
+# ----------------------------------------------------------------------------- settings
 
 
-def test_off_mode_wire_codes_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert [off_mode.decode_mode(i) for i in range(3)] == list(off_mode.MODES)
-    assert off_mode.decode_mode(1.0) == off_mode.SKIP_EXTEND
-    for bad in (3, -1, 0.5, True, "1"):
-        with pytest.raises(PolicyError) as err:
-            off_mode.decode_mode(bad)
-        assert err.value.field == off_mode.OFF_MODE_KEY and "0 = sglang" in err.value.message
-    monkeypatch.delenv(off_mode.OFF_MODE_ENV, raising=False)
-    assert off_mode.mode_from_env() == (off_mode.DEFAULT_MODE, None)
-    monkeypatch.setenv(off_mode.OFF_MODE_ENV, "sglang")
-    assert off_mode.mode_from_env() == ("sglang", None)
-    monkeypatch.setenv(off_mode.OFF_MODE_ENV, "lean")
-    mode, error = off_mode.mode_from_env()
-    assert mode == off_mode.DEFAULT_MODE and error is not None and "'lean'" in error
+@pytest.fixture
+def fresh_settings(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """Each test reads the environment it sets, and sees its own bad-value lines."""
+    monkeypatch.setattr(settings, "_reported", set())
+    for setting in vars(settings.Environment).values():
+        if isinstance(setting, settings.Setting):
+            monkeypatch.delenv(setting.name, raising=False)
+    return monkeypatch
 
 
-def test_a_request_may_carry_an_off_mode_a_table_or_both() -> None:
-    table = PolicyTable.build([Tier(1, 3), Tier(8, 0, hysteresis=2)], 4)
-    only_mode = validate_change({off_mode.OFF_MODE_KEY: 0}, {0, 3})
-    assert only_mode.off_mode == "sglang" and not only_mode.table_given
-    both = validate_change({**encode_table(table), off_mode.OFF_MODE_KEY: 2}, {0, 3})
-    assert both.table == table and both.off_mode == "skip-extend-all"
-    release = validate_change(encode_table(None), {0, 3})
-    assert release.table_given and release.table is None and release.off_mode is None
-    with pytest.raises(PolicyError, match=off_mode.OFF_MODE_KEY):
-        validate_change({**encode_table(table), off_mode.OFF_MODE_KEY: 9}, {0, 3})
-
-
-@pytest.mark.parametrize(("switch", "field", "other"), [
-    (lean_host, "lean_host", lean_relay),
-    (lean_relay, "lean_relay", lean_host),
-])  # fmt: skip
-def test_each_trims_key_is_decoded_alone_or_beside_the_rest(
-    switch: Any, field: str, other: Any, monkeypatch: pytest.MonkeyPatch
+def test_the_off_path_is_the_plugins_unless_the_fallback_is_asked_for(
+    fresh_settings: pytest.MonkeyPatch,
 ) -> None:
-    """Either on/off plugin setting: decoded alone or beside the other settings, refused by
-    name, committed and reported, left as it was by requests without it, read from its
-    environment variable at start-up."""
-    assert getattr(validate_change({switch.KEY: 1}, {0, 3}), field) is True
-    both = validate_change({switch.KEY: 0, off_mode.OFF_MODE_KEY: 0, other.KEY: 1}, {0, 3})
-    assert getattr(both, field) is False and both.off_mode == "sglang" and not both.table_given
-    assert getattr(validate_change({other.KEY: 1}, {0, 3}), field) is None
-    for bad in (2, "1", -1, 0.5, None):
-        with pytest.raises(PolicyError) as err:
-            validate_change({switch.KEY: bad}, {0, 3})
-        assert err.value.field == switch.KEY and "0 (SGLang's own" in err.value.message
-    runtime = SchedulerRuntime(timer=HostIntervalTimer())
-    runtime.commit(validate_change({switch.KEY: 1}, {0, 3}))
-    report = runtime.report()
-    assert getattr(runtime, field) and report[field] is True
-    assert report["early_fences"] == 0 and report["lean_stashes"] == 0
-    runtime.commit(validate_change({off_mode.OFF_MODE_KEY: 2, other.KEY: 0}, {0, 3}))
-    assert getattr(runtime, field), "a request without the key leaves the trims as they were"
-    monkeypatch.delenv(switch.ENV, raising=False)
-    assert switch.from_env() == (False, None)
-    monkeypatch.setenv(switch.ENV, "1")
-    assert switch.from_env() == (True, None)
-    monkeypatch.setenv(switch.ENV, "yes")
-    on, error = switch.from_env()
-    assert not on and error is not None and "'yes'" in error and switch.ENV in error
+    assert settings.OFF_PATH.name == "SPECCTL_OFF_PATH"
+    assert settings.OFF_PATH.get() == settings.SPECCTL == "specctl"
+    fresh_settings.setenv("SPECCTL_OFF_PATH", "  ")
+    assert settings.OFF_PATH.get() == "specctl"  # blank is unset
+    fresh_settings.setenv("SPECCTL_OFF_PATH", "sglang")
+    assert settings.OFF_PATH.get() == settings.SGLANG == "sglang"
+    fresh_settings.setenv("SPECCTL_OFF_PATH", " specctl ")
+    assert settings.OFF_PATH.get() == "specctl"
 
 
-def test_only_depth_zero_tiers_skip_and_probing_ones_only_in_skip_extend_all() -> None:
+def test_a_bad_off_path_logs_one_line_naming_the_variable_and_keeps_the_default(
+    fresh_settings: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    fresh_settings.setenv("SPECCTL_OFF_PATH", "skip-extend")
+    with caplog.at_level(logging.ERROR, logger="specctl"):
+        assert [settings.OFF_PATH.get() for _ in range(3)] == ["specctl"] * 3
+    [line] = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert "SPECCTL_OFF_PATH='skip-extend'" in line and "specctl, sglang" in line
+    assert "using 'specctl'" in line and "\n" not in line
+    fresh_settings.setenv("SPECCTL_OFF_PATH", "1")  # another bad value: its own line
+    with caplog.at_level(logging.ERROR, logger="specctl"):
+        assert settings.OFF_PATH.get() == "specctl"
+    assert sum("SPECCTL_OFF_PATH='1'" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_policy_file_is_declared_in_the_same_registry(
+    fresh_settings: pytest.MonkeyPatch,
+) -> None:
+    from sglang_hooks.policy_file import POLICY_FILE_ENV, policy_file_from_env
+
+    assert POLICY_FILE_ENV == settings.POLICY_FILE.name == "SPECCTL_POLICY_FILE"
+    assert policy_file_from_env() is None
+    fresh_settings.setenv("SPECCTL_POLICY_FILE", " /etc/specctl/table.yaml ")
+    assert policy_file_from_env() == "/etc/specctl/table.yaml"
+    declared = {s.name for s in vars(settings.Environment).values()
+                if isinstance(s, settings.Setting)}
+    assert declared == {"SPECCTL_OFF_PATH", "SPECCTL_POLICY_FILE",
+                        "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"}
+    assert all(s.why for s in vars(settings.Environment).values()
+               if isinstance(s, settings.Setting))
+
+
+# ----------------------------------------------------------------------------- off path
+
+_OFF_PATH_HOOKS = {  # per piece: the hooks (names in sglang_hooks.hooks) it registers
+    OffPathFeature.SKIP_EXTEND: {"skip_extend"},
+    OffPathFeature.SKIP_DRAFT_PREFILL: {"skip_draft_prefill"},
+    OffPathFeature.PLAIN_DECODE: {"plain_decode_build", "plain_decode_verify"},
+    OffPathFeature.HOST_TRIMS: {"lean_trivial_verify", "lean_kv_lens", "lean_prepare",
+                                "lean_tokens_required", "lean_free_group_end", "lean_seq_lens",
+                                "lean_isolation"},
+}
+_EVERY_OFF_PATH_HOOK = set().union(*_OFF_PATH_HOOKS.values())
+
+
+def _hook_names(adapter: Any, path: str) -> set[str]:
+    return {spec.hook for spec in plugin.wanted_hooks(adapter, path)}
+
+
+def test_each_adapter_declares_its_measured_off_path_and_registers_exactly_those_hooks() -> None:
+    """0.5.17 runs every piece (the plain decode with its fence, the host-work trims); 0.5.23
+    the draft's skipped work only; with the `sglang` fallback no off-path hook is registered
+    on either, and every other hook still is."""
+    feature = OffPathFeature
+    assert v0_5_17.ADAPTER.off_path == set(feature)
+    assert v0_5_23.ADAPTER.off_path == {feature.SKIP_EXTEND, feature.SKIP_DRAFT_PREFILL}
+    for adapter in (v0_5_17.ADAPTER, v0_5_23.ADAPTER):
+        declared = set().union(*(_OFF_PATH_HOOKS[f] for f in adapter.off_path))
+        ours = _hook_names(adapter, settings.SPECCTL)
+        assert ours & _EVERY_OFF_PATH_HOOK == declared, adapter.name
+        assert {spec.hook for spec in adapter.hooks} & _EVERY_OFF_PATH_HOOK == declared
+        fallback = _hook_names(adapter, settings.SGLANG)
+        assert not fallback & _EVERY_OFF_PATH_HOOK, adapter.name
+        assert fallback == ours - declared and "choose_depth" in fallback
+        assert plugin.off_path_features(adapter, settings.SGLANG) == frozenset()
+    assert "lean_trivial_verify" not in {spec.hook for spec in v0_5_23.ADAPTER.hooks}
+
+
+def test_a_piece_the_adapter_does_not_declare_is_not_registered() -> None:
+    """An adapter listing a piece's hooks without declaring the piece registers none of them."""
+    undeclared = replace(v0_5_17.ADAPTER, off_path=frozenset({OffPathFeature.SKIP_EXTEND}))
+    names = _hook_names(undeclared, settings.SPECCTL)
+    assert names & _EVERY_OFF_PATH_HOOK == {"skip_extend"}
+
+
+def test_the_hooks_depend_on_the_adapter_and_the_off_path_alone(
+    fresh_settings: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """The plugin loaded through SGLANG_PLUGINS alone and the one `specctl serve` starts run
+    the same hooks: serve's environment sets no plugin variable, and the hooks chosen under
+    it are those chosen under an empty one; only SPECCTL_OFF_PATH changes them."""
+    _, env, _ = launch.build_command(["--model-path", "m", "--speculative-algorithm", "EAGLE3"],
+                                     tmp_path / "cfg.json", current_env={})
+    assert not [k for k in env if k.startswith("SPECCTL_")]
+    for adapter in ADAPTERS:
+        bare = {spec.target for spec in plugin.wanted_hooks(adapter)}
+        for key, value in env.items():
+            fresh_settings.setenv(key, value)
+        served = {spec.target for spec in plugin.wanted_hooks(adapter)}
+        assert served == bare, adapter.name
+        fresh_settings.setenv("SPECCTL_OFF_PATH", "sglang")
+        assert {spec.target for spec in plugin.wanted_hooks(adapter)} < bare
+        fresh_settings.delenv("SPECCTL_OFF_PATH")
+
+
+def test_a_request_carries_a_table_or_a_release() -> None:
+    table = PolicyTable.build([Tier(1, 3), Tier(8, 0, hysteresis=2)], 4)
+    assert validate_change(encode_table(table), {0, 3}) == table
+    assert validate_change(encode_table(None), {0, 3}) is None
+
+
+@pytest.mark.parametrize("key", ["specctl_off_mode", "specctl_lean_host", "specctl_lean_relay",
+                                 "specctl_fence_at_replay", "specctl_skip_draft_prefill",
+                                 "specctl_plain_decode"])
+def test_a_former_plugin_setting_is_refused_as_any_unknown_key(key: str) -> None:
+    table = PolicyTable.build([Tier(1, 3), Tier(8, 0, hysteresis=2)], 4)
+    with pytest.raises(PolicyError) as beside:
+        validate_change({**encode_table(table), key: 1}, {0, 3})
+    with pytest.raises(PolicyError) as other:
+        validate_change({**encode_table(table), "specctl_no_such_key": 1}, {0, 3})
+    assert beside.value.field == key and beside.value.message == other.value.message
+    with pytest.raises(PolicyError) as alone:
+        validate_change({key: 1}, {0, 3})
+    assert alone.value.field == "specctl_version"  # as a lone unknown key is answered
+
+
+def test_only_depth_zero_tiers_that_probe_no_positive_depth_skip() -> None:
     table = PolicyTable.build([
         Tier(1, 3, explore_share=0.1, explore_depths=(0,)),  # probes off: keeps the extend
         Tier(8, 0, hysteresis=2),  # off, no probes
         Tier(32, 0, hysteresis=4, explore_share=0.1, explore_depths=(2,)),  # off, probes d2
     ], 1)
-    assert skippable_tiers(table, "sglang") == ()
-    assert skippable_tiers(table, "skip-extend") == (False, True, False)
-    assert skippable_tiers(table, "skip-extend-all") == (False, True, True)
+    assert skippable_tiers(table) == (False, True, False)
+    assert skippable_tiers(None) == ()
 
 
-def test_the_depth_choice_says_which_launches_skip_the_extend() -> None:
+@pytest.mark.parametrize(("path", "features", "skips"), [
+    (settings.SPECCTL, v0_5_23.ADAPTER.off_path, True),
+    (settings.SPECCTL, v0_5_17.ADAPTER.off_path, True),
+    (settings.SGLANG, frozenset(), False),
+])  # fmt: skip
+def test_the_depth_choice_says_which_launches_skip_the_extend(
+    path: str, features: frozenset[OffPathFeature], skips: bool,
+) -> None:
     rt = SchedulerRuntime(timer=HostIntervalTimer())
     rt.activate({0, 1, 3}, None)
     rt.commit(PolicyTable.build([Tier(1, 3), Tier(16, 0, hysteresis=2)], 2))
-    assert rt.off_mode == off_mode.DEFAULT_MODE == "skip-extend"
+    rt.use_off_path(path, features)  # as steering starts; a table already there follows it
     assert rt.choose(4) == 3 and not rt.launch_skips_extend
-    assert rt.choose(20) == 0 and rt.launch_skips_extend
-    rt.commit(validate_change({off_mode.OFF_MODE_KEY: 0}, {0, 1, 3}))  # mode only
-    assert rt.table is not None and rt.table.version == 2  # the table stays
-    assert rt.choose(20) == 0 and not rt.launch_skips_extend
-    assert rt.report()["off_mode"] == "sglang"
-    rt.commit(validate_change({off_mode.OFF_MODE_KEY: 1}, {0, 1, 3}))
-    assert rt.choose(20) == 0 and rt.launch_skips_extend
+    assert rt.choose(20) == 0 and rt.launch_skips_extend is skips
+    rt.commit(PolicyTable.build([Tier(1, 0, hysteresis=0)], 3))
+    assert rt.choose(20) == 0 and rt.launch_skips_extend is skips
+    assert rt.prefill_skips_draft(4) is skips
     rt.commit(None)  # SGLang's own choice: never skipped by the plugin
     assert rt.choose(20) is None and not rt.launch_skips_extend
+    assert not rt.prefill_skips_draft(4)
+
+
+def test_the_report_says_what_depth_0_runs() -> None:
+    rt = SchedulerRuntime(timer=HostIntervalTimer())
+    before = rt.report()
+    assert before["off_path"] == {"path": None, "features": []}  # not steering yet
+    rt.use_off_path(settings.SPECCTL, v0_5_17.ADAPTER.off_path)
+    report = rt.report()
+    assert report["off_path"] == {"path": "specctl", "features": [
+        "host-trims", "plain-decode", "skip-draft-prefill", "skip-extend"]}
+    assert json.loads(json.dumps(report))["off_path"] == report["off_path"]
+    assert (rt.host_trims, rt.plain_decode_path) == (True, True)
+    assert report["host_trim_runs"] == dict.fromkeys(lean_host.PREPARE_TRIMS, 0)
+    assert (report["skipped_draft_extends"], report["skipped_draft_prefills"],
+            report["replay_fences"]) == (0, 0, 0)
+    for gone in ("off_mode", "lean_host", "lean_relay", "fence_at_replay", "skip_draft_prefill",
+                 "lean_prepare", "verify_schedule", "early_fences", "lean_stashes"):
+        assert gone not in report
+    assert not {"enabled", "env_error", "live"} & set(report["plain_decode"])
+    rt.use_off_path(settings.SGLANG, ())
+    assert rt.report()["off_path"] == {"path": "sglang", "features": []}
+    assert (rt.host_trims, rt.plain_decode_path, rt.skips_extend) == (False, False, False)
 
 
 # ----------------------------------------------------------------------------- counts

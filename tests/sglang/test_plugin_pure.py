@@ -29,16 +29,9 @@ def test_serve_adds_what_the_plugin_needs_and_keeps_user_flags(tmp_path: Path) -
         ["--model-path", "m", "--speculative-algorithm", "EAGLE3", "--port", "31000"],
         tmp_path / "cfg.json",
     )
-    # SGLANG_PLUGINS unset: SGLang loads every installed plugin, specctl too
-    assert env == {"SPECCTL_VERIFY_SCHEDULE": "1", "SPECCTL_LEAN_HOST": "1",
-                   "SPECCTL_SKIP_DRAFT_PREFILL": "1"}
-    assert any("SPECCTL_VERIFY_SCHEDULE=1" in n and "set it to 0" in n for n in notes)
-    assert any("SPECCTL_LEAN_HOST=1" in n and "host-work trims" in n for n in notes)
-    assert any("SPECCTL_SKIP_DRAFT_PREFILL=1" in n and "admitted while off" in n
-               for n in notes)
-    # No SGLang release given (none installed here): depth 0's plain decode path stays off
-    [left] = [n for n in notes if n.startswith("left ")]
-    assert "SPECCTL_PLAIN_DECODE" in left and "no SGLang in this Python" in left
+    # SGLANG_PLUGINS unset: SGLang loads every installed plugin, specctl too; no plugin variable
+    assert env == {}
+    assert not any("SPECCTL_" in n for n in notes)
     assert "--speculative-adaptive" in argv and "--enable-metrics" in argv
     assert argv[argv.index("--speculative-adaptive-config") + 1] == str(tmp_path / "cfg.json")
     # SGLang would lower the cap to 48 with speculation: serve passes the plain server's cap
@@ -59,55 +52,12 @@ def test_serve_adds_what_the_plugin_needs_and_keeps_user_flags(tmp_path: Path) -
 )  # fmt: skip
 def test_serve_appends_to_the_users_plugin_list(current: str | None,
                                                 expected: dict[str, str]) -> None:
-    user_env = {variable: "0" for variable, _ in (*launch.SERVE_SWITCHES,
-                                                   *launch.OFF_PATH_SWITCHES)}
+    user_env = {"SPECCTL_OFF_PATH": "sglang"}  # the user's own setting, inherited as it is
     if current is not None:
         user_env["SGLANG_PLUGINS"] = current
     _, env, notes = launch.build_command(EAGLE, Path("cfg.json"), current_env=user_env)
-    assert env == expected  # and the user's switches are kept as they are, with no note
+    assert env == expected
     assert not any("SPECCTL_" in n for n in notes)
-
-
-OFF_PATH = ["SPECCTL_PLAIN_DECODE", "SPECCTL_LEAN_RELAY", "SPECCTL_LEAN_PREPARE",
-            "SPECCTL_FENCE_AT_REPLAY"]
-
-
-@pytest.mark.parametrize(
-    ("version", "turned_on"),
-    [("0.5.17", True), ("0.5.17.post1", True), ("0.5.23", False), ("0.5.18", False),
-     ("main", False), (None, False)],
-)  # fmt: skip
-def test_serve_turns_the_off_path_on_only_where_it_was_measured(
-    version: str | None, turned_on: bool
-) -> None:
-    _, env, notes = launch.build_command(EAGLE, Path("cfg.json"), current_env={},
-                                         sglang_version=version)
-    assert all((env.get(v) == "1") == turned_on for v in OFF_PATH), env
-    assert env["SPECCTL_VERIFY_SCHEDULE"] == "1"  # serve's own three, on every release
-    left = [n for n in notes if n.startswith("left ")]
-    if turned_on:
-        assert not left
-        assert all(any(n.startswith(f"set {v}=1") for n in notes) for v in OFF_PATH)
-    else:
-        [line] = left
-        assert all(v in line for v in OFF_PATH) and "set them to 1" in line
-        assert (version or "no SGLang") in line
-
-
-def test_serve_keeps_an_off_path_switch_the_user_set() -> None:
-    _, env, notes = launch.build_command(
-        EAGLE, Path("cfg.json"), current_env={"SPECCTL_PLAIN_DECODE": "0"},
-        sglang_version="0.5.17")
-    assert "SPECCTL_PLAIN_DECODE" not in env  # the server inherits the user's 0
-    assert [env[v] for v in OFF_PATH[1:]] == ["1", "1", "1"]
-    assert not any("SPECCTL_PLAIN_DECODE" in n for n in notes)
-    # On a release where serve leaves them off, the note names only the unset ones.
-    _, env, notes = launch.build_command(
-        EAGLE, Path("cfg.json"), current_env={"SPECCTL_PLAIN_DECODE": "1"},
-        sglang_version="0.5.23")
-    [line] = [n for n in notes if n.startswith("left ")]
-    assert "SPECCTL_PLAIN_DECODE" not in line and "SPECCTL_LEAN_RELAY" in line
-    assert not any(v in env for v in OFF_PATH)
 
 
 @pytest.mark.parametrize(

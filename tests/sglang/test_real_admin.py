@@ -80,75 +80,19 @@ def test_release_returns_control_to_sglang(controller: Any, runtime: SchedulerRu
     assert runtime.table is None and runtime.source == "none"
 
 
-def test_off_mode_switches_through_the_controller_with_or_without_a_table(
-    controller: Any, runtime: SchedulerRuntime
+@pytest.mark.parametrize("key", ["specctl_off_mode", "specctl_lean_host", "specctl_lean_relay",
+                                 "specctl_fence_at_replay", "specctl_skip_draft_prefill",
+                                 "specctl_plain_decode"])
+def test_a_former_setting_key_is_refused_through_the_controller_as_any_unknown_key(
+    controller: Any, runtime: SchedulerRuntime, key: str,
 ) -> None:
-    out = controller.set_internal_state(_req({"specctl_off_mode": 0}))
-    assert out.updated is True and runtime.off_mode == "sglang" and runtime.table is None
-    out = controller.set_internal_state(_req({**encode_table(TABLE), "specctl_off_mode": 2}))
-    assert out.updated is True and runtime.off_mode == "skip-extend-all"
-    assert runtime.table == TABLE
-    out = controller.set_internal_state(_req({"specctl_off_mode": 7}))
-    assert out.updated is False and runtime.off_mode == "skip-extend-all"
-    assert "specctl_off_mode" in (runtime.last_rejection or "")
-
-
-def test_the_host_trims_switch_through_the_controller(controller: Any,
-                                                     runtime: SchedulerRuntime) -> None:
-    assert controller.set_internal_state(_req({"specctl_lean_host": 1})).updated
-    assert runtime.lean_host and runtime.table is None
-    out = controller.set_internal_state(_req({"specctl_lean_host": 3}))
-    assert out.updated is False and runtime.lean_host
-    assert "specctl_lean_host" in (runtime.last_rejection or "")
-
-
-def test_the_relay_trims_switch_through_the_controller(controller: Any,
-                                                      runtime: SchedulerRuntime) -> None:
-    assert controller.set_internal_state(_req({"specctl_lean_relay": 1})).updated
-    assert runtime.lean_relay and runtime.table is None
-    out = controller.set_internal_state(_req({"specctl_lean_relay": "yes"}))
-    assert out.updated is False and runtime.lean_relay
-    assert "specctl_lean_relay" in (runtime.last_rejection or "")
-
-
-def test_the_fence_at_the_replay_switches_through_the_controller(
-    controller: Any, runtime: SchedulerRuntime
-) -> None:
-    assert controller.set_internal_state(_req({"specctl_fence_at_replay": 1})).updated
-    assert runtime.fence_at_replay and runtime.table is None
-    assert runtime.report()["fence_at_replay"] is True
-    out = controller.set_internal_state(_req({"specctl_fence_at_replay": 2}))
-    assert out.updated is False and runtime.fence_at_replay
-    assert "specctl_fence_at_replay" in (runtime.last_rejection or "")
-    assert controller.set_internal_state(_req({"specctl_fence_at_replay": 0})).updated
-    assert not runtime.fence_at_replay
-
-
-def test_the_plain_decode_switch_goes_through_the_controller(controller: Any,
-                                                           runtime: SchedulerRuntime) -> None:
-    """No DECODE graphs were captured in this process: 1 is refused naming the key and how to
-    get them, 0 is applied."""
-    from sglang_hooks import plain_decode
-
-    saved = plain_decode._LIVE[0]
-    try:
-        out = controller.set_internal_state(_req({"specctl_plain_decode": 1}))
-        assert out.updated is False and plain_decode.live()
-        assert (runtime.last_rejection or "").startswith("specctl_plain_decode: 1 needs")
-        assert controller.set_internal_state(_req({"specctl_plain_decode": 0})).updated
-        assert runtime.report()["plain_decode"]["live"] is False
-    finally:
-        plain_decode._LIVE[0] = saved
-
-
-def test_the_draft_prefill_skip_switches_through_the_controller(
-    controller: Any, runtime: SchedulerRuntime,
-) -> None:
-    assert controller.set_internal_state(_req({"specctl_skip_draft_prefill": 1})).updated
-    assert runtime.skip_draft_prefill and runtime.table is None
-    out = controller.set_internal_state(_req({"specctl_skip_draft_prefill": 2}))
-    assert out.updated is False and runtime.skip_draft_prefill
-    assert "specctl_skip_draft_prefill" in (runtime.last_rejection or "")
+    """The plugin has no run-time setting left: alone, such a key is a table push missing its
+    version; beside a table, an unknown key of it. Nothing is applied either way."""
+    out = controller.set_internal_state(_req({key: 1}))
+    assert out.updated is False and (runtime.last_rejection or "").startswith("specctl_version")
+    out = controller.set_internal_state(_req({**encode_table(TABLE), key: 0}))
+    assert out.updated is False and runtime.table is None
+    assert (runtime.last_rejection or "").startswith(f"{key}: unknown key")
 
 
 def test_state_report_lands_in_the_real_output_message(runtime: SchedulerRuntime) -> None:
@@ -311,65 +255,42 @@ def test_uncaptured_depth_is_a_400_before_reaching_the_scheduler(client: Any) ->
     assert detail["field"] == "specctl_t0_depth" and "not captured" in detail["message"]
 
 
-def test_off_mode_push_is_applied_and_a_bad_code_is_a_400(client: Any,
-                                                          runtime: SchedulerRuntime) -> None:
+def test_a_former_setting_key_is_a_400_naming_it(client: Any,
+                                                runtime: SchedulerRuntime) -> None:
     resp = client.post("/set_internal_state", json={"server_args": {"specctl_off_mode": 0}})
-    assert resp.status_code == 200 and resp.json() == [True]
-    assert runtime.off_mode == "sglang"
-    resp = client.post("/set_internal_state", json={"server_args": {"specctl_off_mode": 3}})
     assert resp.status_code == 400
-    assert json.loads(resp.json()["message"])["field"] == "specctl_off_mode"
+    assert json.loads(resp.json()["message"])["field"] == "specctl_version"
+    body = push_body(TABLE)
+    body["server_args"]["specctl_plain_decode"] = 1
+    resp = client.post("/set_internal_state", json=body)
+    assert resp.status_code == 400
+    detail = json.loads(resp.json()["message"])
+    assert detail["field"] == "specctl_plain_decode" and "unknown key" in detail["message"]
+    assert runtime.table is None
 
 
-def test_smoke_off_mode_checks_pass_against_the_real_push_route(
-    client: Any, runtime: SchedulerRuntime
-) -> None:
-    """Pushes go through the real route; /server_info is stood in by its `internal_states`
-    part, built by the real report hook (the real route also needs a launched server's
-    arguments and scheduler info)."""
-    import httpx
+def test_smoke_off_path_check_reads_the_real_report(runtime: SchedulerRuntime) -> None:
+    """The smoke test's check of what depth 0 runs, on the states the real report hook gives:
+    every rank the same path and pieces passes, a rank on another path or not yet steering
+    fails, and this SGLang's path skips the draft extend."""
     from sglang.srt.managers.io_struct import GetInternalStateReqOutput
 
-    from sglang_hooks import smoke
+    from sglang_hooks import settings, smoke
 
-    def server_info(path: str) -> httpx.Response:
+    def state() -> dict[str, Any]:
         out = hooks.get_internal_state(GetInternalStateReqOutput(internal_state={}), None)
-        return httpx.Response(200, json={"internal_states": [out.internal_state]})
+        [got] = read_server_state({"internal_states": [out.internal_state]})
+        return got
 
-    runtime.set_off_mode("skip-extend")
-    runtime.lean_host = True
-    runtime.lean_relay = False
-    checks = smoke.off_mode_checks(client, SimpleNamespace(get=server_info))
-    # three modes, the start one again, a bad code; then each of the four switches on,
-    # off, the start again, a bad value
-    assert len(checks) == 21 and all(ok for ok, _ in checks), checks
-    assert runtime.off_mode == "skip-extend" and runtime.lean_host  # put back
-    assert not runtime.lean_relay
-
-
-@pytest.mark.parametrize("captured", [False, True])
-def test_smoke_plain_decode_checks_pass_against_the_real_push_route(
-    client: Any, runtime: SchedulerRuntime, captured: bool, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Without DECODE graphs 1 is refused with the key; with a (stand-in) captured runner the
-    switch goes off and back on through the real route. /server_info is stood in as above."""
-    import httpx
-    from sglang.srt.managers.io_struct import GetInternalStateReqOutput
-
-    from sglang_hooks import plain_decode, smoke
-
-    def server_info(path: str) -> httpx.Response:
-        out = hooks.get_internal_state(GetInternalStateReqOutput(internal_state={}), None)
-        return httpx.Response(200, json={"internal_states": [out.internal_state]})
-
-    stats = plain_decode._Stats()
-    if captured:
-        stats.workers.append(plain_decode.PlainDecode(runner=object(), backend=object()))
-    monkeypatch.setattr(plain_decode, "STATS", stats)
-    monkeypatch.setattr(plain_decode, "_LIVE", [True])
-    checks = smoke.plain_decode_checks(client, SimpleNamespace(get=server_info))
-    assert len(checks) == (2 if captured else 1) and all(ok for ok, _ in checks), checks
-    assert plain_decode.live()  # as it started
+    ours = state()
+    assert ours["off_path"]["path"] == "specctl" and smoke.skips_extend(ours)
+    ok, what = smoke.off_path_check([ours, ours])
+    assert ok and "skip-extend" in what
+    runtime.use_off_path(settings.SGLANG, ())
+    fallback = state()
+    assert not smoke.off_path_check([ours, fallback])[0] and not smoke.skips_extend(fallback)
+    runtime.off_path = None  # as before steering starts
+    assert not smoke.off_path_check([state()])[0]
 
 
 def test_non_numeric_value_is_refused_by_sglang_own_validation(client: Any) -> None:

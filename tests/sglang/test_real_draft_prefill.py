@@ -17,7 +17,9 @@ from typing import Any
 
 import pytest
 
-from sglang_hooks.contract import PolicyTable, Tier
+from sglang_hooks import settings
+from sglang_hooks.adapters import v0_5_17
+from sglang_hooks.contract import OffPathFeature, PolicyTable, Tier
 from sglang_hooks.runtime import SchedulerRuntime
 
 HIDDEN = 64
@@ -68,7 +70,7 @@ def off_table(runtime: SchedulerRuntime, plugin_loaded: bool) -> SchedulerRuntim
         Tier(16, 0, hysteresis=2),
         Tier(64, 0, hysteresis=8, explore_share=0.5, explore_depths=(3,)),
     ], 5))
-    runtime.skip_draft_prefill = True
+    assert OffPathFeature.SKIP_DRAFT_PREFILL in runtime.features  # this SGLang's off path
     return runtime
 
 
@@ -95,12 +97,14 @@ def test_an_admission_into_an_off_tier_gets_the_stub_and_no_draft_forward(
 def test_with_the_host_trims_the_stub_is_sglangs_zeros_built_once_per_batch_size(
     off_table: SchedulerRuntime,
 ) -> None:
-    """The reused stub has the shapes, dtypes and zeros of SGLang's own; a prefill of another
-    size gets its own; the launch is marked stubbed for the relay (lean_relay.py)."""
+    """0.5.17's off path, with the trims: the reused stub has the shapes, dtypes and zeros of
+    SGLang's own (0.5.23's off path, without them, builds it anew); a prefill of another size
+    gets its own."""
     _decode(off_table, 20)
     sglang_stub, _ = _prefill(off_table, 3)
-    assert off_table.launch_stubbed
-    off_table.lean_host = True
+    again, _ = _prefill(off_table, 3)
+    assert again.topk_p is not sglang_stub.topk_p  # without the trims: SGLang's, every time
+    off_table.use_off_path(settings.SPECCTL, v0_5_17.ADAPTER.off_path)
     first, _ = _prefill(off_table, 3)
     second, bonus = _prefill(off_table, 3)
     other, _ = _prefill(off_table, 5)
@@ -110,7 +114,7 @@ def test_with_the_host_trims_the_stub_is_sglangs_zeros_built_once_per_batch_size
         assert ours.shape == sglangs.shape and ours.dtype == sglangs.dtype
         assert float(ours.abs().sum()) == 0.0
         assert getattr(other, name).shape[0] == 5
-    assert second.bonus_tokens is bonus and off_table.skipped_prefills == 4
+    assert second.bonus_tokens is bonus and off_table.skipped_prefills == 5
 
 
 def _runs_the_real_extend(runtime: SchedulerRuntime, admitted: int, *extra: Any,
@@ -145,25 +149,20 @@ def test_the_landing_tier_is_read_with_hysteresis_and_leaves_it_alone(
     assert off_table.skipped_prefills == 1
 
 
-@pytest.mark.parametrize(("switch", "mode", "running"), [
-    (False, "skip-extend", 20),  # the switch off: SGLang's draft prefill
-    (True, "sglang", 20),  # SGLang's depth 0 keeps the draft current: so does its prefill
-    (True, "skip-extend", 100),  # the off tier probes depth 3: keep the draft warm
+@pytest.mark.parametrize(("features", "path", "running"), [
+    # an off path without the prefill's skip: SGLang's draft prefill
+    (frozenset({OffPathFeature.SKIP_EXTEND}), settings.SPECCTL, 20),
+    # SGLang's depth 0 keeps the draft current: so does its prefill
+    (frozenset(), settings.SGLANG, 20),
+    (None, settings.SPECCTL, 100),  # the off tier probes depth 3: keep the draft warm
 ])
-def test_which_settings_and_tiers_keep_the_real_extend(off_table: SchedulerRuntime,
-                                                       switch: bool, mode: str,
-                                                       running: int) -> None:
-    off_table.skip_draft_prefill = switch
-    off_table.set_off_mode(mode)
+def test_which_paths_and_tiers_keep_the_real_extend(off_table: SchedulerRuntime,
+                                                    features: frozenset[OffPathFeature] | None,
+                                                    path: str, running: int) -> None:
+    if features is not None:
+        off_table.use_off_path(path, features)
     _decode(off_table, running)
     assert _runs_the_real_extend(off_table, 2)
-
-
-def test_skip_extend_all_skips_in_a_probing_off_tier(off_table: SchedulerRuntime) -> None:
-    off_table.set_off_mode("skip-extend-all")
-    _decode(off_table, 100)
-    _prefill(off_table, 2)
-    assert off_table.skipped_prefills == 1
 
 
 def test_idle_and_multimodal_batches_keep_the_real_extend(off_table: SchedulerRuntime) -> None:
@@ -185,9 +184,9 @@ def test_an_idle_batch_keeps_the_real_extend(off_table: SchedulerRuntime) -> Non
     assert _runs_the_real_extend(off_table, 0, idle=True)
 
 
-def test_without_a_table_the_switch_changes_nothing(runtime: SchedulerRuntime,
-                                                    plugin_loaded: bool) -> None:
+def test_without_a_table_the_skip_changes_nothing(runtime: SchedulerRuntime,
+                                                  plugin_loaded: bool) -> None:
     runtime.activate({0, 1, 3}, None)
-    runtime.skip_draft_prefill = True
+    assert runtime.skips_draft_prefill
     runtime.choose(100)
     assert _runs_the_real_extend(runtime, 2)

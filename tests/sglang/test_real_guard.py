@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from sglang_hooks import guard, launch
+from sglang_hooks import guard
 
 
 def test_guard_accepts_installed_0_5_23_with_its_adapter() -> None:
@@ -18,13 +18,6 @@ def test_guard_accepts_0_5_17_source_with_its_adapter(sglang17_root: Path) -> No
     result = guard.evaluate(sglang17_root)
     assert result.version == "0.5.17"
     assert result.adapter is not None and result.adapter.name == "sglang-0.5.17", result.reason
-
-
-def test_serve_reads_the_release_it_launches_from_the_real_sources(sglang17_root: Path) -> None:
-    # `specctl serve` turns depth 0's plain decode path on for the release it was measured on.
-    assert guard.installed_version() == "0.5.23"
-    assert not launch.measured_off_path(guard.installed_version())
-    assert launch.measured_off_path(guard.read_version(sglang17_root))
 
 
 def test_every_hooked_symbol_exists_in_both_sources_and_in_the_live_classes(
@@ -42,13 +35,7 @@ def test_every_hooked_symbol_exists_in_both_sources_and_in_the_live_classes(
     adapter = next(a for a in guard.ADAPTERS if a.name == "sglang-0.5.23")
     for spec in adapter.hooks:
         module, cls, method = spec.target.rsplit(".", 2)
-        try:
-            loaded = importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            # The FA3 backend needs the GPU kernel wheel: its symbols are checked on the
-            # sources above only.
-            assert err.name == "sgl_kernel" and module.endswith("flashattention_backend"), err
-            continue
+        loaded = importlib.import_module(module)
         obj = getattr(getattr(loaded, cls), method)
         fn = inspect.unwrap(obj)
         params = list(inspect.signature(fn).parameters)[1:]

@@ -1,8 +1,9 @@
-"""The host-work trims (`specctl_lean_host`), through SGLang's real methods.
+"""The host-work trims (0.5.17's off path), through SGLang's real methods.
 
 Real: `EAGLEWorkerV2._build_trivial_verify_input` and `_stub_skipped_draft_extend` (SGLang
-0.5.23's bodies, the first patched by the plugin's loader), `EagleVerifyInput`, and SGLang
-0.5.17's `alloc_for_spec_decode`, compiled from the unpacked 0.5.17 source. Stand-ins,
+0.5.23's bodies: the first behind the plugin's hook, called as 0.5.17's adapter registers it,
+the second through the skipped extend the plugin's loader patched in), `EagleVerifyInput`,
+and SGLang 0.5.17's `alloc_for_spec_decode`, compiled from the unpacked 0.5.17 source. Stand-ins,
 because the workers need a GPU model runner: the worker `self` (device, top-k, the target's
 attention backend with its verify mask buffer, the draft runner config the stub reads), the
 batch (sequence lengths, the previous bonus tokens, the forward mode) and, for 0.5.17's
@@ -20,7 +21,8 @@ from typing import Any
 import pytest
 
 from benchmarks import sglang17_source
-from sglang_hooks import lean_host
+from sglang_hooks import hooks, lean_host, settings
+from sglang_hooks.adapters import v0_5_17
 from sglang_hooks.contract import PolicyTable, Tier
 from sglang_hooks.runtime import SchedulerRuntime
 
@@ -64,9 +66,11 @@ def _batch(seq_lens: list[int]) -> Any:
 
 
 def _verify_input(worker: Any, batch: Any) -> Any:
+    """The trivial verify input through the plugin's hook around SGLang's body, as the 0.5.17
+    adapter registers it (the installed 0.5.23's adapter does not)."""
     from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
-    return EAGLEWorkerV2._build_trivial_verify_input(worker, batch)
+    return hooks.lean_trivial_verify(EAGLEWorkerV2._build_trivial_verify_input, worker, batch)
 
 
 def _same(a: Any, b: Any) -> None:
@@ -83,10 +87,26 @@ def _same(a: Any, b: Any) -> None:
 
 @pytest.fixture
 def trims(runtime: SchedulerRuntime) -> SchedulerRuntime:
+    """A runtime on 0.5.17's off path: the trims, beside the plain decode."""
     lean_host.VERIFY_INDEXES.clear()
     lean_host.STUBS.clear()
-    runtime.lean_host = True
+    runtime.use_off_path(settings.SPECCTL, v0_5_17.ADAPTER.off_path)
+    assert runtime.host_trims
     return runtime
+
+
+def test_the_installed_releases_trivial_verify_input_is_sglangs_own(
+    runtime: SchedulerRuntime,
+) -> None:
+    """0.5.23's off path has no trims: its verify input is SGLang's own body, unhooked."""
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    assert not runtime.host_trims
+    assert not hasattr(EAGLEWorkerV2._build_trivial_verify_input, "__wrapped__")
+    worker = _worker(_Mask())
+    first, second = (EAGLEWorkerV2._build_trivial_verify_input(worker, _batch([3, 4]))
+                     for _ in range(2))
+    assert first.retrieve_index is not second.retrieve_index
 
 
 def test_the_trivial_verify_input_equals_sglangs_and_reuses_its_indexes(
@@ -94,11 +114,11 @@ def test_the_trivial_verify_input_equals_sglangs_and_reuses_its_indexes(
 ) -> None:
     mask = _Mask()
     worker = _worker(mask)
-    runtime.lean_host = False
+    runtime.host_trims = False
     wanted = [_verify_input(worker, _batch(lens)) for lens in ([5, 9, 7], [6, 10, 8], [4, 4])]
     assert wanted[0].retrieve_index is not wanted[1].retrieve_index  # SGLang builds anew
     lean_host.VERIFY_INDEXES.clear()
-    runtime.lean_host = True
+    runtime.host_trims = True
     got = []
     for lens in ([5, 9, 7], [6, 10, 8], [4, 4]):
         mask.buffer.zero_()  # a positive depth's draft wrote its own tree mask here
@@ -142,15 +162,15 @@ def test_a_batch_for_the_plain_path_gets_its_mask_and_positions_only_if_the_veri
     changes."""
     from sglang_hooks import plain_decode
 
-    monkeypatch.setattr(plain_decode, "ENABLED", True)
+    assert trims.plain_decode_path
     monkeypatch.setattr(plain_decode, "STATS", plain_decode._Stats())
     mask = _Mask()
     worker = _worker(mask)
     _plain_ready(worker, warm := _batch([5, 9, 7]))
     _verify_input(worker, warm)  # the first of a size is SGLang's own, whole
-    trims.lean_host = False
+    trims.host_trims = False
     wanted = _verify_input(worker, _batch([6, 10, 8]))
-    trims.lean_host = True
+    trims.host_trims = True
     mask.buffer.zero_()  # a positive depth's draft wrote its tree mask here
     batch = _batch([6, 10, 8])
     _plain_ready(worker, batch)
@@ -168,7 +188,7 @@ def test_a_batch_for_the_plain_path_gets_its_mask_and_positions_only_if_the_veri
     batch.return_logprob = True  # a batch the path leaves to the verify
     worker.speculative_num_steps = 0
     assert not lean_host.unfinished(_verify_input(worker, batch))
-    monkeypatch.setattr(plain_decode, "ENABLED", False)
+    trims.plain_decode_path = False  # an off path without the plain decode
     batch.return_logprob = False
     assert not lean_host.unfinished(_verify_input(worker, batch))
     assert plain_decode.STATS.light_inputs == 1
@@ -378,7 +398,7 @@ def test_the_hooks_take_the_lean_preparation_only_where_it_is_sglangs(
 
     reqs = [NS(kv_committed_len=10, kv=NS(kv_allocated_len=12), decode_batch_idx=0)]
     monkeypatch.setattr(hooks, "RELEASE", "0.5.17")
-    runtime.lean_host = True
+    runtime.host_trims = True
     hooks.lean_prepare(original_prepare, _prepare_batch(reqs, False, []))
     assert hooks.lean_tokens_required(original_estimate, None, reqs, 1) == 6
     assert (allocs, originals) == ([6], [])
@@ -394,13 +414,13 @@ def test_the_hooks_take_the_lean_preparation_only_where_it_is_sglangs(
     hooks.lean_prepare(original_prepare, _prepare_batch(reqs, False, []))
     assert hooks.lean_tokens_required(original_estimate, None, reqs, 1) == -1
     monkeypatch.setattr(hooks, "RELEASE", "0.5.17")
-    runtime.lean_host = False
+    runtime.host_trims = False
     hooks.lean_prepare(original_prepare, _prepare_batch(reqs, False, []))
     assert hooks.lean_tokens_required(original_estimate, None, reqs, 1) == -1
     assert originals[3:] == ["prepare", "estimate", "prepare", "estimate"]
     assert allocs == [6] and reqs[0].decode_batch_idx == 1
     # /server_info counts the calls each trim took over, none that SGLang's body ran
-    assert runtime.report()["lean_prepare_runs"] == {
+    assert runtime.report()["host_trim_runs"] == {
         "prepare": 1, "estimate": 1, "free_group_end": 0, "hand_over": 0, "isolation": 0}
 
 
@@ -457,7 +477,7 @@ def test_the_free_group_hook_ends_it_once_whichever_body_runs(
 
     for lean, release in ((True, "0.5.17"), (False, "0.5.17"), (True, "0.5.23")):
         monkeypatch.setattr(hooks, "RELEASE", release)
-        runtime.lean_host = lean
+        runtime.host_trims = lean
         allocator = _allocator_0517(sglang17_root, True)
         taken = allocator.alloc(8)
         allocator.free_group_begin()
@@ -570,7 +590,7 @@ def test_the_hand_over_hook_runs_sglangs_body_but_where_the_lean_one_reproduces_
     monkeypatch.setitem(sys.modules, "sglang.srt.managers.overlap_utils",
                         NS(_is_hip=case == "ROCm", _DEBUG_ASSERT=case == "debug checks"))
     monkeypatch.setattr(hooks, "RELEASE", "0.5.23" if case == "0.5.23" else "0.5.17")
-    runtime.lean_host = case != "trims off"
+    runtime.host_trims = case != "trims off"
     if case == "before the first publish":
         future_map.publish_ready = None
     future_map.needs_cpu_seq_lens = case != "lean without host lengths"
@@ -679,7 +699,7 @@ def test_the_isolation_hook_runs_sglangs_body_but_where_the_trim_reproduces_it(
 
     batch: Any = _real_batch("b")
     monkeypatch.setattr(hooks, "RELEASE", "0.5.23" if case == "0.5.23" else "0.5.17")
-    runtime.lean_host = case != "trims off"
+    runtime.host_trims = case != "trims off"
     if case == "not speculative":
         batch.spec_algorithm = NS(is_none=lambda: True)
     if case == "own __setattr__":
@@ -733,18 +753,6 @@ def test_the_host_trims_benchmark_runs_at_a_tiny_scale(
     assert host_trims.main() == 0
     out = capsys.readouterr().out
     for body in ("next-decode KV estimate", "decode preparation", "free group end",
-                 "hand-over, FA3", "hand-over, host lengths", "bonus tokens' stash",
-                 "bonus tokens' gather", "forward isolation"):
+                 "hand-over, FA3", "hand-over, host lengths", "forward isolation"):
         assert body in out
-
-
-def test_the_preparation_switch_reads_0_or_1(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sglang_hooks.env_switch import read_switch
-
-    for raw, wanted in (("1", (True, None)), ("0", (False, None)), ("", (False, None))):
-        monkeypatch.setenv(lean_host.PREPARE_ENV, raw)
-        assert read_switch(lean_host.PREPARE_ENV, "the decode-preparation trims") == wanted
-    monkeypatch.setenv(lean_host.PREPARE_ENV, "yes")
-    on, error = read_switch(lean_host.PREPARE_ENV, "the decode-preparation trims")
-    assert not on and error == ("SPECCTL_LEAN_PREPARE='yes' is not 0 or 1; "
-                                "the decode-preparation trims stay off")
+    assert "bonus tokens'" not in out  # the relay trims' operators are gone with them

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace as NS
@@ -657,55 +658,6 @@ def test_a_failing_plain_decode_turns_the_path_off_for_that_worker(
         worker.__dict__[plain_decode._ATTR].reason)
 
 
-@pytest.fixture
-def live() -> Iterator[None]:
-    saved = plain_decode._LIVE[0]
-    yield
-    plain_decode._LIVE[0] = saved
-
-
-def test_the_admin_switch_sends_depth_0_back_to_the_verify_without_a_restart(
-    stats: plain_decode._Stats, live: None, runtime: Any, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(plain_decode, "_PARTS", _parts())
-    worker = _worker()
-    stats.workers.append(worker.__dict__[plain_decode._ATTR])  # as `build` registers it
-    runtime.activate({0, 1, 3}, None)
-    runtime.commit(runtime.apply_request({"specctl_plain_decode": 0}))
-    assert plain_decode.state_report()["live"] is False
-    assert plain_decode.batch_reason(worker, _batch()) == plain_decode.SWITCHED_OFF
-    assert hooks.plain_decode_verify(_verify, worker, _batch())[0] == "verify"
-    assert (stats.launches, stats.fallbacks) == (0, 0)  # switched off is not a fallback
-    runtime.commit(runtime.apply_request({"specctl_plain_decode": 1}))
-    assert hooks.plain_decode_verify(_verify, worker, _batch()).accept_lens.tolist() == [1, 1, 1]
-    assert (stats.launches, stats.fallbacks) == (1, 0)
-    assert plain_decode.state_report()["live"] is True
-
-
-@pytest.mark.parametrize(("report", "says"), [
-    ({"enabled": False, "runners": 0}, "SPECCTL_PLAIN_DECODE=1"),
-    ({"enabled": True, "runners": 0, "unbuilt_reasons": ["MLA attention"]}, "MLA attention"),
-])
-def test_turning_the_path_on_where_no_graphs_were_captured_is_refused_naming_the_key(
-    stats: plain_decode._Stats, live: None, runtime: Any, report: dict[str, Any], says: str,
-) -> None:
-    from sglang_hooks.contract import PolicyError
-    from sglang_hooks.runtime import validate_change
-
-    runtime.activate({0, 1, 3}, None)
-    with pytest.raises(PolicyError) as err:  # this scheduler: nothing built
-        runtime.apply_request({"specctl_plain_decode": 1})
-    assert err.value.field == "specctl_plain_decode"
-    assert plain_decode.live()
-    change = validate_change({"specctl_plain_decode": 1}, None)
-    with pytest.raises(PolicyError, match=says) as err:  # the HTTP side, from the live states
-        hooks.check_plain_decode(change, [{"plain_decode": {"runners": 1}},
-                                          {"plain_decode": report}])
-    assert err.value.field == "specctl_plain_decode"
-    hooks.check_plain_decode(validate_change({"specctl_plain_decode": 0}, None),
-                             [{"plain_decode": report}])  # turning it off needs nothing
-
-
 # ----------------------------------------------------------------------------- start-up
 
 
@@ -808,34 +760,31 @@ def test_a_failed_capture_leaves_depth_0_on_the_verify(stats: plain_decode._Stat
     assert SPEC == {"steps": 3, "draft_tokens": 4}  # the override was undone
 
 
-@pytest.mark.parametrize("switch", ["plain_decode", "lean_prepare"])
-def test_the_hooks_are_registered_only_with_the_switch_on(
-    switch: str, monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Each start-up switch's hooks (this path's, and the decode-preparation trims of
-    lean_host.py), 0.5.17's only; the adapter's other hooks registered either way."""
-    from sglang_hooks import lean_host, plugin
+@pytest.mark.parametrize("feature", ["plain-decode", "host-trims"])
+def test_the_hooks_are_registered_on_0517s_off_path_only(feature: str) -> None:
+    """This path's hooks (and the host-work trims' of lean_host.py): registered on 0.5.17's
+    off path, not on 0.5.23's nor with SPECCTL_OFF_PATH=sglang; the adapter's other hooks
+    registered either way."""
+    from sglang_hooks import plugin, settings
     from sglang_hooks.adapters import v0_5_17, v0_5_23
 
-    module, flag, names = {"plain_decode": (plain_decode, "ENABLED", plain_decode.HOOKS),
-                           "lean_prepare": (lean_host, "PREPARE_ENABLED",
-                                            lean_host.PREPARE_HOOKS)}[switch]
-    registered = {}
-    for enabled in (False, True):
-        monkeypatch.setattr(module, flag, enabled)
-        registered[enabled] = {spec.hook for spec in plugin.wanted_hooks(v0_5_17.ADAPTER)}
-        assert not set(names) & {s.hook for s in plugin.wanted_hooks(v0_5_23.ADAPTER)}
-    assert registered[True] - registered[False] == set(names)
-    assert registered[False] <= registered[True]
-    assert all(callable(getattr(hooks, name)) for name in names)
+    names = {spec.hook for spec in v0_5_17.ADAPTER.hooks if spec.feature == feature}
+    assert names and all(callable(getattr(hooks, name)) for name in names)
+    ours = {spec.hook for spec in plugin.wanted_hooks(v0_5_17.ADAPTER, settings.SPECCTL)}
+    sglangs = {spec.hook for spec in plugin.wanted_hooks(v0_5_17.ADAPTER, settings.SGLANG)}
+    assert names <= ours and not names & sglangs and sglangs < ours
+    assert not names & {s.hook for s in plugin.wanted_hooks(v0_5_23.ADAPTER, settings.SPECCTL)}
 
 
-@pytest.mark.parametrize("enabled", [False, True])
-def test_tp_ranks_compare_the_switch_before_a_table_steers(
-    enabled: bool, runtime: Any, monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("release", ["0.5.17", "0.5.23", "fallback"])
+def test_tp_ranks_compare_the_off_path_before_a_table_steers(
+    release: str, runtime: Any, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """A rank on the plain path samples where its peers verify: the ranks must agree on it.
-    The peer check is a recorder here (test_real_peers.py runs the real one)."""
+    """A rank on the plain path samples where its peers verify: the ranks must agree on what
+    depth 0 runs. The peer check is a recorder here (test_real_peers.py runs the real one)."""
+    from sglang_hooks import settings
+    from sglang_hooks.adapters import v0_5_17, v0_5_23
+
     published: list[str] = []
 
     class Peers:
@@ -844,13 +793,20 @@ def test_tp_ranks_compare_the_switch_before_a_table_steers(
         def publish(self, mine: str) -> None:
             published.append(mine)
 
-    monkeypatch.setattr(plain_decode, "ENABLED", enabled)
+    path, features = {"0.5.17": (settings.SPECCTL, v0_5_17.ADAPTER.off_path),
+                      "0.5.23": (settings.SPECCTL, v0_5_23.ADAPTER.off_path),
+                      "fallback": (settings.SGLANG, frozenset())}[release]
+    monkeypatch.setattr(hooks, "OFF_PATH", path)
+    monkeypatch.setattr(hooks, "FEATURES", features)
     monkeypatch.setattr(hooks, "default_peer_check", lambda: Peers())
     params = NS(candidate_steps=[0, 3], cuda_graph_bs_for_step=lambda step: [1, 2])
     controller = NS(params=params, worker=NS(speculative_num_steps=3))
     hooks.on_states_built(None, controller, [1, 2])
     [mine] = published
-    assert f'"plain_decode":{str(enabled).lower()}' in mine
+    assert f'"off_path":"{path}"' in mine
+    assert f'"off_path_features":{json.dumps(sorted(features), separators=(",", ":"))}' in mine
+    assert '"SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND":""' in mine
+    assert runtime.features == features and runtime.plain_decode_path is (release == "0.5.17")
 
 
 def test_the_simulator_reports_the_same_plain_decode_fields_as_the_plugin() -> None:
@@ -866,7 +822,7 @@ def test_the_simulator_reports_the_same_plain_decode_fields_as_the_plugin() -> N
         server = SimulatedServer(load_profile(name), Workload.closed(1))
         simulated = server.specctl_state()["plain_decode"]
         assert set(simulated) == set(plain_decode.state_report())
-        assert simulated["runners"] == runners and simulated["enabled"] is bool(runners)
+        assert simulated["runners"] == runners
         assert simulated["light_inputs"] == 0
 
 
@@ -876,7 +832,7 @@ def test_the_simulator_reports_the_same_plain_decode_fields_as_the_plugin() -> N
 def test_0517_decode_graphs_publish_their_read_done_event_before_replaying(
     sglang17_root: Path,
 ) -> None:
-    """What the fence at the replay hands over (lean_relay.py): 0.5.17's graph runner records
+    """What the fence at the replay hands over (fence.py): 0.5.17's graph runner records
     the model runner's read-done event before its replay for a DECODE batch, and after it only
     for a breakable verify."""
     replay = _method(sglang17_root, "execute")
@@ -912,7 +868,7 @@ class PublishingTargetWorker(TargetWorker):
 
 @pytest.mark.parametrize("publish", [True, False])
 def test_a_plain_decode_keeps_the_event_its_own_replay_published(publish: bool) -> None:
-    from sglang_hooks import lean_relay
+    from sglang_hooks import fence
 
     worker = _worker()
     mr = worker._target_worker.model_runner
@@ -920,12 +876,12 @@ def test_a_plain_decode_keeps_the_event_its_own_replay_published(publish: bool) 
     worker._target_worker = PublishingTargetWorker(mr, publish)
     result = plain_decode.decode(worker, _batch(enable_overlap=True), _parts())
     assert result is not None
-    kept = getattr(result, lean_relay.REPLAY_EVENT)
+    kept = getattr(result, fence.REPLAY_EVENT)
     assert kept is (worker._target_worker.events[0] if publish else None)
 
 
 def test_a_runner_without_the_event_leaves_the_result_without_one() -> None:
-    from sglang_hooks import lean_relay
+    from sglang_hooks import fence
 
     result = plain_decode.decode(_worker(), _batch(), _parts())
-    assert result is not None and not hasattr(result, lean_relay.REPLAY_EVENT)
+    assert result is not None and not hasattr(result, fence.REPLAY_EVENT)

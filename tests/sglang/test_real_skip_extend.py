@@ -1,4 +1,4 @@
-"""The off mode's skipped draft extend, through SGLang's real methods.
+"""The off path's skipped draft extend, through SGLang's real methods.
 
 Real: `EagleDraftWorker._draft_extend_for_decode` (patched by the plugin's loader; the real
 body runs whenever the plugin does not skip) and `EAGLEWorkerV2._stub_skipped_draft_extend`
@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from sglang_hooks.contract import PolicyTable, Tier
+from sglang_hooks import settings
+from sglang_hooks.contract import OffPathFeature, PolicyTable, Tier
 from sglang_hooks.runtime import SchedulerRuntime
 
 HIDDEN = 64
@@ -67,21 +68,22 @@ def off_table(runtime: SchedulerRuntime, plugin_loaded: bool) -> SchedulerRuntim
 
 
 def test_skip_extend_stubs_the_draft_inputs_in_an_off_tier(off_table: SchedulerRuntime) -> None:
-    assert off_table.off_mode == "skip-extend"
+    assert OffPathFeature.SKIP_EXTEND in off_table.features  # this SGLang's off path
     out = _extend(off_table, 20, steps=0)
     assert out.topk_p.shape == (20, 1) and float(out.topk_p.abs().sum()) == 0.0
     assert out.topk_index.shape == (20, 1) and out.hidden_states.shape == (20, HIDDEN)
     assert off_table.skipped_extends == 1
 
 
-@pytest.mark.parametrize(("mode", "batch", "skips"), [
-    ("sglang", 20, False),  # SGLang's depth 0: the extend runs
-    ("skip-extend", 100, False),  # the off tier probes depth 3: keep the draft warm
-    ("skip-extend-all", 100, True),
+@pytest.mark.parametrize(("path", "batch", "skips"), [
+    (settings.SGLANG, 20, False),  # SGLang's depth 0: the extend runs
+    (settings.SPECCTL, 100, False),  # the off tier probes depth 3: keep the draft warm
+    (settings.SPECCTL, 20, True),
 ])
-def test_which_modes_and_tiers_keep_the_real_extend(off_table: SchedulerRuntime, mode: str,
-                                                     batch: int, skips: bool) -> None:
-    off_table.set_off_mode(mode)
+def test_which_paths_and_tiers_keep_the_real_extend(off_table: SchedulerRuntime, path: str,
+                                                    batch: int, skips: bool) -> None:
+    if path == settings.SGLANG:
+        off_table.use_off_path(path, ())
     if skips:
         _extend(off_table, batch, steps=0)
         assert off_table.skipped_extends == 1
@@ -106,18 +108,19 @@ def test_a_worker_not_at_depth_zero_is_never_skipped(off_table: SchedulerRuntime
     assert off_table.skipped_extends == 0
 
 
-@pytest.mark.parametrize("mode", ["sglang", "skip-extend"])
+@pytest.mark.parametrize("path", [settings.SGLANG, settings.SPECCTL])
 def test_accept_lengths_kept_on_the_host_go_to_the_device_before_a_real_extend(
-    off_table: SchedulerRuntime, mode: str,
+    off_table: SchedulerRuntime, path: str,
 ) -> None:
     """A depth-0 plain decode keeps its accept lengths on the host when its launch skips the
-    extend; whenever SGLang's real extend runs instead (here: the off mode keeps it, or the
+    extend; whenever SGLang's real extend runs instead (here: the off path keeps it, or the
     stub fails on a stand-in worker without a draft runner), they are on the batch's device
     first. The device is "meta" so that the move shows on a machine without a GPU."""
     import torch
     from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
 
-    off_table.set_off_mode(mode)
+    if path == settings.SGLANG:
+        off_table.use_off_path(path, ())
     off_table.spec_worker = NS(device="meta", topk=1, speculative_num_steps=0)  # no stub
     while (off_table.choose(20), off_table.launch_explore) != (0, False):
         pass
@@ -128,3 +131,19 @@ def test_accept_lengths_kept_on_the_host_go_to_the_device_before_a_real_extend(
         EagleDraftWorker._draft_extend_for_decode(NS(), batch, result)
     assert result.accept_lens.device.type == "meta"
     assert off_table.skipped_extends == 0
+
+
+def test_a_skip_flag_does_not_outlive_its_launch(off_table: SchedulerRuntime) -> None:
+    """The flag that makes the extend skip belongs to the launch whose depth choice set it:
+    the next launch starts without it, steered or not."""
+    from sglang_hooks import hooks
+
+    off_table.launch_skips_extend = True
+    hooks.time_launch(lambda worker, batch: NS(), NS(), NS())
+    assert not off_table.launch_skips_extend
+    off_table.launch_skips_extend = True
+    off_table.deactivate("test")
+    assert not off_table.launch_skips_extend
+    off_table.launch_skips_extend = True
+    hooks.time_launch(lambda worker, batch: NS(), NS(), NS())  # inactive: SGLang's launch
+    assert not off_table.launch_skips_extend

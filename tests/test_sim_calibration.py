@@ -2,7 +2,8 @@
 
 Targets (docs/simulator.md, "kimi-k25-8x-rtxpro6000-pcie"): no speculation 89.5 tok/s and
 full-depth EAGLE-3 96.1 tok/s single-stream steady decode; EAGLE-3 under a closed loop of
-1024-token prompts and 256-token outputs: 77.5 tok/s at C=1, 340.9 tok/s at C=250, saturating near C=70.
+1024-token prompts and 256-token outputs: 77.5 tok/s at C=1, 340.9 tok/s at C=250,
+saturating near C=70.
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ no background load, seed 0. Change them with indirect parametrisation:
 
 Recognised keys: profile (name or path), admin_key, api_key, speedup, concurrency (closed-loop
 background clients), seed, speculative, device_timer, record (note every POST's path and JSON
-body, in arrival order, in `handle.posts`, and its headers in `handle.post_headers`). For several servers in one test, or
-options chosen inside the test, use the `sim_server_factory` fixture:
+body, in arrival order, in `handle.posts`, and its headers in `handle.post_headers`). For
+several servers in one test, or options chosen inside the test, use the `sim_server_factory`
+fixture:
 `factory(**same_keys) -> SimHandle`.
 Every server is stopped at teardown.
 """

@@ -585,18 +585,39 @@ def client_bound_hint(
 # `cache_flushed`.
 BENCH_FORMAT = "specctl-bench/2"
 
-CSV_FIELDS = [f.name for f in fields(LevelResult)]
+# One column per scalar field; the nested ones are spread out (`csv_row`).
+_NESTED = ("latency_ms", "ci95", "repeat_tok_per_s")
+CSV_FIELDS = [f.name for f in fields(LevelResult) if f.name not in _NESTED]
+
+
+def csv_row(r: LevelResult) -> dict[str, Any]:
+    """A level as one CSV row: its scalar fields, each latency statistic as `ttft_mean_ms`,
+    `tpot_p95_ms`, ..., each confidence interval as `<figure>_ci95`, and the repeats' tok/s
+    joined by `;`."""
+    row = {k: _round(v) for k, v in r.to_json().items() if k not in _NESTED}
+    for metric, stats in r.latency_ms.items():
+        for key, value in stats.items():
+            row[f"{metric}_{key}_ms"] = _round(value)
+    for key, value in r.ci95.items():
+        row[f"{key.replace('.', '_')}_ci95"] = _round(value)
+    row["repeat_tok_per_s"] = ";".join(f"{v:.3f}" for v in r.repeat_tok_per_s)
+    return row
 
 
 def write_csv(results: Sequence[LevelResult], path: Path) -> None:
+    rows = [csv_row(r) for r in results]
+    extra = [k for row in rows for k in row if k not in CSV_FIELDS]
     with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
+        writer = csv.DictWriter(fh, fieldnames=[*CSV_FIELDS, *dict.fromkeys(extra)])
         writer.writeheader()
-        for r in results:
-            writer.writerow({k: _round(v) for k, v in r.to_json().items()})
+        writer.writerows(rows)
 
 
 def _round(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _round(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_round(x) for x in v]
     return round(v, 3) if isinstance(v, float) and math.isfinite(v) else v
 
 
@@ -695,6 +716,8 @@ def outcome_json(outcome: SweepOutcome) -> dict[str, Any]:
         "extra_request_body": plan.style.extra_body or None,
         "header_names": sorted(plan.headers) or None,
         "seed": plan.seed,
+        "asked_prompt_tokens": plan.asked_prompt_tokens,
+        "exact_prompt_size": plan.exact_prompt_size,
     }
     if rate:
         out["best_depth_by_request_rate"] = best

@@ -140,6 +140,10 @@ class SweepPlan:
     # Each level measured this many times (each with its warm-up and drain); its figures are
     # the repeats' means, with a 95% confidence interval across them (`repeats.merge`).
     repeats: int = 1
+    # The prompt size asked for (tokens, mean over the prompts; None: a dataset file's own),
+    # and whether the prompts were cut to it in the model's tokens (else a word per token).
+    asked_prompt_tokens: float | None = None
+    exact_prompt_size: bool = False
 
     def __post_init__(self) -> None:
         if bool(self.concurrencies) == bool(self.request_rates):

@@ -196,6 +196,7 @@ def bench(
     seed: Annotated[
         int,
         typer.Option(
+            min=0,
             help="Seed of the synthetic prompts and of the open loop's arrival times: the same "
             "seed sends the same prompts at the same times.",
             rich_help_panel=LOAD,
@@ -520,7 +521,7 @@ def bench(
         gsp_question_tokens or default_shape.question_tokens,
         gsp_output_tokens or default_shape.output_tokens,
     )
-    prompts, source = build_prompts(PromptChoice(
+    chosen = build_prompts(PromptChoice(
         dataset=dataset, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
         default_output_tokens=DEFAULT_OUTPUT_TOKENS, tokenizer=tokenizer, seed=seed,
         shared=shared, endpoint=endpoint,
@@ -541,14 +542,15 @@ def bench(
     if problem is not None:
         raise fail(problem)
     plan = SweepPlan(
-        url=url, depths=tuple(forced), concurrencies=levels, stop=stop, prompts=prompts,
-        prompt_source=source, admin_key=admin_key, no_spec_url=no_spec_url, model=model,
+        url=url, depths=tuple(forced), concurrencies=levels, stop=stop, prompts=chosen.prompts,
+        prompt_source=chosen.source, admin_key=admin_key, no_spec_url=no_spec_url, model=model,
         temperature=temperature, request_rates=rates, burstiness=burstiness or 1.0,
         max_concurrency=max_concurrency, slo=slo, client_processes=client_processes,
         client_bound_share=client_bound_share or CLIENT_BOUND_SHARE, freeze_gc=freeze_gc,
         paired=paired, plain_first=plain_first, flush_cache=flush_cache, seed=seed,
         api_key=api_key, headers=headers, style=RequestStyle(endpoint, extra_body),
-        percentiles=wanted_percentiles, repeats=repeats,
+        percentiles=wanted_percentiles, repeats=repeats, asked_prompt_tokens=chosen.asked_tokens,
+        exact_prompt_size=chosen.exact,
     )  # fmt: skip
     _warn_if_more_than_cores(client_processes)
     code = run_bench(plan, out_dir)

@@ -287,8 +287,17 @@ def prompt_size_line(plan: SweepPlan, results: Sequence[LevelResult]) -> str | N
     if not counted:
         return None
     low, high = min(counted), max(counted)
-    span = f"{low:.0f}" if round(low) == round(high) else f"{low:.0f}-{high:.0f}"
-    return f"prompt tokens as the servers counted them (their usage, mean per level): {span}"
+    span = f"{low:.0f}" if round(low) == round(high) else f"{low:.0f} to {high:.0f}"
+    line = f"prompt tokens as the servers counted them (their usage, mean per level): {span}"
+    asked = plan.asked_prompt_tokens
+    if asked is None:
+        return line
+    if plan.exact_prompt_size:
+        return line + f", for {asked:.0f} asked (the rest is the server's own: BOS, template)"
+    return line + (
+        f", for ~{asked:.0f} asked: without --tokenizer a word counts as a token, so the size "
+        "asked is approximate; the server's count is the one to quote"
+    )
 
 
 def prepare_out_dir(path: Path) -> str | None:

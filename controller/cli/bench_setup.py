@@ -59,8 +59,27 @@ def _tokenizer(path: str | None) -> Tokenizer | None:
         raise fail(str(err)) from None
 
 
-def build_prompts(choice: PromptChoice) -> tuple[list[Prompt], str]:
+@dataclass(frozen=True)
+class Prompts:
+    prompts: list[Prompt]
+    source: str  # how to describe them
+    asked_tokens: float | None = None  # the prompt size asked for (None: a file's own)
+    exact: bool = False  # cut to that size in the model's tokens
+
+
+def build_prompts(choice: PromptChoice) -> Prompts:
     """The prompts to send and how to describe them."""
+    prompts, source = _build(choice)
+    if choice.kind == "file":
+        return Prompts(prompts, source)
+    exact = choice.kind == RANDOM_IDS or choice.tokenizer is not None
+    if choice.kind == SHARED_PREFIX:
+        shape = choice.shared
+        return Prompts(prompts, source, float(shape.system_tokens + shape.question_tokens), exact)
+    return Prompts(prompts, source, float(choice.prompt_tokens), exact)
+
+
+def _build(choice: PromptChoice) -> tuple[list[Prompt], str]:
     kind = choice.kind
     if kind == "file":
         assert choice.dataset is not None

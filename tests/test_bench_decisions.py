@@ -121,3 +121,23 @@ def test_with_repeats_a_win_inside_the_confidence_intervals_keeps_the_depth() ->
         for r in results
     ]  # fmt: skip
     assert best_depths(tight) == {1: 3, 4: 1}
+
+
+def test_an_open_loop_held_at_its_stream_cap_is_decided_by_tok_s() -> None:
+    """With --max-concurrency 8 reached, arrivals waited for a stream: the server's pace, not
+    the arrival rate, set the tok/s, so it ranks the depths as in a closed loop."""
+    capped = [
+        level(1, 4.0, 800.0, 8.0, rate=True, offered_tok_per_s=820.0, max_concurrency=8),
+        level(3, 4.0, 700.0, 8.0, rate=True, offered_tok_per_s=820.0, max_concurrency=8),
+    ]
+    assert undecided_levels(capped, depths=(1, 3)) == []
+    assert best_depths(capped, depths=(1, 3)) == {4.0: 1}
+
+
+def test_an_arrival_bound_level_whose_tpots_tie_says_so() -> None:
+    tied = [
+        level(1, 2.0, 135.7, 1.0, rate=True, offered_tok_per_s=135.7, tpot_p50_ms=2.15),
+        level(3, 2.0, 135.5, 1.0, rate=True, offered_tok_per_s=135.7, tpot_p50_ms=2.13),
+    ]
+    [why] = undecided_levels(tied, depths=(1, 3))
+    assert "TPOT p50 does not tell them apart either (d3 2.1 ms, d1 2.1 ms)" in why.reason

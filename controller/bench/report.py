@@ -107,14 +107,14 @@ def _arrival_bound(label: str, level: float, kept: list[LevelResult]) -> Undecid
     kept = sorted(kept, key=lambda r: (r.tpot_p50_ms is None, r.tpot_p50_ms or 0.0, r.depth))
     toks = ", ".join(f"{r.series} {r.output_tok_per_s:.1f}" for r in sorted(kept, key=_depth))
     offered = max(r.offered_tok_per_s or 0.0 for r in kept)
-    first = kept[0]
-    by_tpot = (
-        f"by TPOT p50 {first.series} serves each request fastest ("
-        + ", ".join(f"{r.series} {_tpot(r)}" for r in kept)
-        + ")"
-        if first.tpot_p50_ms is not None
-        else "no TPOT to compare either"
-    )
+    first, last = kept[0], kept[-1]
+    tpots = ", ".join(f"{r.series} {_tpot(r)}" for r in kept)
+    if first.tpot_p50_ms is None:
+        by_tpot = "no TPOT to compare either"
+    elif last.tpot_p50_ms is not None and last.tpot_p50_ms <= first.tpot_p50_ms * (1 + MIN_GAIN):
+        by_tpot = f"TPOT p50 does not tell them apart either ({tpots})"
+    else:
+        by_tpot = f"by TPOT p50 {first.series} serves each request fastest ({tpots})"
     return Undecided(level, label, (
         f"below capacity: every depth served the arrivals (tok/s {toks}; the arrivals asked "
         f"for ~{offered:.1f}), so tok/s follows the arrival rate and ranks nothing; {by_tpot}; "

@@ -346,8 +346,7 @@ def report(outcome: SweepOutcome, out_dir: Path, console: Console) -> None:
     cross = crossovers(results, depths=plan.depths)
     console.print("crossovers: " + ("; ".join(c.describe() for c in cross) or "none measured"))
     for undecided in undecided_levels(results, plan.depths):
-        console.print(f"[yellow]no depth chosen[/yellow] at {undecided.describe()}",
-                      highlight=False)  # fmt: skip
+        console.print(f"[yellow]![/yellow] {undecided.describe()}", highlight=False)
     verdict = recommendation_text(outcome)
     if verdict is not None:
         console.print(f"[bold]{verdict}[/bold]")

@@ -333,6 +333,11 @@ def status(
     statuses = collect(url, admin_key, window, api_key)
     daemon = read_daemon(daemon_url) if daemon_url else None
     failed = any(s.error for s in statuses) or bool(daemon and daemon.get("error"))
+    refused = [s for s in statuses if s.key_refused]
+    if len(refused) == len(statuses) and daemon is None:
+        for st in refused:  # nothing else to show: the one line that names the key
+            typer.secho(f"error: {st.error}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(2)
     if as_json:
         doc = {"servers": [asdict(s) for s in statuses], "daemon": daemon}
         typer.echo(json.dumps(doc, indent=2))
@@ -344,7 +349,6 @@ def status(
             console.print(server_panel(st))
         if daemon is not None:
             console.print(daemon_panel(daemon))
-    refused = [s for s in statuses if s.key_refused]
     if refused:
         for st in refused:
             typer.secho(f"error: {st.error}", err=True, fg=typer.colors.RED)

@@ -467,7 +467,7 @@ def repeat_hint(repeats: Repeats | None) -> str | None:
         "prefix cache may have held them whole and their prefills cost less than fresh "
         "traffic's (on SGLang, a plain server's one-token prefill of a whole hit also runs "
         "without its CUDA graph, while an EAGLE server's does not); give a --dataset with "
-        "more prompts"
+        "more prompts (generated-shared-prefix: more --gsp-groups or --gsp-prompts-per-group)"
     )
 
 

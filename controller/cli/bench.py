@@ -446,8 +446,9 @@ def bench(
       specctl bench --url http://gpu1:30000 --request-rate 1,2,4,8 \\
           --burstiness 0.5 --max-concurrency 128 --goodput ttft:500,tpot:50 \\
           --dataset ShareGPT_V3_unfiltered_cleaned_split.json --endpoint chat
-      specctl bench --url http://gpu1:30000 --api-key $API_KEY --tokenizer /models/k2 \\
-          --dataset generated-shared-prefix --gsp-groups 16 --percentiles 50,99,99.9
+      specctl bench --url http://gpu1:30000 --api-key $API_KEY \\
+          --tokenizer /models/k2 --dataset generated-shared-prefix \\
+          --gsp-groups 16 --percentiles 50,99,99.9
       specctl sim serve --profile h200-moe-eagle3 --port 30000 --admin-key k &
       specctl bench --url http://127.0.0.1:30000 --admin-key k \\
           --concurrency 1,8,64 --requests-per-level 64 --output-tokens 64

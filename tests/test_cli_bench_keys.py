@@ -163,3 +163,18 @@ def test_bad_request_options_are_one_line_naming_the_option(args: list[str], mes
     assert res.exit_code == 2
     assert len(res.output.strip().splitlines()) == 1, res.output
     assert message in res.output
+
+
+@pytest.mark.parametrize("sim_server", [GUARDED], indirect=True)
+def test_load_processes_send_the_api_key_and_headers_too(sim_server, tmp_path: Path) -> None:
+    res = run("bench", "--url", sim_server.base_url, "--admin-key", ADMIN, "--api-key", API,
+              "--depths", "1", "--concurrency", "2", "--requests-per-level", "5",
+              "--output-tokens", "8", "--prompt-tokens", "16", "--client-bound-share", "100",
+              "--client-processes", "2", "--header", "X-Route=green",
+              "--out", str(tmp_path))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "load split across 2 client processes" in flat(res.output)
+    sent = [h for path, h in sim_server.post_headers if path == "/v1/completions"]
+    assert len(sent) >= 5
+    assert all(h.get("authorization") == f"Bearer {API}" and h.get("x-route") == "green"
+               for h in sent)  # fmt: skip

@@ -783,8 +783,13 @@ def plot(outcome: SweepOutcome, path: Path) -> None:
             ax.legend(fontsize=8)
     title = f"specctl bench: {outcome.plan.url}"
     verdict = recommendation_text(outcome)
+    undecided = undecided_levels(outcome.results, outcome.plan.depths)
     if verdict is not None:
         title += "\n" + verdict
+    elif undecided:
+        title += "\nno table recommended: no level could choose a depth (the report says why)"
+    if verdict is not None and undecided:
+        title += f"; undecided: {', '.join(u.label for u in undecided)}"
     fig.suptitle(title, fontsize=10, wrap=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -178,3 +178,17 @@ def test_load_processes_send_the_api_key_and_headers_too(sim_server, tmp_path: P
     assert len(sent) >= 5
     assert all(h.get("authorization") == f"Bearer {API}" and h.get("x-route") == "green"
                for h in sent)  # fmt: skip
+
+
+@pytest.mark.parametrize("sim_server", [GUARDED], indirect=True)
+def test_release_takes_the_api_key_for_its_reads(sim_server) -> None:
+    url = sim_server.base_url
+    missing = run("release", "--url", url, "--admin-key", ADMIN)
+    assert missing.exit_code == 2
+    assert missing.output.strip() == (
+        f"error: {url}/server_info answered 401 Unauthorized: it needs the server's --api-key: "
+        "pass --api-key or set SPECCTL_API_KEY"
+    )
+    released = run("release", "--url", url, "--admin-key", ADMIN, "--api-key", API)
+    assert released.exit_code == 0, released.output
+    assert "already released, nothing pushed" in released.output

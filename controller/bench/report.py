@@ -582,7 +582,11 @@ def client_bound_hint(
 # `client_process_cpu_share` and `client_bound`; `paired`, and per level `prompt_offset`;
 # `paired_order` ("spec-first" or "plain-first"; None unless paired); `prompt_count` and
 # `prompts_came_round`; `flush_cache`, and per level `evictions`, `evict_ms` and
-# `cache_flushed`.
+# `cache_flushed`; `undecided_levels`, `percentiles`, `repeats`, `endpoint`,
+# `extra_request_body`, `header_names` (names only: header values may hold secrets), `seed`,
+# `asked_prompt_tokens`, `exact_prompt_size`, and per level `input_tok_per_s`,
+# `total_tok_per_s`, `offered_tok_per_s`, `max_concurrency`, `latency_ms` (mean, std and the
+# percentiles of TTFT, TPOT, ITL and E2E), `repeats`, `ci95` and `repeat_tok_per_s`.
 BENCH_FORMAT = "specctl-bench/2"
 
 # One column per scalar field; the nested ones are spread out (`csv_row`).

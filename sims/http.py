@@ -9,7 +9,9 @@ concurrency (divided by `speedup` in wall time). Generated text is synthetic.
 Endpoints: /metrics, /server_info (+ deprecated /get_server_info), /set_internal_state (POST,
 PUT), /health, /health_generate, /ready, /generate (`text` or `input_ids`; answers with
 `output_ids` that depend on the prompt and position only, like a greedy decode),
-/v1/completions (streaming or not, with usage), /v1/models. Auth follows SGLang 0.5.23:
+/v1/completions and /v1/chat/completions (streaming or not, with usage; with
+`stream_options.continuous_usage_stats` every chunk carries the usage so far, as SGLang sends
+it), /v1/models. Auth follows SGLang 0.5.23:
 /health*, /ready and /metrics are open; /set_internal_state is ADMIN_OPTIONAL; everything
 else needs the API key when one is set.
 """
@@ -57,6 +59,20 @@ def synthetic_output_ids(prompt: Any, start: int, count: int) -> list[int]:
     speculation) answers a prompt with the same ids."""
     seed = zlib.crc32(json.dumps(prompt, separators=(",", ":")).encode())
     return [(seed + 2654435761 * i) % SYNTHETIC_VOCAB for i in range(start, start + count)]
+
+
+# A chat template's tokens around each message (role markers and separators), and the
+# generation prompt's after the last: roughly what Llama- and Qwen-style templates add.
+CHAT_TOKENS_PER_MESSAGE = 4
+CHAT_GENERATION_PROMPT_TOKENS = 3
+
+
+def chat_prompt_token_count(messages: list[Any]) -> int:
+    """A chat request's prompt as the server would count it after its template."""
+    content = sum(
+        prompt_token_count(m.get("content") or "") if isinstance(m, dict) else 1 for m in messages
+    )
+    return content + CHAT_TOKENS_PER_MESSAGE * len(messages) + CHAT_GENERATION_PROMPT_TOKENS
 
 
 def prompt_token_count(prompt: Any) -> int:
@@ -390,6 +406,79 @@ def create_app(server: SimulatedServer) -> FastAPI:
         return JSONResponse({"text": text, "output_ids": synthetic_output_ids(
             prompt, 0, last.tokens), "meta_info": meta(last)})
 
+    def _usage(prompt_tokens: int, tokens: int) -> dict[str, int]:
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": tokens,
+            "total_tokens": prompt_tokens + tokens,
+        }
+
+    async def _openai(body: dict[str, Any], prompt_tokens: int, chat: bool) -> Response:
+        """An OpenAI completion or chat completion, streamed or whole, with its usage."""
+        try:
+            max_tokens = _int_field(body, "max_tokens", 16)
+        except ValueError as err:
+            return _bad_request(str(err), "max_tokens")
+        cid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        created = int(time.time())
+        model = body.get("model") or server.model_name
+        kind = "chat.completion" if chat else "text_completion"
+
+        def chunk(text: str, finish: str | None, first: bool = False) -> dict[str, Any]:
+            choice: dict[str, Any]
+            if chat:
+                delta: dict[str, Any] = {"content": text}
+                if first:
+                    delta["role"] = "assistant"
+                choice = {"index": 0, "delta": delta, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            return {"id": cid, "object": f"{kind}.chunk" if chat else kind, "created": created,
+                    "model": model, "choices": [choice]}  # fmt: skip
+
+        if body.get("stream"):
+            opts = body.get("stream_options") or {}
+            include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
+            continuous = include_usage and bool(opts.get("continuous_usage_stats"))
+
+            async def events() -> AsyncIterator[bytes]:
+                first = True
+                async with contextlib.aclosing(
+                    _generate(server, prompt_tokens, max_tokens)
+                ) as progress:
+                    async for p in progress:
+                        if p.finished is None:
+                            out = chunk(p.text, None, first)
+                            first = False
+                            if continuous:
+                                out["usage"] = _usage(prompt_tokens, p.tokens)
+                            yield _sse(out)
+                            continue
+                        server.record_streaming_finished(p.tokens, p.ttft_s, p.latency_s)
+                        last = chunk("", p.finished)
+                        if continuous:
+                            last["usage"] = _usage(prompt_tokens, p.tokens)
+                        yield _sse(last)
+                        if include_usage:
+                            final = chunk("", None)
+                            final["choices"] = []
+                            final["usage"] = _usage(prompt_tokens, p.tokens)
+                            yield _sse(final)
+                yield b"data: [DONE]\n\n"
+
+            return StreamingResponse(events(), media_type="text/event-stream")
+
+        text, last = await _collect(server, prompt_tokens, max_tokens)
+        if chat:
+            message = {"role": "assistant", "content": text}
+            out = {"id": cid, "object": kind, "created": created, "model": model,
+                   "choices": [{"index": 0, "message": message,
+                                "finish_reason": last.finished}]}  # fmt: skip
+        else:
+            out = chunk(text, last.finished)
+        out["usage"] = _usage(prompt_tokens, last.tokens)
+        return JSONResponse(out)
+
     @app.post("/v1/completions", response_model=None)
     async def completions(request: Request) -> Response:
         body = await _json_body(request)
@@ -397,58 +486,19 @@ def create_app(server: SimulatedServer) -> FastAPI:
             return body
         if "prompt" not in body:
             return _bad_request("is required", "prompt")
-        try:
-            max_tokens = _int_field(body, "max_tokens", 16)
-        except ValueError as err:
-            return _bad_request(str(err), "max_tokens")
-        prompt_tokens = prompt_token_count(body["prompt"])
-        cid = f"cmpl-{uuid.uuid4().hex}"
-        created = int(time.time())
-        model = body.get("model") or server.model_name
+        return await _openai(body, prompt_token_count(body["prompt"]), chat=False)
 
-        def usage(tokens: int) -> dict[str, int]:
-            return {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": tokens,
-                "total_tokens": prompt_tokens + tokens,
-            }
-
-        def chunk(text: str, finish: str | None) -> dict[str, Any]:
-            return {
-                "id": cid,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-            }
-
-        if body.get("stream"):
-            opts = body.get("stream_options") or {}
-            include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
-
-            async def events() -> AsyncIterator[bytes]:
-                async with contextlib.aclosing(
-                    _generate(server, prompt_tokens, max_tokens)
-                ) as progress:
-                    async for p in progress:
-                        if p.finished is None:
-                            yield _sse(chunk(p.text, None))
-                            continue
-                        server.record_streaming_finished(p.tokens, p.ttft_s, p.latency_s)
-                        yield _sse(chunk("", p.finished))
-                        if include_usage:
-                            final = chunk("", None)
-                            final["choices"] = []
-                            final["usage"] = usage(p.tokens)
-                            yield _sse(final)
-                yield b"data: [DONE]\n\n"
-
-            return StreamingResponse(events(), media_type="text/event-stream")
-
-        text, last = await _collect(server, prompt_tokens, max_tokens)
-        out = chunk(text, last.finished)
-        out["usage"] = usage(last.tokens)
-        return JSONResponse(out)
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(request: Request) -> Response:
+        body = await _json_body(request)
+        if isinstance(body, JSONResponse):
+            return body
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            return _bad_request("must be a non-empty list of messages", "messages")
+        if not all(isinstance(m, dict) and "role" in m for m in messages):
+            return _bad_request("each message must be an object with a 'role'", "messages")
+        return await _openai(body, chat_prompt_token_count(messages), chat=True)
 
     return app
 

@@ -15,8 +15,9 @@ no background load, seed 0. Change them with indirect parametrisation:
 
 Recognised keys: profile (name or path), admin_key, api_key, speedup, concurrency (closed-loop
 background clients), seed, speculative, device_timer, record (note every POST's path and JSON
-body, in arrival order, in `handle.posts`). For several servers in one test, or
-options chosen inside the test, use the `sim_server_factory` fixture:
+body, in arrival order, in `handle.posts`, and its headers in `handle.post_headers`). For
+several servers in one test, or options chosen inside the test, use the `sim_server_factory`
+fixture:
 `factory(**same_keys) -> SimHandle`.
 Every server is stopped at teardown.
 """
@@ -44,6 +45,7 @@ class SimHandle:
     server: SimulatedServer
     served: ServedSimulation
     posts: list[tuple[str, Any]] = field(default_factory=list)
+    post_headers: list[tuple[str, dict[str, str]]] = field(default_factory=list)
 
 
 def _start(
@@ -68,9 +70,10 @@ def _start(
     )
     served = ServedSimulation(server, speedup=speedup)
     posts: list[tuple[str, Any]] = []
+    headers: list[tuple[str, dict[str, str]]] = []
     if record:
-        served.uvicorn.config.app = RecordPosts(served.uvicorn.config.app, posts)
-    return SimHandle(served.start(), server, served, posts)
+        served.uvicorn.config.app = RecordPosts(served.uvicorn.config.app, posts, headers)
+    return SimHandle(served.start(), server, served, posts, headers)
 
 
 @pytest.fixture

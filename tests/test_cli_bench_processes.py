@@ -236,7 +236,7 @@ def test_client_bound_levels_are_flagged_named_and_left_out(sim_server, tmp_path
     res = CliRunner().invoke(
         app,
         ["bench", "--url", sim_server.base_url, "--admin-key", KEY, "--depths", "1,3",
-         "--concurrency", "2", "--requests-per-level", "4", "--warmup-per-level", "0.2",
+         "--concurrency", "2", "--requests-per-level", "5", "--warmup-per-level", "0.2",
          "--output-tokens", "32", "--prompt-tokens", "32", "--client-processes", "2",
          "--client-bound-share", "0.001", "--out", str(out)],
     )  # fmt: skip
@@ -254,7 +254,8 @@ def test_client_bound_levels_are_flagged_named_and_left_out(sim_server, tmp_path
     shown = re.search(r"used (\d+\.\d\d) of a core at d1 c=2", hint)
     assert shown is not None and abs(float(shown.group(1)) - shares[0]) <= 0.0051
     assert all(r["client_bound"] == "True" for r in rows.values())
-    table_rows = [row for row in map(str.split, res.output.splitlines()) if row[:2] in (
+    levels_table = res.output.split("latency (ms)")[0]  # not the latency table's rows
+    table_rows = [row for row in map(str.split, levels_table.splitlines()) if row[:2] in (
         ["d1", "2"], ["d3", "2"])]  # fmt: skip
     assert [row[-1] for row in table_rows] == ["client-bound", "client-bound"]
     report = json.loads((out / "bench.json").read_text())
@@ -272,7 +273,7 @@ def test_the_default_threshold_flags_nothing_on_a_slow_server(sim_server, tmp_pa
     res = CliRunner().invoke(
         app,
         ["bench", "--url", sim_server.base_url, "--admin-key", KEY, "--depths", "3",
-         "--concurrency", "2", "--requests-per-level", "4", "--output-tokens", "32",
+         "--concurrency", "2", "--requests-per-level", "5", "--output-tokens", "32",
          "--prompt-tokens", "32", "--client-processes", "2", "--out", str(tmp_path)],
     )  # fmt: skip
     assert res.exit_code == 0, res.output

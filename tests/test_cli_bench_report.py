@@ -13,6 +13,7 @@ from controller.bench.report import (
     eviction_hint,
     recommend_table,
     stall_hint,
+    undecided_levels,
 )
 from controller.bench.sweep import LevelResult, series_name
 
@@ -52,14 +53,19 @@ def test_crossovers_interpolate_between_levels_and_report_batch_sizes() -> None:
     assert 16 < cross[1].concurrency < 64 and 16 < cross[1].batch < 48
 
 
-def test_a_level_left_out_of_one_series_leaves_that_crossover_unplaced() -> None:
-    """d1 is best at 16 and only d3 finished a request at 64 (d1's level was too short): the
-    change of best depth between them cannot be interpolated, and is not guessed."""
+def test_a_level_left_out_of_one_series_decides_nothing_and_leaves_that_crossover_unplaced() -> (
+    None
+):
+    """d1 is best at 16 and only d3 finished a request at 64 (d1's level was too short): d1 may
+    still be best at 64, so that level chooses no depth and says why, and the change of best
+    depth after 16 is neither interpolated nor guessed."""
     too_short = dataclasses.replace(level(1, 64, 900, 8.0), too_short=True)
     sweep = [level(3, 4, 300, 4.0), level(3, 16, 500, 16.0), level(3, 64, 520, 48.0),
              level(1, 4, 200, 4.0), level(1, 16, 560, 16.0), too_short]  # fmt: skip
-    assert best_depths(sweep) == {4: 3, 16: 1, 64: 3}
+    assert best_depths(sweep) == {4: 3, 16: 1}
     assert [(c.from_series, c.to_series) for c in crossovers(sweep)] == [("d3", "d1")]
+    [why] = undecided_levels(sweep)
+    assert why.label == "c=64" and "d1 too short" in why.reason and "no depth chosen" in why.reason
 
 
 def test_recommended_table_is_a_valid_contract_table_keyed_by_batch() -> None:

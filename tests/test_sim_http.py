@@ -167,3 +167,35 @@ def test_http_latency_reflects_load(sim_server_factory):
 
     time.sleep(0.3)
     assert sim_latency(busy) > 3 * sim_latency(idle)
+
+
+@pytest.mark.parametrize("sim_server", [{"speedup": 200}], indirect=True)
+def test_chat_completions_and_usage_on_every_chunk(sim_server) -> None:
+    """What bench sends: /v1/chat/completions with messages, and per-chunk usage when asked
+    (stream_options.continuous_usage_stats), as SGLang streams it; ids as a completion prompt."""
+    url = sim_server.base_url
+    messages = [{"role": "system", "content": "x" * 400}, {"role": "user", "content": "y" * 40}]
+    whole = httpx.post(f"{url}/v1/chat/completions", timeout=30,
+                       json={"messages": messages, "max_tokens": 5}).json()  # fmt: skip
+    assert whole["object"] == "chat.completion"
+    assert whole["choices"][0]["message"]["role"] == "assistant"
+    assert whole["usage"]["completion_tokens"] == 5
+    # 110 tokens of content, and the template's: 4 per message and 3 for the generation prompt.
+    assert whole["usage"]["prompt_tokens"] == 110 + 2 * 4 + 3
+    body = {"messages": messages, "max_tokens": 12, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}  # fmt: skip
+    chunks = []
+    with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30) as resp:
+        for line in resp.iter_lines():
+            if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                chunks.append(json.loads(line[5:]))
+    text_chunks = [c for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    assert text_chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    counts = [c["usage"]["completion_tokens"] for c in text_chunks]
+    assert counts == sorted(counts) and counts[-1] == 12  # cumulative, on every chunk
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 12
+    ids = httpx.post(f"{url}/v1/completions", timeout=30,
+                     json={"prompt": list(range(1000, 1064)), "max_tokens": 2}).json()  # fmt: skip
+    assert ids["usage"]["prompt_tokens"] == 64
+    bad = httpx.post(f"{url}/v1/chat/completions", json={"messages": []}, timeout=30)
+    assert bad.status_code == 400 and "messages" in bad.json()["message"]

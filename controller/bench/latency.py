@@ -1,4 +1,11 @@
-"""Latency percentiles of a level, and goodput under a latency SLO.
+"""Latency percentiles of a level, their mean and spread, and goodput under a latency SLO.
+
+Each level reports, for TTFT, TPOT (per request: time per output token after the first), ITL
+(every gap between streamed chunks that carried tokens) and E2E latency, the mean, the standard
+deviation (of the population, as `sglang.bench_serving` prints it) and the percentiles asked
+for (`--percentiles`, default 50, 90, 95, 99; linear between the nearest ranks, so a percentile
+never leaves the range measured), over the requests that started in the measured window and
+completed in it.
 
 The SLO keys are those of `sglang.bench_serving --goodput` and `vllm bench serve --goodput`:
 `ttft`, `tpot` and `e2el` (end-to-end latency), in milliseconds. A request is good when it
@@ -8,9 +15,12 @@ attainment the share of the window's finished requests (completed or failed) tha
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from controller.bench.loadgen import RequestResult
 
@@ -88,6 +98,60 @@ def percentile_ms(values: Sequence[float], q: float) -> float | None:
         return 1000.0 * values[0]
     # Inclusive: a percentile never leaves the range of what was measured.
     return 1000.0 * statistics.quantiles(values, n=100, method="inclusive")[round(q) - 1]
+
+
+LATENCY_METRICS = ("ttft", "tpot", "itl", "e2e")
+DEFAULT_PERCENTILES = (50.0, 90.0, 95.0, 99.0)
+
+
+def percentile_key(q: float) -> str:
+    """50 -> 'p50', 99.9 -> 'p99.9': the key a percentile has in bench.json."""
+    return f"p{q:g}"
+
+
+def summary_ms(values: Sequence[float], percentiles: Sequence[float]) -> dict[str, float | None]:
+    """Mean, standard deviation and `percentiles` of seconds, in ms (None without values)."""
+    out: dict[str, float | None] = {"mean": None, "std": None}
+    out.update({percentile_key(q): None for q in percentiles})
+    if not values:
+        return out
+    data = np.asarray(values, dtype=float) * 1000.0
+    out["mean"] = float(data.mean())
+    out["std"] = float(data.std())
+    for q, v in zip(percentiles, np.percentile(data, list(percentiles)), strict=True):
+        out[percentile_key(q)] = float(v)
+    return out
+
+
+def latency_values(done: Sequence[RequestResult]) -> dict[str, list[float]]:
+    """The seconds behind each latency metric of `done` (completed requests)."""
+    return {
+        "ttft": [r.ttft_s for r in done if r.ttft_s is not None],
+        "tpot": [t for r in done if (t := r.tpot_s) is not None],
+        "itl": [gap for r in done for gap in r.chunk_gaps_s],
+        "e2e": [r.e2e_s for r in done],
+    }
+
+
+def latency_summary(
+    done: Sequence[RequestResult], percentiles: Sequence[float] = DEFAULT_PERCENTILES
+) -> dict[str, dict[str, float | None]]:
+    """{metric: {"mean", "std", "p50", ...}} in ms, for TTFT, TPOT, ITL and E2E."""
+    return {m: summary_ms(v, percentiles) for m, v in latency_values(done).items()}
+
+
+def parse_percentiles(text: str) -> tuple[float, ...]:
+    """'50,90,99.9' -> (50.0, 90.0, 99.9): sorted, unique, each in (0, 100)."""
+    values = []
+    for part in (p.strip() for p in text.split(",")):
+        try:
+            q = float(part)
+        except ValueError:
+            raise ValueError(f"{part!r} is not a number; write them like 50,90,95,99") from None
+        if not (0 < q < 100) or not math.isfinite(q):
+            raise ValueError(f"{part} is out of range: percentiles are between 0 and 100")
+        values.append(q)
+    return tuple(sorted(set(values)))
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,7 @@ from controller.bench.loadgen import (
     LoadShape,
     OpenLoop,
     RequestResult,
+    RequestStyle,
     ShareLoad,
     StopRule,
     WindowHooks,
@@ -115,6 +116,8 @@ class ShareTask:
     temperature: float
     prompt_offset: int
     seed: int
+    style: RequestStyle = dataclasses.field(default_factory=RequestStyle)
+    headers: tuple[tuple[str, str], ...] = ()  # the client's (API key, --header)
 
 
 class _Shared:
@@ -174,7 +177,7 @@ async def _share(task: ShareTask) -> ShareLoad:
     shared, prompts = _worker
     index = task.deal.index
     live = LiveCounters()
-    async with make_client(task.url, level_streams(task.shape)) as http:
+    async with make_client(task.url, level_streams(task.shape), dict(task.headers)) as http:
         shared.publish(index, live)  # ready: the coordinator releases every process at once
         await _phase_reached(shared, GO)
         publisher = asyncio.create_task(_keep_publishing(shared, index, live))
@@ -183,7 +186,7 @@ async def _share(task: ShareTask) -> ShareLoad:
                 http, prompts, task.shape,
                 ExternalPace(lambda name: _phase_reached(shared, _PHASE_OF_SIGNAL[name])),
                 task.deal, model=task.model, temperature=task.temperature,
-                prompt_offset=task.prompt_offset, live=live, seed=task.seed,
+                prompt_offset=task.prompt_offset, live=live, seed=task.seed, style=task.style,
             )  # fmt: skip
         finally:
             publisher.cancel()
@@ -314,6 +317,8 @@ class LoadProcesses:
         live: LiveCounters | None = None,
         hooks: WindowHooks | None = None,
         seed: int = 0,
+        style: RequestStyle | None = None,
+        headers: dict[str, str] | None = None,
     ) -> tuple[LevelLoad, int]:
         """`loadgen.run_level` across the processes; also the prompt offset for the next level
         (past every prompt any process may have sent)."""
@@ -331,7 +336,8 @@ class LoadProcesses:
             self.shared.counters[i] = 0.0
         futures = [
             asyncio.wrap_future(self.pool.submit(run_share_task, ShareTask(
-                url, part, Deal(i, n), model, temperature, prompt_offset, seed)))
+                url, part, Deal(i, n), model, temperature, prompt_offset, seed,
+                style or RequestStyle(), tuple((headers or {}).items()))))
             for i, part in enumerate(shares)
         ]  # fmt: skip
         failed = started = False

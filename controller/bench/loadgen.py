@@ -1,4 +1,5 @@
-"""Streaming load on `/v1/completions`, one level at a time, with a warm-up and a clean cut.
+"""Streaming load on `/v1/completions` (or `/v1/chat/completions`), one level at a time, with
+a warm-up and a clean cut.
 
 Two load shapes:
 
@@ -21,7 +22,10 @@ decoding into the next (the sweep then waits for the server's running-request ga
 Tokens are counted from the usage SGLang attaches to every chunk when asked
 (`stream_options.continuous_usage_stats`), so a chunk that carries several accepted draft tokens
 counts as several; a server that sends no usage is counted one token per non-empty chunk and
-corrected by the final usage chunk. Inter-token latency is the gap between chunks that carry
+corrected by the final usage chunk. `RequestStyle` says how a request is written: the endpoint
+(completions with a prompt, or chat with messages), and extra body fields merged over the
+defaults (`--extra-request-body`); the client's headers (API key, `--header`) come with the
+client (`make_client`). Inter-token latency is the gap between chunks that carry
 tokens, as `sglang.bench_serving` and `vllm bench serve` measure it.
 
 One `httpx.AsyncClient` with a keep-alive pool drives every stream from one event loop;
@@ -33,13 +37,14 @@ process; `run_share` runs one process's share of a level split across several
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import json
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import httpx
 
@@ -147,6 +152,7 @@ class RequestResult:
     error: str | None = None
     chunk_gaps_s: tuple[float, ...] = ()  # between chunks that carried tokens (ITL)
     prompt_tokens: int | None = None  # as the server counted them (its usage), if it said
+    max_tokens: int | None = None  # the output length asked for (EOS ignored: what it owes)
 
     @property
     def tpot_s(self) -> float | None:
@@ -213,6 +219,12 @@ class LevelLoad:
         return [r for r in self.measured if r.complete and r.error is None]
 
     @property
+    def sent_in_window(self) -> list[RequestResult]:
+        """Requests sent inside the window, however they ended (the window's arrivals)."""
+        end = self.warmup_s + self.elapsed_s
+        return [r for r in self.requests if self.warmup_s <= r.start_s < end]
+
+    @property
     def errors(self) -> list[RequestResult]:
         return [r for r in self.requests if r.error is not None]
 
@@ -225,26 +237,76 @@ class WindowHooks:
     async def window_ended(self) -> None: ...
 
 
-def make_client(base_url: str, max_streams: int | None) -> httpx.AsyncClient:
-    """An HTTP/1.1 keep-alive pool with one connection per concurrent stream (no limit: None)."""
+def make_client(
+    base_url: str, max_streams: int | None, headers: dict[str, str] | None = None
+) -> httpx.AsyncClient:
+    """An HTTP/1.1 keep-alive pool with one connection per concurrent stream (no limit: None);
+    `headers` go with every request (the API key, a gateway's own)."""
     return httpx.AsyncClient(
         base_url=base_url.rstrip("/"),
         limits=httpx.Limits(max_connections=max_streams, max_keepalive_connections=max_streams),
         # A request may queue behind hundreds of others; only connecting must be quick.
         timeout=httpx.Timeout(connect=10.0, read=600.0, write=60.0, pool=600.0),
+        headers=headers,
     )
 
 
-def completion_body(prompt: Prompt, model: str, temperature: float) -> dict[str, object]:
-    return {
-        "model": model,
-        "prompt": prompt.text,
-        "max_tokens": prompt.output_tokens,
-        "temperature": temperature,
-        "ignore_eos": True,  # fixed output lengths make levels comparable
-        "stream": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-    }
+COMPLETIONS, CHAT = "completions", "chat"
+ENDPOINT_PATHS = {COMPLETIONS: "/v1/completions", CHAT: "/v1/chat/completions"}
+
+
+@dataclass(frozen=True)
+class RequestStyle:
+    """How each request is written: the OpenAI endpoint and body fields merged over the
+    defaults (they win, as with `sglang.bench_serving --extra-request-body`)."""
+
+    endpoint: str = COMPLETIONS
+    extra_body: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.endpoint not in ENDPOINT_PATHS:
+            raise ValueError(f"endpoint must be one of {sorted(ENDPOINT_PATHS)}")
+
+    @property
+    def path(self) -> str:
+        return ENDPOINT_PATHS[self.endpoint]
+
+    def body(self, prompt: Prompt, model: str, temperature: float) -> dict[str, object]:
+        body: dict[str, object] = {"model": model}
+        if self.endpoint == CHAT:
+            body["messages"] = prompt.messages()
+        else:
+            body["prompt"] = prompt.completion_prompt()
+        body.update({
+            "max_tokens": prompt.output_tokens,
+            "temperature": temperature,
+            "ignore_eos": True,  # fixed output lengths make levels comparable
+            "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        })  # fmt: skip
+        body.update(self.extra_body)
+        return body
+
+
+def completion_body(
+    prompt: Prompt, model: str, temperature: float, style: RequestStyle | None = None
+) -> dict[str, object]:
+    return (style or RequestStyle()).body(prompt, model, temperature)
+
+
+def chunk_text(chunk: dict[str, Any]) -> str:
+    """The text a streamed chunk carries: a completion's `text`, or a chat delta's content
+    (reasoning included, which a reasoning parser splits off)."""
+    choices = chunk.get("choices") or ()
+    if not choices or not isinstance(choices[0], dict):
+        return ""
+    first = choices[0]
+    if "text" in first:
+        return str(first.get("text") or "")
+    delta = first.get("delta") or {}
+    if not isinstance(delta, dict):
+        return ""
+    return str(delta.get("reasoning_content") or "") + str(delta.get("content") or "")
 
 
 @dataclass(frozen=True)
@@ -280,8 +342,10 @@ class _Level:
         stop_after: int | None,
         max_errors: int | None,
         deal: Deal = Deal(),
+        style: RequestStyle | None = None,
     ) -> None:
         self.http = http
+        self.style = style or RequestStyle()
         self.prompts = prompts
         self.stop_after = stop_after  # completed requests of the window (None: its pace says)
         self.live = live
@@ -302,7 +366,7 @@ class _Level:
         prompt = self.prompts[self.next_prompt % len(self.prompts)]
         self.next_prompt += self.prompt_stride
         self.live.started += 1
-        return completion_body(prompt, self.model, self.temperature)
+        return self.style.body(prompt, self.model, self.temperature)
 
     def record(self, result: RequestResult) -> None:
         self.results.append(result)
@@ -315,7 +379,8 @@ class _Level:
                 first = next(r.error for r in self.results if r.error)
                 self.failure = LoadError(
                     f"{live.errors} of {len(self.results)} requests to "
-                    f"{self.http.base_url}/v1/completions failed; first error: {first}"
+                    f"{str(self.http.base_url).rstrip('/')}{self.style.path} failed; first "
+                    f"error: {first}"
                 )
                 self.done.set()
         elif result.complete:
@@ -338,7 +403,7 @@ class _Level:
         live.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, live.in_flight)
         try:
-            async with self.http.stream("POST", "/v1/completions", json=body) as resp:
+            async with self.http.stream("POST", self.style.path, json=body) as resp:
                 if resp.status_code != 200:
                     text = (await resp.aread()).decode(errors="replace")[:300]
                     raise _RequestFailed(f"HTTP {resp.status_code}: {text}")
@@ -357,8 +422,7 @@ class _Level:
                         if isinstance(usage.get("prompt_tokens"), int):
                             prompt = usage["prompt_tokens"]
                     else:
-                        choices = chunk.get("choices") or ()
-                        new = 1 if choices and choices[0].get("text") else 0
+                        new = 1 if chunk_text(chunk) else 0
                     if new > 0:
                         chunk_times.append(time.perf_counter())
                         seen += new
@@ -370,7 +434,9 @@ class _Level:
         finally:
             # Also on cancellation (the level ended): keep what the request produced.
             live.in_flight -= 1
-            self.record(self._result(start, chunk_times, seen, complete, error, prompt))
+            asked = body.get("max_tokens")
+            self.record(self._result(start, chunk_times, seen, complete, error, prompt,
+                                     asked if isinstance(asked, int) else None))  # fmt: skip
 
     def _result(
         self,
@@ -380,6 +446,7 @@ class _Level:
         complete: bool,
         error: str | None,
         prompt_tokens: int | None = None,
+        max_tokens: int | None = None,
     ) -> RequestResult:
         t0 = self.t0
         first = chunk_times[0] if chunk_times else None
@@ -394,15 +461,24 @@ class _Level:
             error=error,
             chunk_gaps_s=tuple(b - a for a, b in itertools.pairwise(chunk_times)),
             prompt_tokens=prompt_tokens,
+            max_tokens=max_tokens,
         )
 
 
-async def warm_up(http: httpx.AsyncClient, prompt: Prompt, model: str, temperature: float) -> None:
+async def warm_up(
+    http: httpx.AsyncClient,
+    prompt: Prompt,
+    model: str,
+    temperature: float,
+    style: RequestStyle | None = None,
+) -> None:
     """One short request before a server's first level, not measured: the first request a
     server sees pays one-off costs (connections, lazy initialisation) no level should carry."""
-    body = completion_body(Prompt(prompt.text, 2), model, temperature)
+    style = style or RequestStyle()
+    body = style.body(dataclasses.replace(prompt, output_tokens=2), model, temperature)
+    body["max_tokens"] = 2  # over an --extra-request-body max_tokens too: it is not measured
     try:
-        async with http.stream("POST", "/v1/completions", json=body) as resp:
+        async with http.stream("POST", style.path, json=body) as resp:
             await resp.aread()
     except httpx.HTTPError:
         pass  # a server that fails shows it in the first level
@@ -590,6 +666,7 @@ async def run_level(
     live: LiveCounters | None = None,
     hooks: WindowHooks | None = None,
     seed: int = 0,
+    style: RequestStyle | None = None,
 ) -> LevelLoad:
     """Run `shape` through a warm-up and one measured window; cut every stream at its end."""
     if not prompts:
@@ -600,7 +677,7 @@ async def run_level(
     streams = shape.concurrency if isinstance(shape, ClosedLoop) else shape.max_concurrency
     level = _Level(
         http, prompts, live, model=model, temperature=temperature, prompt_offset=prompt_offset,
-        stop_after=stop.requests, max_errors=max(streams or 0, 5),
+        stop_after=stop.requests, max_errors=max(streams or 0, 5), style=style,
     )  # fmt: skip
     share = await _run(level, shape, _StopClock(stop), hooks or WindowHooks(), seed, Deal())
     return LevelLoad(
@@ -626,6 +703,7 @@ async def run_share(
     prompt_offset: int = 0,
     live: LiveCounters | None = None,
     seed: int = 0,
+    style: RequestStyle | None = None,
 ) -> ShareLoad:
     """One process's share of a level (`shape` is that share: its streams, or the open loop's
     whole rate, of which `deal` picks this process's arrivals). `pace` ends the phases; the
@@ -637,6 +715,6 @@ async def run_share(
     live.warming_up = True
     level = _Level(
         http, prompts, live, model=model, temperature=temperature, prompt_offset=prompt_offset,
-        stop_after=None, max_errors=None, deal=deal,
+        stop_after=None, max_errors=None, deal=deal, style=style,
     )  # fmt: skip
     return await _run(level, shape, pace, WindowHooks(), seed, deal)

@@ -1,4 +1,4 @@
-"""The prompts `specctl bench` sends: a dataset of real prompts, or synthetic text.
+"""The prompts `specctl bench` sends: a dataset of real prompts, or synthetic ones.
 
 Datasets, one JSON object per record, either as JSONL (one per line, blank lines skipped) or as
 one JSON array (how the ShareGPT dump is distributed):
@@ -10,9 +10,22 @@ one JSON array (how the ShareGPT dump is distributed):
   ShareGPT); records without a human turn followed by a reply are skipped and counted.
 
 Without a tokenizer, a reply's length in tokens is estimated at 4 characters per token (the
-simulator's estimate too); pass a fixed output length to override it. Synthetic prompts are
-common English words (about one token each in BPE vocabularies) behind a unique prefix, so no
-two requests share a prompt-cache prefix beyond a few tokens.
+simulator's estimate too); pass a fixed output length to override it.
+
+Synthetic prompts, all drawn from a seeded generator (the same seed, the same prompts):
+
+- `synthetic_prompts` (the default, "random words"): common English words behind a unique
+  prefix, so no two requests share a prompt-cache prefix beyond a few tokens. With the model's
+  tokenizer each is cut to exactly the size asked for in its tokens; without one a word is
+  taken for a token, which BPE vocabularies roughly follow (the server's count, from its usage,
+  is reported beside it).
+- `random_id_prompts` ("random-ids", as `sglang.bench_serving` has it): uniformly random token
+  ids, sent as ids on the completions endpoint (exactly the size asked for), decoded to text
+  for the chat endpoint (which needs the tokenizer). Without a tokenizer the ids are drawn
+  below `FALLBACK_VOCAB`, which every common vocabulary exceeds.
+- `shared_prefix_prompts` ("generated-shared-prefix", modelled on SGLang's): groups of prompts
+  that share a system prompt (a prefix the server's cache holds once per group), each with its
+  own question, in a seeded shuffled order.
 """
 
 from __future__ import annotations
@@ -20,10 +33,13 @@ from __future__ import annotations
 import itertools
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from controller.bench.tokenizer import Tokenizer
 
 
 class DatasetError(ValueError):
@@ -32,8 +48,27 @@ class DatasetError(ValueError):
 
 @dataclass(frozen=True)
 class Prompt:
+    """One request's input. `text` is the user's turn; `system` (optional) a system prompt
+    before it (shared by a group of prompts in the generated-shared-prefix dataset); `ids`
+    (optional) the whole prompt as token ids, sent as such on the completions endpoint."""
+
     text: str
     output_tokens: int
+    ids: tuple[int, ...] | None = None
+    system: str | None = None
+
+    def completion_prompt(self) -> str | list[int]:
+        """What `/v1/completions` gets: the token ids, or the system prompt and the text."""
+        if self.ids is not None:
+            return list(self.ids)
+        return self.text if self.system is None else f"{self.system}\n\n{self.text}"
+
+    def messages(self) -> list[dict[str, str]]:
+        """What `/v1/chat/completions` gets: a system message (if any) and the user's."""
+        if not self.text and self.ids is not None:
+            raise ValueError("a prompt of token ids alone cannot go to the chat endpoint")
+        system = [] if self.system is None else [{"role": "system", "content": self.system}]
+        return [*system, {"role": "user", "content": self.text}]
 
 
 @dataclass(frozen=True)
@@ -78,17 +113,111 @@ _COMMON_WORDS = (
 WORDS = tuple(_COMMON_WORDS.split())
 
 
+def sized_text(
+    rng: random.Random, tokens: int, tokenizer: Tokenizer | None = None, prefix: str = ""
+) -> str:
+    """`prefix` and random words: `tokens` tokens of `tokenizer` (to the token where its
+    decode and encode agree), or, without one, a word or a prefix word per token."""
+    if tokenizer is None:
+        head = prefix.split()
+        return " ".join([*head, *rng.choices(WORDS, k=max(tokens - len(head), 1))])
+    words = [*([prefix] if prefix else []), *rng.choices(WORDS, k=tokens + 8)]
+    ids = tokenizer.encode(" ".join(words))
+    while len(ids) < tokens:  # a vocabulary of long tokens: more words
+        words += rng.choices(WORDS, k=tokens)
+        ids = tokenizer.encode(" ".join(words))
+    text = tokenizer.decode(ids[:tokens])
+    # A cut inside a word may re-encode to a token more or less: trim until it fits.
+    for _ in range(4):
+        again = tokenizer.encode(text)
+        if len(again) == tokens:
+            break
+        text = tokenizer.decode(again[:tokens]) if len(again) > tokens else text + " the"
+    return text
+
+
 def synthetic_prompts(
-    count: int, prompt_tokens: int, output_tokens: int, seed: int = 0
+    count: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    seed: int = 0,
+    tokenizer: Tokenizer | None = None,
 ) -> list[Prompt]:
-    """`count` distinct prompts of about `prompt_tokens` tokens each."""
+    """`count` distinct prompts of `prompt_tokens` tokens each (about that, with no tokenizer)."""
     if prompt_tokens < 1 or output_tokens < 1:
         raise ValueError("prompt and output lengths must be >= 1 token")
     rng = random.Random(seed)
+    if tokenizer is None:
+        words = max(prompt_tokens - 3, 1)
+        return [
+            Prompt(" ".join([f"Request {i}:", *rng.choices(WORDS, k=words)]), output_tokens)
+            for i in range(count)
+        ]
+    return [
+        Prompt(sized_text(rng, prompt_tokens, tokenizer, f"Request {i}:"), output_tokens)
+        for i in range(count)
+    ]
+
+
+# Random ids without a tokenizer are drawn below this: every common vocabulary is larger, and
+# the lowest ids are mostly control and byte tokens.
+FALLBACK_VOCAB = 32000
+FALLBACK_FIRST_ID = 1000
+
+
+def random_id_prompts(
+    count: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    seed: int = 0,
+    tokenizer: Tokenizer | None = None,
+) -> list[Prompt]:
+    """`count` prompts of `prompt_tokens` uniformly random token ids each (no special tokens);
+    with a tokenizer they also carry their decoded text (for the chat endpoint)."""
+    if prompt_tokens < 1 or output_tokens < 1:
+        raise ValueError("prompt and output lengths must be >= 1 token")
+    rng = random.Random(seed)
+    pool: Sequence[int] = (
+        range(FALLBACK_FIRST_ID, FALLBACK_VOCAB) if tokenizer is None else tokenizer.plain_ids()
+    )
     prompts = []
-    for i in range(count):
-        words = [f"Request {i}:", *rng.choices(WORDS, k=max(prompt_tokens - 3, 1))]
-        prompts.append(Prompt(" ".join(words), output_tokens))
+    for _ in range(count):
+        ids = tuple(rng.choices(pool, k=prompt_tokens))
+        text = "" if tokenizer is None else tokenizer.decode(ids)
+        prompts.append(Prompt(text, output_tokens, ids=ids))
+    return prompts
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """The generated-shared-prefix dataset's shape (SGLang's --gsp-* options)."""
+
+    groups: int = 64
+    prompts_per_group: int = 16
+    system_tokens: int = 2048
+    question_tokens: int = 128
+    output_tokens: int = 256
+
+    def describe(self) -> str:
+        return (
+            f"generated-shared-prefix, {self.groups} groups x {self.prompts_per_group} prompts, "
+            f"{self.system_tokens}-token system prompt + {self.question_tokens}-token question, "
+            f"{self.output_tokens} output tokens"
+        )
+
+
+def shared_prefix_prompts(
+    shape: SharedPrefix, seed: int = 0, tokenizer: Tokenizer | None = None
+) -> list[Prompt]:
+    """Every group's prompts (a system prompt per group, a question per prompt), shuffled."""
+    rng = random.Random(seed)
+    prompts = []
+    for g in range(shape.groups):
+        system = sized_text(rng, shape.system_tokens, tokenizer, f"System {g}:")
+        for q in range(shape.prompts_per_group):
+            question = sized_text(rng, shape.question_tokens, tokenizer, f"Question {q}:")
+            prompts.append(Prompt(question, shape.output_tokens, system=system))
+    rng.shuffle(prompts)
     return prompts
 
 

@@ -6,10 +6,21 @@ the mean batch the server's own counters reported at those levels. Batch size an
 differ once the server caps running requests (SGLang's default with speculation is 48), and
 the table is keyed by batch size.
 
-Levels flagged too short (no request finished in the window), with other traffic on the
-server, or bound by the client (its busiest load-generator process at CLIENT_BOUND_SHARE of a
-core or more) are shown but left out of every comparison: their numbers are not this load's, or
-measure how fast the client reads rather than how fast the server serves.
+Levels flagged too short (no request finished in the window) or with too few requests (fewer
+than MIN_LEVEL_REQUESTS), with other traffic on the server, or bound by the client (its
+busiest load-generator process at CLIENT_BOUND_SHARE of a core or more) are shown but left out
+of every comparison: their numbers are not this load's, or measure how fast the client reads
+rather than how fast the server serves.
+
+A load level decides a depth only where it can (`undecided_levels` says why not, one line per
+level): every depth of the sweep has a usable measurement there (a sweep stopped part-way
+lacks the later depths; a flagged level leaves its depth out), and tok/s ranks the depths. In
+an open loop below the server's capacity it does not: every series serves the arrivals, so
+its tok/s is the arrival rate's (`LevelResult.kept_up`), and a depth that "wins" by a token or
+two wins on noise. Such a level is compared by TPOT instead, in its line, and left out of the
+table. Where one depth alone kept up, it decides (the others fell behind the arrivals). With
+--repeats, a depth must also beat the one chosen below by more than the two confidence
+intervals together.
 """
 
 from __future__ import annotations
@@ -25,7 +36,13 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from controller.bench.sweep import NO_SPEC, LevelResult, SweepOutcome, series_name
+from controller.bench.sweep import (
+    MIN_LEVEL_REQUESTS,
+    NO_SPEC,
+    LevelResult,
+    SweepOutcome,
+    series_name,
+)
 from sglang_hooks.contract import PolicyError, PolicyTable, Tier
 
 # A depth change is recommended only where the new depth wins by more than this share: short
@@ -65,21 +82,128 @@ def _by_series(results: Iterable[LevelResult]) -> dict[str, dict[float, LevelRes
     return out
 
 
-def best_depths(results: Sequence[LevelResult], min_gain: float = MIN_GAIN) -> dict[float, int]:
-    """Best forced depth per level; the current depth is kept unless beaten by min_gain.
+@dataclass(frozen=True)
+class Undecided:
+    """A load level that cannot choose a depth, and why (one line)."""
 
-    Flagged levels are left out."""
-    spec = [r for r in usable(results) if r.depth is not None]
+    level: float
+    label: str
+    reason: str
+
+    def describe(self) -> str:
+        return f"{self.label}: {self.reason}"
+
+
+def _names(depths: Iterable[int]) -> str:
+    return ", ".join(series_name(d) for d in sorted(depths))
+
+
+def _tpot(r: LevelResult) -> str:
+    return "-" if r.tpot_p50_ms is None else f"{r.tpot_p50_ms:.1f} ms"
+
+
+def _arrival_bound(label: str, level: float, kept: list[LevelResult]) -> Undecided:
+    """Two depths or more served every arrival: tok/s cannot rank them; TPOT can."""
+    kept = sorted(kept, key=lambda r: (r.tpot_p50_ms is None, r.tpot_p50_ms or 0.0, r.depth))
+    toks = ", ".join(f"{r.series} {r.output_tok_per_s:.1f}" for r in sorted(kept, key=_depth))
+    offered = max(r.offered_tok_per_s or 0.0 for r in kept)
+    first, last = kept[0], kept[-1]
+    tpots = ", ".join(f"{r.series} {_tpot(r)}" for r in kept)
+    if first.tpot_p50_ms is None:
+        by_tpot = "no TPOT to compare either"
+    elif last.tpot_p50_ms is not None and last.tpot_p50_ms <= first.tpot_p50_ms * (1 + MIN_GAIN):
+        by_tpot = f"TPOT p50 does not tell them apart either ({tpots})"
+    else:
+        by_tpot = f"by TPOT p50 {first.series} serves each request fastest ({tpots})"
+    return Undecided(level, label, (
+        f"below capacity: every depth served the arrivals (tok/s {toks}; the arrivals asked "
+        f"for ~{offered:.1f}), so tok/s follows the arrival rate and ranks nothing; {by_tpot}; "
+        "raise --request-rate past the server's capacity or use --concurrency to compare "
+        "throughput"
+    ))  # fmt: skip
+
+
+def _depth(r: LevelResult) -> int:
+    return -1 if r.depth is None else r.depth
+
+
+def undecided_levels(
+    results: Sequence[LevelResult], depths: Sequence[int] | None = None
+) -> list[Undecided]:
+    """The levels of the speculative series that cannot choose a depth, in level order.
+
+    `depths` are the depths the sweep was to measure (default: every depth in `results`)."""
+    spec = [r for r in results if r.depth is not None]
+    expected = set(depths) if depths is not None else {r.depth for r in spec if r.depth is not None}
+    by_level: dict[float, list[LevelResult]] = {}
+    for r in spec:
+        by_level.setdefault(r.level, []).append(r)
+    out = []
+    for level in sorted(by_level):
+        rows = by_level[level]
+        label = rows[0].label
+        measured = {r.depth for r in rows if r.depth is not None}
+        missing = expected - measured
+        flagged = [r for r in rows if r.flags]
+        if missing:
+            ran = _names(measured)
+            out.append(Undecided(level, label, (
+                f"only {ran} measured ({_names(missing)} missing: the sweep stopped before "
+                "them, or they were not asked for at this level); no depth chosen here"
+            )))  # fmt: skip
+            continue
+        if flagged:
+            few = [r for r in flagged if r.too_few]
+            what = "; ".join(f"{r.series} {', '.join(r.flags)}" for r in flagged)
+            advice = (
+                f" (at least {MIN_LEVEL_REQUESTS} finished requests per window tell depths "
+                "apart: use a longer --duration-per-level or a larger --requests-per-level)"
+                if few
+                else ""
+            )
+            out.append(Undecided(level, label, (
+                f"{what}: those depths have no usable measurement here, so the depths cannot "
+                f"be compared{advice}; no depth chosen here"
+            )))  # fmt: skip
+            continue
+        kept = [r for r in rows if r.kept_up]
+        if len(kept) >= 2:
+            out.append(_arrival_bound(label, level, kept))
+    return out
+
+
+def _margin(best: LevelResult, current: LevelResult, min_gain: float) -> float:
+    """How much tok/s `best` must add to displace `current`: the noise margin, and with
+    --repeats also the two confidence intervals together."""
+    ci = best.ci95.get("output_tok_per_s", 0.0) + current.ci95.get("output_tok_per_s", 0.0)
+    return max(current.output_tok_per_s * min_gain, ci)
+
+
+def best_depths(
+    results: Sequence[LevelResult], min_gain: float = MIN_GAIN, depths: Sequence[int] | None = None
+) -> dict[float, int]:
+    """Best forced depth per level that can decide (`undecided_levels`); the current depth is
+    kept unless beaten by the noise margin (`_margin`). Where one depth alone kept up with an
+    open loop's arrivals, it is the best there."""
+    skip = {u.level for u in undecided_levels(results, depths)}
+    spec = [r for r in usable(results) if r.depth is not None and r.level not in skip]
     by_level: dict[float, list[LevelResult]] = {}
     for r in spec:
         by_level.setdefault(r.level, []).append(r)
     out: dict[float, int] = {}
     current: int | None = None
     for c in sorted(by_level):
-        rows = {r.depth: r.output_tok_per_s for r in by_level[c] if r.depth is not None}
-        best = max(rows, key=lambda d: (rows[d], -d))
-        if current in rows and rows[best] <= rows[current] * (1 + min_gain):
-            best = current
+        rows = {r.depth: r for r in by_level[c] if r.depth is not None}
+        kept = [d for d, r in rows.items() if r.kept_up]
+        if len(kept) == 1:
+            out[c] = current = kept[0]
+            continue
+        best = max(rows, key=lambda d: (rows[d].output_tok_per_s, -d))
+        if current in rows:
+            now = rows[current]
+            margin = _margin(rows[best], now, min_gain)
+            if rows[best].output_tok_per_s <= now.output_tok_per_s + margin:
+                best = current
         out[c] = current = best
     return out
 
@@ -115,20 +239,22 @@ def _crossover(
 
 
 def _envelope(
-    results: Sequence[LevelResult], min_gain: float
+    results: Sequence[LevelResult], min_gain: float, depths: Sequence[int] | None = None
 ) -> tuple[dict[float, LevelResult], dict[float, LevelResult]]:
     """The best depth's level per level, and the no-spec server's, where both are usable."""
     series = _by_series(usable(results))
-    best = best_depths(results, min_gain)
+    best = best_depths(results, min_gain, depths)
     nospec = series.get(NO_SPEC, {})
     envelope = {c: series[series_name(best[c])][c] for c in sorted(best) if c in nospec}
     return envelope, {c: nospec[c] for c in envelope}
 
 
-def crossovers(results: Sequence[LevelResult], min_gain: float = MIN_GAIN) -> list[Crossover]:
+def crossovers(
+    results: Sequence[LevelResult], min_gain: float = MIN_GAIN, depths: Sequence[int] | None = None
+) -> list[Crossover]:
     """Where the best depth changes, and where no-spec overtakes the best depth (if measured)."""
     series = _by_series(usable(results))
-    best = best_depths(results, min_gain)
+    best = best_depths(results, min_gain, depths)
     cs = sorted(best)
     out = []
     for c_lo, c_hi in itertools.pairwise(cs):
@@ -138,7 +264,7 @@ def crossovers(results: Sequence[LevelResult], min_gain: float = MIN_GAIN) -> li
         # series leaves that change of best depth unplaced rather than guessed.
         if d_lo != d_hi and all(c in a and c in b for c in (c_lo, c_hi)):
             out.append(_crossover(a, b, c_lo, c_hi, series_name(d_hi)))
-    envelope, nospec = _envelope(results, min_gain)
+    envelope, nospec = _envelope(results, min_gain, depths)
     ec = sorted(envelope)
     for c_lo, c_hi in itertools.pairwise(ec):
         lo_gap = envelope[c_lo].output_tok_per_s - nospec[c_lo].output_tok_per_s
@@ -185,10 +311,10 @@ class PlainServerWins:
 
 
 def plain_server_wins(
-    results: Sequence[LevelResult], min_gain: float = MIN_GAIN
+    results: Sequence[LevelResult], min_gain: float = MIN_GAIN, depths: Sequence[int] | None = None
 ) -> PlainServerWins | None:
     """Set when no-spec beats the best depth (by more than the noise margin) everywhere."""
-    envelope, nospec = _envelope(results, min_gain)
+    envelope, nospec = _envelope(results, min_gain, depths)
     if not envelope:
         return None
     gains = {
@@ -207,12 +333,14 @@ def recommend_table(
     captured_depths: Iterable[int] | None = None,
     version: int = 0,
     min_gain: float = MIN_GAIN,
+    depths: Sequence[int] | None = None,
 ) -> PolicyTable | None:
-    """Best depth per level compressed into tiers keyed by batch size; None if no usable data."""
-    best = best_depths(results, min_gain)
+    """Best depth per level compressed into tiers keyed by batch size; None if no level can
+    decide (`undecided_levels`)."""
+    best = best_depths(results, min_gain, depths)
     if not best:
         return None
-    changes = [c for c in crossovers(results, min_gain) if c.from_series != BEST_SPEC]
+    changes = [c for c in crossovers(results, min_gain, depths) if c.from_series != BEST_SPEC]
     tiers = [Tier(min_batch=1, depth=best[min(best)])]
     for change in changes:
         edge = change.batch if change.batch is not None else change.level
@@ -339,7 +467,7 @@ def repeat_hint(repeats: Repeats | None) -> str | None:
         "prefix cache may have held them whole and their prefills cost less than fresh "
         "traffic's (on SGLang, a plain server's one-token prefill of a whole hit also runs "
         "without its CUDA graph, while an EAGLE server's does not); give a --dataset with "
-        "more prompts"
+        "more prompts (generated-shared-prefix: more --gsp-groups or --gsp-prompts-per-group)"
     )
 
 
@@ -454,21 +582,46 @@ def client_bound_hint(
 # `client_process_cpu_share` and `client_bound`; `paired`, and per level `prompt_offset`;
 # `paired_order` ("spec-first" or "plain-first"; None unless paired); `prompt_count` and
 # `prompts_came_round`; `flush_cache`, and per level `evictions`, `evict_ms` and
-# `cache_flushed`.
+# `cache_flushed`; `undecided_levels`, `percentiles`, `repeats`, `endpoint`,
+# `extra_request_body`, `header_names` (names only: header values may hold secrets), `seed`,
+# `asked_prompt_tokens`, `exact_prompt_size`, and per level `input_tok_per_s`,
+# `total_tok_per_s`, `offered_tok_per_s`, `max_concurrency`, `latency_ms` (mean, std and the
+# percentiles of TTFT, TPOT, ITL and E2E), `repeats`, `ci95` and `repeat_tok_per_s`.
 BENCH_FORMAT = "specctl-bench/2"
 
-CSV_FIELDS = [f.name for f in fields(LevelResult)]
+# One column per scalar field; the nested ones are spread out (`csv_row`).
+_NESTED = ("latency_ms", "ci95", "repeat_tok_per_s")
+CSV_FIELDS = [f.name for f in fields(LevelResult) if f.name not in _NESTED]
+
+
+def csv_row(r: LevelResult) -> dict[str, Any]:
+    """A level as one CSV row: its scalar fields, each latency statistic as `ttft_mean_ms`,
+    `tpot_p95_ms`, ..., each confidence interval as `<figure>_ci95`, and the repeats' tok/s
+    joined by `;`."""
+    row = {k: _round(v) for k, v in r.to_json().items() if k not in _NESTED}
+    for metric, stats in r.latency_ms.items():
+        for key, value in stats.items():
+            row[f"{metric}_{key}_ms"] = _round(value)
+    for key, value in r.ci95.items():
+        row[f"{key.replace('.', '_')}_ci95"] = _round(value)
+    row["repeat_tok_per_s"] = ";".join(f"{v:.3f}" for v in r.repeat_tok_per_s)
+    return row
 
 
 def write_csv(results: Sequence[LevelResult], path: Path) -> None:
+    rows = [csv_row(r) for r in results]
+    extra = [k for row in rows for k in row if k not in CSV_FIELDS]
     with path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=CSV_FIELDS)
+        writer = csv.DictWriter(fh, fieldnames=[*CSV_FIELDS, *dict.fromkeys(extra)])
         writer.writeheader()
-        for r in results:
-            writer.writerow({k: _round(v) for k, v in r.to_json().items()})
+        writer.writerows(rows)
 
 
 def _round(v: Any) -> Any:
+    if isinstance(v, dict):
+        return {k: _round(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_round(x) for x in v]
     return round(v, 3) if isinstance(v, float) and math.isfinite(v) else v
 
 
@@ -478,8 +631,9 @@ def _level_key(level: float) -> str:
 
 def recommendation_text(outcome: SweepOutcome) -> str | None:
     """One line: the table to push, or that a server without speculation wins."""
-    table = recommend_table(outcome.results, outcome.before.captured_depths)
-    plain = plain_server_wins(outcome.results)
+    depths = outcome.plan.depths
+    table = recommend_table(outcome.results, outcome.before.captured_depths, depths=depths)
+    plain = plain_server_wins(outcome.results, depths=depths)
     if plain is not None:
         kept = "" if table is None else f" (with speculation, the best table is {table.describe()})"
         return plain.describe() + kept
@@ -491,10 +645,11 @@ def recommendation_text(outcome: SweepOutcome) -> str | None:
 def outcome_json(outcome: SweepOutcome) -> dict[str, Any]:
     plan = outcome.plan
     results = outcome.results
-    table = recommend_table(results, outcome.before.captured_depths)
-    plain = plain_server_wins(results)
+    depths = plan.depths
+    table = recommend_table(results, outcome.before.captured_depths, depths=depths)
+    plain = plain_server_wins(results, depths=depths)
     rate = plan.mode == "rate"
-    best = {_level_key(c): d for c, d in best_depths(results).items()}
+    best = {_level_key(c): d for c, d in best_depths(results, depths=depths).items()}
     out: dict[str, Any] = {
         "format": BENCH_FORMAT,
         "url": plan.url,
@@ -525,7 +680,7 @@ def outcome_json(outcome: SweepOutcome) -> dict[str, Any]:
                 ("request_rate" if c.rate else "concurrency"): round(c.level, 2),
                 "batch": None if c.batch is None else round(c.batch, 2),
             }
-            for c in crossovers(results)
+            for c in crossovers(results, depths=depths)
         ],
         "recommended_table": None if table is None else table.to_json(),
         "recommended_table_text": None if table is None else table.describe(),
@@ -554,6 +709,19 @@ def outcome_json(outcome: SweepOutcome) -> dict[str, Any]:
             "gain_by_level": {_level_key(c): round(g, 4) for c, g in plain.gains.items()},
         },
         "recommendation": recommendation_text(outcome),
+        # Added with undecidable levels, percentiles, input/total throughput and repeats:
+        "undecided_levels": [
+            {"level": u.level, "label": u.label, "reason": u.reason}
+            for u in undecided_levels(results, depths)
+        ],
+        "percentiles": list(plan.percentiles),
+        "repeats": plan.repeats,
+        "endpoint": plan.style.endpoint,
+        "extra_request_body": plan.style.extra_body or None,
+        "header_names": sorted(plan.headers) or None,
+        "seed": plan.seed,
+        "asked_prompt_tokens": plan.asked_prompt_tokens,
+        "exact_prompt_size": plan.exact_prompt_size,
     }
     if rate:
         out["best_depth_by_request_rate"] = best
@@ -599,7 +767,7 @@ def plot(outcome: SweepOutcome, path: Path) -> None:
                     xytext=(4, -10), fontsize=7, color="red",
                 )  # fmt: skip
             flagged_drawn = True
-    for cross in crossovers(outcome.results):
+    for cross in crossovers(outcome.results, depths=outcome.plan.depths):
         ax_tok.axvline(cross.level, color="grey", linestyle=":", linewidth=1)
         ax_tok.annotate(
             f"{cross.from_series}→{cross.to_series}",
@@ -619,8 +787,13 @@ def plot(outcome: SweepOutcome, path: Path) -> None:
             ax.legend(fontsize=8)
     title = f"specctl bench: {outcome.plan.url}"
     verdict = recommendation_text(outcome)
+    undecided = undecided_levels(outcome.results, outcome.plan.depths)
     if verdict is not None:
         title += "\n" + verdict
+    elif undecided:
+        title += "\nno table recommended: no level could choose a depth (the report says why)"
+    if verdict is not None and undecided:
+        title += f"; undecided: {', '.join(u.label for u in undecided)}"
     fig.suptitle(title, fontsize=10, wrap=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

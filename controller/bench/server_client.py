@@ -1,8 +1,14 @@
 """One server seen through the contract: read its table back, push a table, scrape `/metrics`.
 
 Every failure becomes a `ServerError` whose message says what went wrong and what to do, so the
-commands can print it as is: an unreachable URL, a missing or wrong admin key (401), a server
-without the specctl plugin, a table the server refuses (its 400 names the field).
+commands can print it as is: an unreachable URL, a missing or wrong admin key or API key (401),
+a server without the specctl plugin, a table the server refuses (its 400 names the field).
+
+Two keys, as SGLang has them: the API key (`--api-key` on the server) guards every ordinary
+route (`/server_info`, `/v1/*`, `/generate`), and goes with every request but the admin ones;
+the admin key (`--admin-api-key`) guards `/set_internal_state`, `/freeze_gc` and
+`/flush_cache`, which get it instead (SGLang falls back to the API key there when no admin key
+is set, so a server with only an API key takes the API key on those too).
 """
 
 from __future__ import annotations
@@ -26,14 +32,35 @@ from sglang_hooks.contract import (
 )
 
 ADMIN_KEY_ENV = "SPECCTL_ADMIN_KEY"
+# The API key's variable: the plugin's smoke check (sglang_hooks/smoke.py) reads the same one.
+API_KEY_ENV = "SPECCTL_API_KEY"
 
 
 class ServerError(RuntimeError):
     """A server could not be reached, or refused or garbled a request."""
 
 
+class KeyRefused(ServerError):
+    """A server answered 401/403: a key is missing or wrong (the message says which)."""
+
+
 def admin_key_from_env(explicit: str | None) -> str | None:
     return explicit if explicit else os.environ.get(ADMIN_KEY_ENV) or None
+
+
+def bearer(key: str | None) -> dict[str, str]:
+    """The Authorization header SGLang checks, or none without a key."""
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+def api_key_refused(url: str, path: str, status: int, api_key: str | None) -> KeyRefused:
+    """The one line for a 401/403 on an ordinary route: which key is missing or wrong."""
+    hint = (
+        "the API key given (--api-key) was refused; use the value of the server's --api-key"
+        if api_key
+        else f"it needs the server's --api-key: pass --api-key or set {API_KEY_ENV}"
+    )
+    return KeyRefused(f"{url}{path} answered {status} Unauthorized: {hint}")
 
 
 @dataclass(frozen=True)
@@ -90,10 +117,23 @@ def _inactive_reason(ranks: list[dict[str, Any]]) -> str | None:
 class ServerClient:
     """Synchronous admin client for one server (the load itself runs in `loadgen`)."""
 
-    def __init__(self, url: str, admin_key: str | None = None, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        admin_key: str | None = None,
+        timeout_s: float = 10.0,
+        *,
+        api_key: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self.admin_key = admin_key
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s)
+        self.api_key = api_key
+        # Extra headers (a gateway's own) first, the API key over them: every request carries
+        # them; the admin routes replace the Authorization header with the admin key's.
+        self._http = httpx.Client(
+            base_url=self.url, timeout=timeout_s, headers={**(headers or {}), **bearer(api_key)}
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -120,7 +160,13 @@ class ServerClient:
             ) from None
 
     def _admin_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.admin_key}"} if self.admin_key else {}
+        return bearer(self.admin_key)
+
+    def _refused(self, path: str, resp: httpx.Response) -> KeyRefused | None:
+        """The API-key line for a 401/403 on an ordinary route, or None for any other answer."""
+        if resp.status_code in (401, 403):
+            return api_key_refused(self.url, path, resp.status_code, self.api_key)
+        return None
 
     # ------------------------------------------------------------------ maintenance
 
@@ -132,7 +178,7 @@ class ServerClient:
         if resp.status_code == 200:
             return
         if resp.status_code in (401, 403):
-            raise ServerError(
+            raise KeyRefused(
                 f"{self.url} refused /freeze_gc ({resp.status_code}): give the server's "
                 "--admin-api-key with --admin-key"
             )
@@ -159,6 +205,8 @@ class ServerClient:
 
     def server_info(self) -> dict[str, Any]:
         resp = self._request("GET", "/server_info")
+        if (refused := self._refused("/server_info", resp)) is not None:
+            raise refused
         if resp.status_code != 200:
             raise ServerError(
                 f"GET {self.url}/server_info answered {resp.status_code}: {resp.text[:200]}"
@@ -204,6 +252,8 @@ class ServerClient:
 
     def metrics_text(self) -> str:
         resp = self._request("GET", "/metrics")
+        if (refused := self._refused("/metrics", resp)) is not None:
+            raise refused
         if resp.status_code != 200:
             raise ServerError(
                 f"GET {self.url}/metrics answered {resp.status_code}; start SGLang with "
@@ -259,7 +309,7 @@ class ServerClient:
                 if self.admin_key
                 else f"no admin key was given: pass --admin-key or set {ADMIN_KEY_ENV}"
             )
-            raise ServerError(
+            raise KeyRefused(
                 f"{self.url} refused to {what}: 401 Unauthorized ({hint}); use the value of the "
                 "server's --admin-api-key"
             )

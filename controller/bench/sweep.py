@@ -29,7 +29,13 @@ from typing import Any
 
 import httpx
 
-from controller.bench.latency import Slo, goodput, latencies
+from controller.bench.latency import (
+    DEFAULT_PERCENTILES,
+    Slo,
+    goodput,
+    latencies,
+    latency_summary,
+)
 from controller.bench.load_processes import LoadProcesses, level_streams
 from controller.bench.loadgen import (
     ClosedLoop,
@@ -37,6 +43,7 @@ from controller.bench.loadgen import (
     LiveCounters,
     LoadShape,
     OpenLoop,
+    RequestStyle,
     StopRule,
     WindowHooks,
     make_client,
@@ -55,7 +62,8 @@ from controller.bench.metrics import (
     work_between,
 )
 from controller.bench.prompts import Prompt
-from controller.bench.server_client import ServerClient, ServerError, ServerState
+from controller.bench.repeats import merge
+from controller.bench.server_client import ServerClient, ServerError, ServerState, bearer
 from controller.bench.server_facts import server_facts
 from sglang_hooks.contract import PolicyError, single_depth_table, validate_tiers
 
@@ -73,6 +81,16 @@ DRAIN_TIMEOUT_S = 10.0
 # the JSON decoding, the garbage collector and this process's progress display). On an H200
 # every level at 0.79-0.95 of a core varied 10-49% between repeats; this leaves a margin below.
 CLIENT_BOUND_SHARE = 0.7
+# A level whose window completed fewer requests than this at some series cannot tell depths
+# apart: a handful of requests that started together and ran side by side is one sample of
+# the level, not a distribution (it is flagged and left out, like a level with none).
+MIN_LEVEL_REQUESTS = 5
+# An open-loop level at which a series delivered at least this share of the tokens its window's
+# arrivals asked for kept up with them: the arrival rate, not the server, set its tok/s. A server
+# past its capacity falls further behind the longer the window, while one that keeps up
+# delivers the arrivals' tokens give or take the window's edges (a few arrivals' worth in a
+# short window): the margin leaves room for those.
+KEPT_UP_SHARE = 0.8
 
 
 def series_name(depth: int | None) -> str:
@@ -114,6 +132,21 @@ class SweepPlan:
     # Paired runs only: the plain server first at every load, then each depth. A bench that
     # alternates the order from run to run separates an order effect from the servers' gap.
     plain_first: bool = False
+    # The servers' --api-key, sent with every request but the admin ones (which carry
+    # admin_key), and extra headers for every request (a gateway's routing or auth).
+    api_key: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    # The endpoint and extra body fields of the load's requests.
+    style: RequestStyle = field(default_factory=RequestStyle)
+    # Latency percentiles each level reports (besides mean and standard deviation).
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES
+    # Each level measured this many times (each with its warm-up and drain); its figures are
+    # the repeats' means, with a 95% confidence interval across them (`repeats.merge`).
+    repeats: int = 1
+    # The prompt size asked for (tokens, mean over the prompts; None: a dataset file's own),
+    # and whether the prompts were cut to it in the model's tokens (else a word per token).
+    asked_prompt_tokens: float | None = None
+    exact_prompt_size: bool = False
 
     def __post_init__(self) -> None:
         if bool(self.concurrencies) == bool(self.request_rates):
@@ -126,6 +159,8 @@ class SweepPlan:
             raise ValueError("paired levels need a server without speculation to pair with")
         if self.plain_first and not self.paired:
             raise ValueError("the plain server goes first only in paired levels")
+        if self.repeats < 1:
+            raise ValueError("repeats must be >= 1")
 
     def in_process(self, shape: LoadShape) -> bool:
         """Whether this process runs `shape` itself: with one client process, or for a level of
@@ -155,6 +190,14 @@ class SweepPlan:
         if self.request_rates:
             return self.max_concurrency
         return max(self.concurrencies)
+
+    def client_headers(self) -> dict[str, str]:
+        """The headers of every load request: the extra ones, the API key over them."""
+        return {**self.headers, **bearer(self.api_key)}
+
+    def server(self, url: str) -> ServerClient:
+        """A client for the admin and read routes of `url`, with this plan's keys."""
+        return ServerClient(url, self.admin_key, api_key=self.api_key, headers=self.headers)
 
     def paired_order(self) -> tuple[int | None, ...]:
         """The series of one load in a paired run, None for the plain server."""
@@ -256,6 +299,23 @@ class LevelResult:
     evict_ms: float | None = None
     # With --flush-cache: whether the server emptied its prefix cache before the level.
     cache_flushed: bool | None = None
+    # Prompt tokens of the requests sent in the window (the server's count from its usage,
+    # the mean of the others' for a request cut before its first chunk) per second, and
+    # prompt plus output tokens per second (`sglang.bench_serving`'s input and total token
+    # throughput).
+    input_tok_per_s: float = 0.0
+    total_tok_per_s: float = 0.0
+    # Open loop: the output tokens the window's arrivals asked for, per second of the window,
+    # and the cap on streams in flight (--max-concurrency; None: none).
+    offered_tok_per_s: float | None = None
+    max_concurrency: int | None = None
+    # {"ttft"|"tpot"|"itl"|"e2e": {"mean", "std", "p50", ...}} in ms (latency.latency_summary).
+    latency_ms: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    # With --repeats N: how many windows the level's figures are the means of, the 95%
+    # confidence interval's half-width of each figure across them, and each window's tok/s.
+    repeats: int = 1
+    ci95: dict[str, float] = field(default_factory=dict)
+    repeat_tok_per_s: tuple[float, ...] = ()
 
     @property
     def level(self) -> int | float:
@@ -267,11 +327,30 @@ class LevelResult:
         return f"c={self.concurrency}" if self.request_rate is None else f"{self.request_rate:g}/s"
 
     @property
+    def too_few(self) -> bool:
+        """Some requests finished in the window, too few to tell depths apart."""
+        return 0 < self.requests < MIN_LEVEL_REQUESTS * self.repeats
+
+    @property
+    def kept_up(self) -> bool:
+        """An open-loop level whose series delivered what its arrivals asked for: below the
+        server's capacity, the arrival rate set its tok/s. Not where the streams reached the
+        --max-concurrency cap: arrivals then waited for a stream, as in a closed loop, and
+        the server's pace set the tok/s."""
+        offered = self.offered_tok_per_s
+        if not offered:
+            return False
+        capped = self.max_concurrency is not None and self.concurrency >= self.max_concurrency
+        return not capped and self.output_tok_per_s >= KEPT_UP_SHARE * offered
+
+    @property
     def flags(self) -> list[str]:
         """Why this level is left out of the recommendation (empty: it is not)."""
         out = []
         if self.too_short:
             out.append("too short")
+        if self.too_few:
+            out.append("too few requests")
         if self.foreign_traffic:
             out.append("other traffic")
         if self.client_bound:
@@ -326,6 +405,7 @@ def summarize(
     drain: Drain | None = None,
     client_bound_share: float = CLIENT_BOUND_SHARE,
     gauges: tuple[Sequence[float], Sequence[float]] = ((), ()),
+    percentiles: Sequence[float] = DEFAULT_PERCENTILES,
 ) -> LevelResult:
     done = load.completed
     lat = latencies(done)
@@ -343,6 +423,11 @@ def summarize(
         if w is not None:
             mean_batch, accept, step = w.mean_batch, w.accept_length, w.step_ms
     prompts = [r.prompt_tokens for r in load.requests if r.prompt_tokens is not None]
+    sent = load.sent_in_window
+    mean_prompt = statistics.fmean(prompts) if prompts else 0.0
+    input_tokens = sum(mean_prompt if r.prompt_tokens is None else r.prompt_tokens for r in sent)
+    input_rate = input_tokens / window if window > 0 else 0.0
+    asked = [r.max_tokens for r in sent if r.max_tokens is not None]
     good = goodput(slo, load.measured, load.elapsed_s) if slo is not None else None
     open_loop = load.shape if isinstance(load.shape, OpenLoop) else None
     busiest = max(load.process_cpu_s or (load.client_cpu_s,)) / window if window > 0 else math.nan
@@ -396,6 +481,13 @@ def summarize(
         queued_mean=statistics.fmean(gauges[1]) if gauges[1] else None,
         evictions=None if evicted is None else evicted.calls,
         evict_ms=None if evicted is None else round(1000.0 * evicted.seconds, 3),
+        input_tok_per_s=input_rate,
+        total_tok_per_s=input_rate + load.output_tok_per_s,
+        offered_tok_per_s=(
+            sum(asked) / window if open_loop is not None and asked and window > 0 else None
+        ),
+        max_concurrency=None if open_loop is None else open_loop.max_concurrency,
+        latency_ms=latency_summary(done, percentiles),
     )
 
 
@@ -408,6 +500,9 @@ class LevelObserver:
     def level_started(self, series: str, shape: LoadShape, live: LiveCounters) -> None:
         """A level starts (a fixed concurrency or a request rate); `live` counts its requests
         and tokens as they arrive, warm-up included."""
+
+    def window_finished(self, result: LevelResult) -> None:
+        """One measured window of a level ended (with --repeats N, each of its N)."""
 
     def level_finished(self, result: LevelResult) -> None: ...
 
@@ -577,7 +672,9 @@ class _Levels:
         """One unmeasured request before this server's first level."""
         if not self.warmed:
             self.warmed = True
-            await warm_up(http, self.plan.prompts[-1], self.model, self.plan.temperature)
+            await warm_up(
+                http, self.plan.prompts[-1], self.model, self.plan.temperature, self.plan.style
+            )
 
     async def settle(self) -> None:
         """Before the first level: the server should be idle, or someone else is using it."""
@@ -592,6 +689,16 @@ class _Levels:
     async def measure(
         self, http: httpx.AsyncClient, depth: int | None, shape: LoadShape
     ) -> LevelResult:
+        """The level, once or `plan.repeats` times back to back (merged: `repeats.merge`)."""
+        windows = []
+        for _ in range(self.plan.repeats):
+            windows.append(await self._measure_once(http, depth, shape))
+            self.observer.window_finished(windows[-1])
+        return merge(windows)
+
+    async def _measure_once(
+        self, http: httpx.AsyncClient, depth: int | None, shape: LoadShape
+    ) -> LevelResult:
         plan = self.plan
         live = LiveCounters()
         series = series_name(depth)
@@ -603,14 +710,14 @@ class _Levels:
             load = await run_level(
                 http, plan.prompts, shape, plan.stop, model=self.model,
                 temperature=plan.temperature, prompt_offset=self.offset, live=live,
-                hooks=scrapes, seed=plan.seed,
+                hooks=scrapes, seed=plan.seed, style=plan.style,
             )  # fmt: skip
             self.offset += live.started
         else:
             load, self.offset = await self.processes.run_level(
                 self.server.url, shape, plan.stop, model=self.model,
                 temperature=plan.temperature, prompt_offset=self.offset, live=live,
-                hooks=scrapes, seed=plan.seed,
+                hooks=scrapes, seed=plan.seed, style=plan.style, headers=plan.client_headers(),
             )  # fmt: skip
         if scrapes.late:
             self.observer.warning(
@@ -629,7 +736,7 @@ class _Levels:
             )
         result = summarize(
             depth, load, scrapes.before, scrapes.after, plan.slo, drained, plan.client_bound_share,
-            gauges=(scrapes.running, scrapes.queued),
+            gauges=(scrapes.running, scrapes.queued), percentiles=plan.percentiles,
         )  # fmt: skip
         return replace(
             result, prompt_offset=first_prompt,
@@ -680,7 +787,7 @@ async def _run_levels(
     for i, depth in enumerate(plan.depths):
         version = outcome.before.version + 1 + i
         _force(outcome, server, observer, depth, version)
-        async with make_client(plan.url, _pool_size(plan)) as http:
+        async with make_client(plan.url, _pool_size(plan), plan.client_headers()) as http:
             await levels.warm_up(http)
             for shape in plan.shapes():
                 result = await levels.measure(http, depth, shape)
@@ -729,15 +836,15 @@ async def _run_paired(
     assert plan.no_spec_url is not None
     version = outcome.before.version
     live_depth: int | None = None  # pushed once per change, not per level
-    with ServerClient(plan.no_spec_url, plan.admin_key) as other:
+    with plan.server(plan.no_spec_url) as other:
         _introduce_plain(outcome, other)
         spec = _Levels(plan, server, observer, offset=0, processes=processes)
         plain = _Levels(plan, other, observer, offset=0, processes=processes)
         await spec.settle()
         await plain.settle()
         async with (
-            make_client(plan.url, _pool_size(plan)) as spec_http,
-            make_client(plan.no_spec_url, _pool_size(plan)) as plain_http,
+            make_client(plan.url, _pool_size(plan), plan.client_headers()) as spec_http,
+            make_client(plan.no_spec_url, _pool_size(plan), plan.client_headers()) as plain_http,
         ):
             await spec.warm_up(spec_http)
             await plain.warm_up(plain_http)
@@ -764,11 +871,11 @@ async def _run_no_spec(
 ) -> None:
     plan = outcome.plan
     assert plan.no_spec_url is not None
-    with ServerClient(plan.no_spec_url, plan.admin_key) as other:
+    with plan.server(plan.no_spec_url) as other:
         _introduce_plain(outcome, other)
         levels = _Levels(plan, other, observer, offset, processes)
         await levels.settle()
-        async with make_client(plan.no_spec_url, _pool_size(plan)) as http:
+        async with make_client(plan.no_spec_url, _pool_size(plan), plan.client_headers()) as http:
             await levels.warm_up(http)
             for shape in plan.shapes():
                 result = await levels.measure(http, None, shape)
@@ -779,7 +886,7 @@ async def _run_no_spec(
 async def sweep(plan: SweepPlan, observer: LevelObserver | None = None) -> SweepOutcome:
     """Run the whole plan; the server's previous table is restored however this ends."""
     observer = observer or LevelObserver()
-    with ServerClient(plan.url, plan.admin_key) as server:
+    with plan.server(plan.url) as server:
         before = server.state()
         check_depths(plan.depths, before)
         outcome = SweepOutcome(plan=plan, before=before)
@@ -813,7 +920,7 @@ def _freeze_gc(outcome: SweepOutcome, server: ServerClient, observer: LevelObser
     with contextlib.ExitStack() as stack:
         clients = {"spec": server}
         if plan.no_spec_url is not None:
-            clients["no_spec"] = stack.enter_context(ServerClient(plan.no_spec_url, plan.admin_key))
+            clients["no_spec"] = stack.enter_context(plan.server(plan.no_spec_url))
         for role, client in clients.items():
             try:
                 client.freeze_gc()

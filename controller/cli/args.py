@@ -17,6 +17,12 @@ PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 # The admin key's environment variable; controller.bench.server_client reads the same one
 # (not imported from there: that module loads httpx, too heavy for `--help`).
 ADMIN_KEY_ENV = "SPECCTL_ADMIN_KEY"
+# The API key's, as controller.bench.server_client and the plugin's smoke check read it.
+API_KEY_ENV = "SPECCTL_API_KEY"
+API_KEY_HELP = (
+    "The server's --api-key, sent as 'Authorization: Bearer KEY' on every request but the "
+    "admin ones (which carry --admin-key)."
+)
 
 
 def fail(message: str) -> typer.Exit:
@@ -144,3 +150,32 @@ def write_problem(folder: Path, option: str, given: Path) -> str | None:
     except OSError as err:
         return f"{option} {given}: cannot write there ({err.strerror or err}); pick another folder"
     return None
+
+
+def parse_headers(items: list[str] | None, option: str = "--header") -> dict[str, str]:
+    """['X-Route: a', 'K=V'] -> {'X-Route': 'a', 'K': 'V'}: NAME:VALUE, or NAME=VALUE as
+    `sglang.bench_serving --header` writes it. Raises typer.BadParameter naming `option`."""
+    out: dict[str, str] = {}
+    for item in items or ():
+        colon, equals = item.find(":"), item.find("=")
+        cuts = [i for i in (colon, equals) if i > 0]
+        if not cuts:
+            raise typer.BadParameter(
+                f"{item!r}: expected NAME:VALUE (or NAME=VALUE), e.g. X-Routing-Key:abc",
+                param_hint=option,
+            )
+        cut = min(cuts)
+        name, value = item[:cut].strip(), item[cut + 1 :].strip()
+        if not name or any(c.isspace() for c in name):
+            raise typer.BadParameter(
+                f"{item!r}: the header name must be one word before ':', e.g. X-Routing-Key:abc",
+                param_hint=option,
+            )
+        if name.lower() == "authorization":
+            raise typer.BadParameter(
+                f"{item!r}: give the server's key with --api-key (it goes on every request but "
+                "the admin ones, which get --admin-key)",
+                param_hint=option,
+            )
+        out[name] = value
+    return out

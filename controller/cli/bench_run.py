@@ -8,6 +8,7 @@ level. When the output is not a terminal the bar is not drawn, only those lines.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from pathlib import Path
 
 import typer
@@ -37,6 +38,7 @@ from controller.bench.report import (
     stall_hint,
     stream_interval_hint,
     too_short_hint,
+    undecided_levels,
     write_csv,
     write_json,
 )
@@ -127,17 +129,22 @@ def level_line(r: LevelResult) -> str:
         who = "its busiest load process" if r.client_processes > 1 else "the load generator"
         notes.append(f"client-bound: {who} used {share:.2f} of a core")
     flags = "".join(f"  [yellow]{n}[/yellow]" for n in notes)
+    if r.too_few:
+        notes.append(f"too few requests ({r.requests})")
     load = r.label if r.request_rate is None else f"{r.label} (c<={r.concurrency})"
+    ci = r.ci95.get("output_tok_per_s")
+    spread = "" if ci is None else f" ±{ci:.1f}"
     return (
-        f"  {r.series:>7} {load:<10}{r.output_tok_per_s:9.1f} tok/s  TTFT {_ms(r.ttft_p50_ms)}"
-        f"  TPOT {_ms(r.tpot_p50_ms)}  ITL p99 {_ms(r.itl_p99_ms)}{batch}{good}{errors}{flags}"
+        f"  {r.series:>7} {load:<10}{r.output_tok_per_s:9.1f}{spread} tok/s  "
+        f"TTFT {_ms(r.ttft_p50_ms)}  TPOT {_ms(r.tpot_p50_ms)}  ITL p99 {_ms(r.itl_p99_ms)}"
+        f"{batch}{good}{errors}{flags}"
     )
 
 
 class _ProgressObserver(LevelObserver):
-    def __init__(self, progress: Progress, total_levels: int) -> None:
+    def __init__(self, progress: Progress, total_windows: int) -> None:
         self.progress = progress
-        self.task = progress.add_task("sweep", total=total_levels)
+        self.task = progress.add_task("sweep", total=total_windows)
         self.outcome: SweepOutcome | None = None
 
     def sweep_started(self, outcome: SweepOutcome) -> None:
@@ -147,9 +154,11 @@ class _ProgressObserver(LevelObserver):
     def level_started(self, series: str, shape: LoadShape, live: LiveCounters) -> None:
         self.progress.update(self.task, live=live, level=f"{series} {shape.describe()}")
 
-    def level_finished(self, result: LevelResult) -> None:
+    def window_finished(self, result: LevelResult) -> None:
         self.progress.update(self.task, live=None)
         self.progress.advance(self.task)
+
+    def level_finished(self, result: LevelResult) -> None:
         self.progress.console.print(level_line(result), highlight=False)
 
     def message(self, text: str) -> None:
@@ -177,15 +186,26 @@ def _busy(r: LevelResult) -> str:
     return f"{r.gpu_prefill_busy:.2f} / {r.gpu_decode_busy:.2f}"
 
 
-def results_table(results: list[LevelResult]) -> Table:
+def _tok(r: LevelResult, name: str) -> str:
+    """A throughput, with its 95% interval where the level was repeated."""
+    ci = r.ci95.get(name)
+    return f"{getattr(r, name):.1f}" + ("" if ci is None else f" ±{ci:.1f}")
+
+
+def results_table(results: list[LevelResult], depths: Sequence[int] | None = None) -> Table:
     """One row per level; p90s and the rest are in bench.csv / bench.json."""
-    best = best_depths(results)
+    best = best_depths(results, depths=depths)
     rate = any(r.request_rate is not None for r in results)
     slo = any(r.goodput_req_per_s is not None for r in results)
     flagged = any(r.flags for r in results)
     gpu = any(r.gpu_prefill_busy is not None for r in results)
-    table = Table(title="per (depth, level); * = best forced depth", box=None)
-    names = ["series", *(["rate/s", "max conc"] if rate else ["conc"]), "tok/s"]
+    repeated = max((r.repeats for r in results), default=1)
+    title = "per (depth, level); * = best forced depth"
+    if repeated > 1:
+        title += f"; mean of {repeated} repeats ± 95% confidence interval"
+    table = Table(title=title, box=None)
+    names = ["series", *(["rate/s", "max conc"] if rate else ["conc"])]
+    names += ["out tok/s", "in tok/s", "total tok/s"]
     names += ["req/s"] if rate else []
     names += ["TTFT p50/p99 ms", "TPOT p50/p99 ms", "ITL p50/p99 ms"]
     names += ["goodput req/s"] if slo else []
@@ -198,7 +218,8 @@ def results_table(results: list[LevelResult]) -> Table:
         star = "*" if r.depth is not None and best.get(r.level) == r.depth else " "
         row = [r.series]
         row += [f"{r.request_rate:g}", str(r.concurrency)] if rate else [str(r.concurrency)]
-        row.append(f"{r.output_tok_per_s:.1f}{star}")
+        row += [_tok(r, "output_tok_per_s") + star, _tok(r, "input_tok_per_s"),
+                _tok(r, "total_tok_per_s")]  # fmt: skip
         if rate:
             row.append(f"{r.request_per_s:.2f}")
         row += [
@@ -224,6 +245,61 @@ def results_table(results: list[LevelResult]) -> Table:
     return table
 
 
+def _stat(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def latency_table(results: list[LevelResult], percentiles: Sequence[float]) -> Table:
+    """Per level and latency: mean ± standard deviation over the window's requests, then the
+    percentiles asked for (bench.json and bench.csv hold the same figures)."""
+    from controller.bench.latency import LATENCY_METRICS, percentile_key
+
+    keys = [percentile_key(q) for q in percentiles]
+    table = Table(
+        title=f"latency (ms) per (depth, level): mean ±std, then {' / '.join(keys)}",
+        box=None,
+    )
+    rate = any(r.request_rate is not None for r in results)
+    table.add_column("series")
+    table.add_column("rate/s" if rate else "conc", justify="right")
+    for metric in LATENCY_METRICS:
+        table.add_column(metric.upper(), justify="right")
+    for r in results:
+        load = str(r.concurrency) if r.request_rate is None else f"{r.request_rate:g}"
+        row = [r.series, load]
+        for metric in LATENCY_METRICS:
+            stats = r.latency_ms.get(metric, {})
+            if stats.get("mean") is None:
+                row.append("-")
+                continue
+            row.append(
+                f"{_stat(stats.get('mean'))} ±{_stat(stats.get('std'))}\n"
+                + " / ".join(_stat(stats.get(k)) for k in keys)
+            )
+        table.add_row(*row)
+    return table
+
+
+def prompt_size_line(plan: SweepPlan, results: Sequence[LevelResult]) -> str | None:
+    """The prompt size the servers counted (their usage), where bench sized them approximately
+    or the server adds tokens of its own (a BOS, a chat template)."""
+    counted = [r.prompt_tokens for r in results if r.prompt_tokens]
+    if not counted:
+        return None
+    low, high = min(counted), max(counted)
+    span = f"{low:.0f}" if round(low) == round(high) else f"{low:.0f} to {high:.0f}"
+    line = f"prompt tokens as the servers counted them (their usage, mean per level): {span}"
+    asked = plan.asked_prompt_tokens
+    if asked is None:
+        return line
+    if plan.exact_prompt_size:
+        return line + f", for {asked:.0f} asked (the rest is the server's own: BOS, template)"
+    return line + (
+        f", for ~{asked:.0f} asked: without --tokenizer a word counts as a token, so the size "
+        "asked is approximate; the server's count is the one to quote"
+    )
+
+
 def prepare_out_dir(path: Path) -> str | None:
     """Create the output folder and prove it is writable; why not, if it is not."""
     try:
@@ -239,7 +315,12 @@ def mean_output_tokens(plan: SweepPlan) -> float:
 
 def report(outcome: SweepOutcome, out_dir: Path, console: Console) -> None:
     results = outcome.results
-    print_table(console, results_table(results))
+    plan = outcome.plan
+    print_table(console, results_table(results, plan.depths))
+    print_table(console, latency_table(results, plan.percentiles))
+    size = prompt_size_line(plan, results)
+    if size is not None:
+        console.print(size, highlight=False)
     foreign = [r for r in results if r.foreign_traffic]
     if foreign:
         levels = ", ".join(f"{r.series} {r.label}" for r in foreign)
@@ -262,11 +343,16 @@ def report(outcome: SweepOutcome, out_dir: Path, console: Console) -> None:
     if outcome.plan.paired:
         for line in paired_lines(results):
             console.print(line, highlight=False)
-    cross = crossovers(results)
+    cross = crossovers(results, depths=plan.depths)
     console.print("crossovers: " + ("; ".join(c.describe() for c in cross) or "none measured"))
+    for undecided in undecided_levels(results, plan.depths):
+        console.print(f"[yellow]![/yellow] {undecided.describe()}", highlight=False)
     verdict = recommendation_text(outcome)
     if verdict is not None:
         console.print(f"[bold]{verdict}[/bold]")
+    elif results:
+        console.print("[bold]no table recommended[/bold]: no level could choose a depth "
+                      "(see the lines above)")  # fmt: skip
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         write_json(outcome, out_dir / "bench.json")
@@ -301,9 +387,16 @@ def describe_plan(plan: SweepPlan) -> str:
         else ""
     )
     flush = ", the prefix cache emptied before each level" if plan.flush_cache else ""
+    repeats = f", each level {plan.repeats} times" if plan.repeats > 1 else ""
+    endpoint = f", {plan.style.path}"
+    extra = (
+        f" + {', '.join(sorted(plan.style.extra_body))} (--extra-request-body)"
+        if plan.style.extra_body
+        else ""
+    )
     return (
-        f"bench {plan.url}: depths {list(plan.depths)} x {load}, {plan.stop.describe()}{slo}"
-        f"{split}{paired}{flush}, prompts: {plan.prompt_source}"
+        f"bench {plan.url}: depths {list(plan.depths)} x {load}, {plan.stop.describe()}{repeats}"
+        f"{slo}{split}{paired}{flush}{endpoint}{extra}, prompts: {plan.prompt_source}"
     )
 
 
@@ -316,7 +409,7 @@ def run_bench(plan: SweepPlan, out_dir: Path) -> int:
         TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), _TimeLeft(plan.stop),
         _LiveColumn(), console=console, transient=True,
     )  # fmt: skip
-    observer = _ProgressObserver(progress, len(plan.levels()))
+    observer = _ProgressObserver(progress, len(plan.levels()) * plan.repeats)
     code = 0
     try:
         with progress:

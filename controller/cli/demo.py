@@ -24,7 +24,7 @@ from controller.cli.stores import DEMO_STORE
 @app.command("demo")
 def demo_command(
     scenario: Annotated[str, typer.Option(help="Workload scenario (name or YAML path)")] = "ramp",
-    seed: Annotated[int, typer.Option(help="Seed of the simulator and the learner")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the simulator and the learner")] = 0,
     freeze: Annotated[
         Path | None,
         typer.Option(help="Also write the frozen policy file here (its folder must exist)"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -21,7 +22,7 @@ def evaluate_command(
         "kimi-k25-8x-rtxpro6000-pcie"
     ),
     scenario: Annotated[str, typer.Option(help="Built-in scenario name or YAML path")] = "ramp",
-    seed: Annotated[int, typer.Option(help="Seed of the simulator and the learner")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the simulator and the learner")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
     traces: Annotated[
         bool, typer.Option(help="With --json: include per-tick traces and the push log")
@@ -44,7 +45,7 @@ def evaluate_command(
       specctl sim evaluate --scenario drift --json | jq .ratio_to_oracle
       specctl sim evaluate --http 50    # the daemon over loopback HTTP
     """
-    if http_speedup is not None and not http_speedup > 0:
+    if http_speedup is not None and not (http_speedup > 0 and math.isfinite(http_speedup)):
         raise typer.BadParameter(
             "the served simulator's clock must run > 0 times wall time (e.g. --http 50), "
             f"got {http_speedup:g}",

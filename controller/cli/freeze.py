@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from controller.cli import app
-from controller.cli.args import fail, output_file_problem
+from controller.cli.args import API_KEY_ENV, API_KEY_HELP, fail, output_file_problem
 from controller.cli.curves import CONFIG_HELP, STORE_HELP, locate_store
 from sglang_hooks.contract import PolicyTable
 
@@ -96,13 +96,13 @@ def _time(t: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(t, dt.UTC).replace(microsecond=0)
 
 
-def check(path: Path, url: str | None, console: Console) -> None:
+def check(path: Path, url: str | None, console: Console, api_key: str | None = None) -> None:
     from controller.bench.server_client import ServerClient
     from controller.daemon.policy_file import load
 
     captured = None
     if url is not None:
-        with ServerClient(url) as server:
+        with ServerClient(url, api_key=api_key) as server:
             captured = server.state().captured_depths
     policy = load(path, captured_depths=captured)
     console.print(f"[green]ok[/green] {path}: {policy.table.describe()} ({_version(policy.table)})")
@@ -131,6 +131,9 @@ def freeze(
     url: Annotated[
         str | None,
         typer.Option(help="With --check: also check every depth is captured by this server."),
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option(envvar=API_KEY_ENV, help="With --url: " + API_KEY_HELP)
     ] = None,
 ) -> None:
     """Write the learned table to a policy file, or check one.
@@ -162,7 +165,7 @@ def freeze(
     console = Console(soft_wrap=True)
     try:
         if check_file is not None:
-            check(check_file, url, console)
+            check(check_file, url, console, api_key)
             return
         path, why = locate_store(store, config)
         model = load_group_model(path, group)

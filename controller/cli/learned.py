@@ -278,71 +278,178 @@ def _cell(p: CurvePoint, m: MeasuredPoint | None, best: bool) -> str:
     return f"{pred}\n{meas}"
 
 
-def plot_curves(model: GroupModel, proposal: Proposal, path: Path) -> None:
-    """Bands, measured points sized by evidence, crossovers, table tiers shaded."""
+# Artist ids in the figure (`curves_figure`), for readers of the figure and its tests.
+GID_MEASURED_RANGE = "predicted (sampled batches)"
+GID_EXTRAPOLATED = "predicted (extrapolated)"
+GID_CROSSOVER = "proposed crossover"
+GID_LIVE_TIER = "live tier"
+
+
+def sampled_range(model: GroupModel) -> tuple[float, float]:
+    """The batch sizes the samples cover (their mean batches, every depth): the model is
+    measured there and extrapolates outside."""
+    batches = [s.mean_batch for s in model.samples]
+    return min(batches), max(batches)
+
+
+def _inside(xs: np.ndarray, lo: float, hi: float) -> np.ndarray:
+    return (xs >= lo - 1e-9) & (xs <= hi + 1e-9)
+
+
+def _extrapolated(grid: np.ndarray, inside: np.ndarray) -> list[slice]:
+    """The grid's stretches below and above the sampled batches, each from the sampled edge
+    on (so a dashed extrapolation joins its solid line)."""
+    where = np.flatnonzero(inside)
+    if not where.size:
+        return [slice(0, len(grid))]
+    first, last = int(where[0]), int(where[-1])
+    parts = []
+    if first > 0:
+        parts.append(slice(0, first + 1))
+    if last < len(grid) - 1:
+        parts.append(slice(last, len(grid)))
+    return parts
+
+
+def curves_figure(model: GroupModel, proposal: Proposal) -> Any:
+    """The figure of `specctl curves --plot` (a matplotlib Figure).
+
+    Top: each depth's predicted decode tok/s relative to depth 0 (1.0: as fast as not
+    drafting), solid over the sampled batches with its 90% band, dashed and greyed where the
+    model extrapolates; measured points (pooled per bucket, sized by iterations) over depth 0's
+    prediction at their batch; the proposed table's crossovers as labelled vertical lines,
+    only inside the sampled batches (one beyond them is named in the title, not drawn). Under
+    it: the live table as a strip of tiers. Bottom: the same curves in absolute tok/s."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     top = max(batch_grid(model))
-    grid = np.unique(np.round(np.geomspace(1, top, 120)))
+    right = top * 1.2
+    lo_b, hi_b = sampled_range(model)
+    grid = np.unique(np.concatenate([np.round(np.geomspace(1, right, 160)), [lo_b, hi_b]]))
+    grid = grid[(grid >= 1) & (grid <= right)]
     curves = model.learner.curves(grid)
     measured = measured_points(model.samples)
-    table = model.live_table or proposal.table
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     color = {d: colors[i % len(colors)] for i, d in enumerate(sorted(curves))}
-    fig, ax = plt.subplots(figsize=(10, 5.5))
-    for lo, hi, depth in _spans(table, top * 1.2):
-        ax.axvspan(lo, hi, color=color.get(depth, "grey"), alpha=0.08, lw=0)
-        ax.text(
-            math.sqrt(lo * hi), 0.97, "tier: off" if depth == 0 else f"tier: d{depth}",
-            transform=ax.get_xaxis_transform(), ha="center", va="top", fontsize=8,
-            color=color.get(depth, "grey"),
-        )  # fmt: skip
+    base_depth = 0 if 0 in curves else min(curves)
+    base = np.asarray([p.tok_per_s for p in curves[base_depth]])
+    fig, (ax, strip, ax_abs) = plt.subplots(
+        3, 1, figsize=(10, 8.2), sharex=True,
+        gridspec_kw={"height_ratios": [3.2, 0.32, 1.7], "hspace": 0.08},
+    )  # fmt: skip
+    inside = _inside(grid, lo_b, hi_b)
+    for axis in (ax, ax_abs):
+        if right > hi_b:
+            axis.axvspan(hi_b, right, facecolor="none", edgecolor="0.75", hatch="//", lw=0,
+                         zorder=0)  # fmt: skip
+        if lo_b > 1:
+            axis.axvspan(1, lo_b, facecolor="none", edgecolor="0.75", hatch="//", lw=0, zorder=0)
     max_it = max((m.iterations for m in measured), default=1.0)
     for d, points in sorted(curves.items()):
         name = "off (depth 0)" if d == 0 else f"depth {d}"
-        xs = np.asarray([p.batch for p in points])
         ys = np.asarray([p.tok_per_s for p in points])
-        ax.plot(xs, ys, color=color[d], label=f"{name}: predicted")
-        ax.fill_between(
-            xs, [p.lo for p in points], [p.hi for p in points], color=color[d], alpha=0.2, lw=0
-        )
+        los = np.asarray([p.lo for p in points])
+        his = np.asarray([p.hi for p in points])
+        for axis, scale in ((ax, base), (ax_abs, np.ones_like(base))):
+            rel = ys / scale
+            axis.plot(grid[inside], rel[inside], color=color[d], lw=1.8, gid=GID_MEASURED_RANGE,
+                      label=f"{name}: predicted" if axis is ax else None)  # fmt: skip
+            for part in _extrapolated(grid, inside):
+                axis.plot(grid[part], rel[part], color=color[d], lw=1.2, ls="--", alpha=0.6,
+                          gid=GID_EXTRAPOLATED)  # fmt: skip
+            axis.fill_between(grid[inside], (los / scale)[inside], (his / scale)[inside],
+                              color=color[d], alpha=0.18, lw=0)  # fmt: skip
         mine = [m for m in measured if m.depth == d]
         if mine:
+            xs = np.asarray([m.mean_batch for m in mine])
+            at = np.interp(np.log(xs), np.log(grid), base)
             sizes = [12 + 150 * math.sqrt(m.iterations / max_it) for m in mine]
-            ax.scatter(
-                [m.mean_batch for m in mine], [m.tok_per_s for m in mine], s=sizes,
-                color=color[d], edgecolor="black", linewidth=0.5, alpha=0.8, zorder=3,
-                label=f"{name}: measured (size ~ iterations)",
-            )  # fmt: skip
+            for axis, scale in ((ax, at), (ax_abs, np.ones_like(at))):
+                label = f"{name}: measured" if axis is ax else None
+                axis.scatter(xs, np.asarray([m.tok_per_s for m in mine]) / scale, s=sizes,
+                             color=color[d], edgecolor="black", linewidth=0.5, alpha=0.85,
+                             zorder=3, label=label)  # fmt: skip
+    ax.axhline(1.0, color="black", lw=1.0, zorder=1)
+    beyond = []
     for a, b, x in proposal.crossovers:
-        ax.axvline(x, color="black", linestyle=":", linewidth=1)
-        ax.text(
-            x, 0.02, f" d{a}→d{b} @ {x:.1f}", rotation=90, transform=ax.get_xaxis_transform(),
-            fontsize=8, va="bottom",
-        )  # fmt: skip
+        if not lo_b <= x <= hi_b:
+            beyond.append(f"d{a}→d{b} @ {x:.1f}")
+            continue
+        for axis in (ax, ax_abs):
+            axis.axvline(x, color="black", ls=":", lw=1.2, gid=GID_CROSSOVER)
+        ax.text(x, 0.98, f" proposed d{a}→d{b} @ {x:.1f}", transform=ax.get_xaxis_transform(),
+                rotation=90, fontsize=8, va="top", ha="right")  # fmt: skip
+    _live_strip(strip, model, color, right)
     ax.set_xscale("log", base=2)
-    ticks = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if b <= top]
-    ax.set_xticks(ticks, [str(t) for t in ticks])
-    ax.minorticks_off()
-    ax.set_xlim(1, top * 1.2)
-    ax.set_ylim(bottom=0)
-    ax.set_xlabel("batch size (running requests in a decode iteration)")
-    ax.set_ylabel("decode tok/s")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(0.0, 0.93))
+    ticks = [b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if b <= right]
+    ax_abs.set_xticks(ticks, [str(t) for t in ticks])
+    ax_abs.minorticks_off()
+    ax.set_xlim(1, right)
+    ax.set_ylabel(f"tok/s ÷ {'depth 0' if base_depth == 0 else f'depth {base_depth}'}")
+    ax_abs.set_ylabel("decode tok/s")
+    ax_abs.set_ylim(bottom=0)
+    ax_abs.set_xlabel("batch size (running requests in a decode iteration)")
+    for axis in (ax, ax_abs):
+        axis.grid(True, alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    handles += [
+        plt.Line2D([], [], color="0.4", ls="--", lw=1.2),
+        Patch(facecolor="none", edgecolor="0.6", hatch="//"),
+        plt.Line2D([], [], color="black", ls=":", lw=1.2),
+    ]
+    labels += [
+        "predicted, extrapolated (no samples)",
+        f"no samples (outside batch {lo_b:.3g}-{hi_b:.3g})",
+        "proposed crossover (model, now)",
+    ]
+    ax.legend(handles, labels, fontsize=7.5, loc="upper right", ncol=2, framealpha=0.9)
     start, end = model.window
-    which = "live table" if model.live_table else "proposed table"
-    ax.set_title(
-        f"{model.group}: {len(model.samples)} samples over {end - start:,.0f} s, {model.source}\n"
-        f"shaded: {which} {table.describe()}",
-        fontsize=10,
+    live = (
+        "none pushed yet"
+        if model.live_table is None
+        else f"{model.live_table.describe()} ({model.live_target})"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    title = (
+        f"{model.group}: {len(model.samples)} samples over {end - start:,.0f} s, {model.source}; "
+        f"sampled batches {lo_b:.3g}-{hi_b:.3g}\nlive table (strip): {live}; "
+        f"proposed (dotted lines): {proposal.table.describe()}"
+    )
+    if beyond:
+        title += f"   (beyond the samples, not drawn: {', '.join(beyond)})"
+    ax.set_title(title, fontsize=9.5)
+    fig.subplots_adjust(left=0.09, right=0.98, top=0.92, bottom=0.07)
+    return fig
+
+
+def _live_strip(strip: Any, model: GroupModel, color: dict[int, str], right: float) -> None:
+    """The live table's tiers as coloured spans along the batch axis."""
+    strip.set_yticks([])
+    strip.set_ylim(0, 1)
+    strip.set_ylabel("live\ntable", rotation=0, ha="right", va="center", fontsize=8)
+    if model.live_table is None:
+        strip.text(0.5, 0.5, "no live table (nothing pushed yet)", transform=strip.transAxes,
+                   ha="center", va="center", fontsize=8, color="0.4")  # fmt: skip
+        return
+    for lo, hi, depth in _spans(model.live_table, right):
+        strip.axvspan(lo, hi, color=color.get(depth, "grey"), alpha=0.35, lw=0,
+                      gid=GID_LIVE_TIER)  # fmt: skip
+        strip.text(math.sqrt(lo * min(hi, right)), 0.5, "off" if depth == 0 else f"d{depth}",
+                   ha="center", va="center", fontsize=8)  # fmt: skip
+
+
+def plot_curves(model: GroupModel, proposal: Proposal, path: Path) -> None:
+    """Write `curves_figure` to `path` (PNG, SVG or PDF)."""
+    import matplotlib.pyplot as plt
+
+    fig = curves_figure(model, proposal)
+    try:
+        fig.savefig(path, dpi=130)
+    finally:
+        plt.close(fig)
 
 
 def _spans(table: PolicyTable, right: float) -> list[tuple[float, float, int]]:

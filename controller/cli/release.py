@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from controller.cli import app
-from controller.cli.args import ADMIN_KEY_ENV, fail
+from controller.cli.args import ADMIN_KEY_ENV, API_KEY_ENV, API_KEY_HELP, fail
 
 
 @app.command("release")
@@ -21,6 +21,7 @@ def release(
         str | None,
         typer.Option(envvar=ADMIN_KEY_ENV, help="The server's --admin-api-key (Bearer)."),
     ] = None,
+    api_key: Annotated[str | None, typer.Option(envvar=API_KEY_ENV, help=API_KEY_HELP)] = None,
     keep_table: Annotated[
         bool,
         typer.Option(
@@ -35,7 +36,7 @@ def release(
     Prints what the server ran before and what it runs now. A running specctl daemon pushes
     again at its next decision: stop it first (it hands back by itself on exit, see
     `on_exit` in its config). Exit status 2 when the server cannot be reached, refuses the
-    admin key or has no specctl plugin.
+    admin key or the API key, or has no specctl plugin.
 
     \b
     Examples:
@@ -52,7 +53,7 @@ def release(
     from controller.daemon.handback import describe, has_probes, without_probes
 
     try:
-        with ServerClient(url, admin_key) as server:
+        with ServerClient(url, admin_key, api_key=api_key) as server:
             before = server.state()
             typer.echo(f"before: {describe(before.table)} (source {before.source})")
             if keep_table:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -18,6 +19,13 @@ if TYPE_CHECKING:
 
 sim_app = typer.Typer(help="Simulated SGLang server: sweeps, a served stand-in, evaluations.")
 app.add_typer(sim_app, name="sim")
+
+
+def finite_positive(value: float, option: str, what: str) -> None:
+    """A usage error naming `option` unless `value` is a finite number > 0."""
+    if not (value > 0 and math.isfinite(value)):
+        raise typer.BadParameter(f"must be a finite number > 0 ({what}), got {value:g}",
+                                 param_hint=option)  # fmt: skip
 
 
 def _profile(name_or_path: str) -> Profile:
@@ -75,6 +83,20 @@ def list_scenarios() -> None:
         )
 
 
+def _fits(prof: Profile, prompt_tokens: int, output_tokens: int) -> None:
+    """A request the profile's server would refuse (longer than its context or its KV pool)
+    would be refused at every turn and the sweep would never end: refuse it here."""
+    sched = prof.scheduler
+    limit = min(sched.context_length, sched.max_total_tokens)
+    if prompt_tokens + output_tokens > limit:
+        which = "context length" if limit == sched.context_length else "KV pool"
+        raise typer.BadParameter(
+            f"{prompt_tokens} prompt + {output_tokens} output tokens exceed the profile's "
+            f"{which} ({limit:,} tokens); ask for less",
+            param_hint="--prompt-tokens",
+        )
+
+
 @sim_app.command("sweep")
 def sweep(
     profile: Annotated[str, typer.Option(help="Built-in profile name or path to a YAML file")],
@@ -88,7 +110,9 @@ def sweep(
     warmup: Annotated[float, typer.Option(help="Simulated seconds not scored per point")] = 30.0,
     prompt_tokens: Annotated[
         int | None,
-        typer.Option(help="Prompt length of every request (default: the profile's reference)"),
+        typer.Option(
+            min=1, help="Prompt length of every request (default: the profile's reference)"
+        ),
     ] = None,
     output_tokens: Annotated[
         str | None,
@@ -101,7 +125,7 @@ def sweep(
     phase: Annotated[
         str | None, typer.Option(help="Acceptance phase (default: the profile's default)")
     ] = None,
-    seed: Annotated[int, typer.Option(help="Random seed")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Random seed")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
 ) -> None:
     """Closed-loop throughput, step time and acceptance per (depth, concurrency), the no-spec
@@ -130,8 +154,7 @@ def sweep(
             f"(captured: {prof.captured_depths})",
             param_hint="--depths",
         )
-    if duration <= 0:
-        raise typer.BadParameter(f"must be > 0, got {duration:g}", param_hint="--duration")
+    finite_positive(duration, "--duration", "simulated seconds per point")
     if not 0 <= warmup < duration:
         raise typer.BadParameter(
             f"must be >= 0 and shorter than --duration ({duration:g} s), got {warmup:g}: "
@@ -143,17 +166,20 @@ def sweep(
             f"unknown phase {phase!r}; the profile defines {sorted(prof.acceptance.phases)}",
             param_hint="--phase",
         )
+    prompt = prompt_tokens or prof.reference_workload.prompt_tokens
+    out = (
+        parse_length(output_tokens, "--output-tokens")
+        if output_tokens is not None
+        else prof.reference_workload.output_tokens
+    )
+    _fits(prof, prompt, out if isinstance(out, int) else out[1])
     spec = SweepSpec(
         concurrency=conc,
         depths=depth_list,
         duration_s=duration,
         warmup_s=warmup,
-        prompt_tokens=prompt_tokens or prof.reference_workload.prompt_tokens,
-        output_tokens=(
-            parse_length(output_tokens, "--output-tokens")
-            if output_tokens is not None
-            else prof.reference_workload.output_tokens
-        ),
+        prompt_tokens=prompt,
+        output_tokens=out,
         phase=phase,
         seed=seed,
     )
@@ -186,7 +212,7 @@ def serve(
         str | None, typer.Option(help="Admin API key for /set_internal_state")
     ] = None,
     api_key: Annotated[str | None, typer.Option(help="API key for the other endpoints")] = None,
-    seed: Annotated[int, typer.Option(help="Random seed")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Random seed")] = 0,
     concurrency: Annotated[
         float, typer.Option(min=0.0, help="Background closed-loop clients (synthetic load)")
     ] = 0.0,
@@ -227,11 +253,10 @@ def serve(
     from sims.workload import Workload
 
     prof = _profile(profile)
-    if not speedup > 0:
-        raise typer.BadParameter(
-            f"must be > 0 simulated seconds per wall second (1: real time), got {speedup:g}",
-            param_hint="--speedup",
-        )
+    finite_positive(speedup, "--speedup", "simulated seconds per wall second; 1: real time")
+    if not math.isfinite(concurrency):
+        raise typer.BadParameter(f"must be a finite number, got {concurrency:g}",
+                                 param_hint="--concurrency")  # fmt: skip
     if scenario is not None:
         workload = scenario_option(scenario).workload
     else:

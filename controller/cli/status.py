@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from controller.cli import app
-from controller.cli.args import ADMIN_KEY_ENV
+from controller.cli.args import ADMIN_KEY_ENV, API_KEY_ENV, API_KEY_HELP
 
 if TYPE_CHECKING:
     from rich.panel import Panel
@@ -65,6 +65,7 @@ class ServerStatus:
     # gauges above are SGLang's last published values: with nothing decoding they may be old.
     decoding: bool | None = None
     metrics_note: str | None = None
+    key_refused: bool = False  # the error is a 401: a key is missing or wrong
 
     @property
     def gauges_busy(self) -> bool:
@@ -126,11 +127,13 @@ def read_daemon(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
     return {"url": url, "error": None, "targets": targets}
 
 
-def collect(urls: list[str], admin_key: str | None, window_s: float) -> list[ServerStatus]:
+def collect(
+    urls: list[str], admin_key: str | None, window_s: float, api_key: str | None = None
+) -> list[ServerStatus]:
     from controller.bench.server_client import ServerClient, ServerError
 
     statuses = [ServerStatus(url=u) for u in urls]
-    clients = [ServerClient(u, admin_key) for u in urls]
+    clients = [ServerClient(u, admin_key, api_key=api_key) for u in urls]
     first: list[Scrape | None] = []
     try:
         for st, client in zip(statuses, clients, strict=True):
@@ -162,12 +165,13 @@ def collect(urls: list[str], admin_key: str | None, window_s: float) -> list[Ser
 
 
 def _read_state_and_scrape(st: ServerStatus, client: ServerClient) -> Scrape | None:
-    from controller.bench.server_client import ServerError
+    from controller.bench.server_client import KeyRefused, ServerError
 
     try:
         state = client.state()
     except ServerError as err:
         st.error = str(err)
+        st.key_refused = isinstance(err, KeyRefused)
         return None
     st.table = None if state.table is None else state.table.to_json()
     st.table_text = state.describe()
@@ -286,8 +290,14 @@ def daemon_panel(daemon: dict[str, Any]) -> Panel:
 def status(
     url: Annotated[list[str], typer.Option(help="A server to show (repeat for several).")],
     admin_key: Annotated[
-        str | None, typer.Option(envvar=ADMIN_KEY_ENV, help="Sent only if the server guards reads.")
+        str | None,
+        typer.Option(
+            envvar=ADMIN_KEY_ENV,
+            hidden=True,
+            help="Accepted for scripts that pass it; status only reads, and reads take --api-key.",
+        ),
     ] = None,
+    api_key: Annotated[str | None, typer.Option(envvar=API_KEY_ENV, help=API_KEY_HELP)] = None,
     daemon_url: Annotated[
         str | None, typer.Option(help="The specctl daemon's metrics address (its metrics_port).")
     ] = None,
@@ -303,11 +313,13 @@ def status(
 ) -> None:
     """Show a server's live table, depth in use and tok/s per depth.
 
-    Exit status 1 if any server or the daemon could not be read, 2 on bad options.
+    Exit status 1 if any server or the daemon could not be read, 2 on bad options or a key a
+    server refused (401: the line names the key).
 
     \b
     Examples:
       specctl status --url http://127.0.0.1:30000
+      specctl status --url http://127.0.0.1:30000 --api-key "$SGLANG_API_KEY"
       specctl status --url http://gpu1:30000 --url http://gpu2:30000 \\
           --daemon-url http://127.0.0.1:9465
       specctl status --url http://127.0.0.1:30000 --json | jq .servers[0].depths
@@ -318,9 +330,14 @@ def status(
         problem = None if value is None else url_problem(value)
         if problem is not None:
             raise typer.BadParameter(problem, param_hint=option)
-    statuses = collect(url, admin_key, window)
+    statuses = collect(url, admin_key, window, api_key)
     daemon = read_daemon(daemon_url) if daemon_url else None
     failed = any(s.error for s in statuses) or bool(daemon and daemon.get("error"))
+    refused = [s for s in statuses if s.key_refused]
+    if len(refused) == len(statuses) and daemon is None:
+        for st in refused:  # nothing else to show: the one line that names the key
+            typer.secho(f"error: {st.error}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(2)
     if as_json:
         doc = {"servers": [asdict(s) for s in statuses], "daemon": daemon}
         typer.echo(json.dumps(doc, indent=2))
@@ -332,5 +349,9 @@ def status(
             console.print(server_panel(st))
         if daemon is not None:
             console.print(daemon_panel(daemon))
+    if refused:
+        for st in refused:
+            typer.secho(f"error: {st.error}", err=True, fg=typer.colors.RED)
+        raise typer.Exit(2)
     if failed:
         raise typer.Exit(1)

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import json
 import shlex
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,16 @@ from benchmarks.gpu.tokenizer import build_tokenizer
 ROOT = Path(__file__).resolve().parents[1]
 SGLANG_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
 KEY = "k"
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
 
 
 def test_the_relative_difference_is_specctl_over_sglang() -> None:
@@ -65,3 +78,30 @@ def test_both_clients_send_the_same_prompts_at_the_same_depth(sim_server, tmp_pa
     forced = [p for p in pushes if p and "specctl_t0_depth" in json.dumps(p)]
     assert forced and all('"specctl_t0_depth": 2' in json.dumps(p) for p in forced)
     assert sim_server.server.specctl_state()["table"] is None  # released again at the end
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SGLANG_PYTHON.exists(), reason="needs .venv-sglang (scripts/test.sh)")
+def test_the_harness_compare_step_runs_both_clients_at_each_level(tmp_path: Path) -> None:
+    """`python -m benchmarks.gpu setup compare stop --backend sim`: the step runs the two
+    clients once per --compare-concurrency level, --compare-waves requests a stream, and
+    gathers their figures into compare/compare.json (stand-in servers: `specctl sim serve`)."""
+    spec_port, plain_port = _free_ports(2)
+    run_dir = tmp_path / "run"
+    sglang_cmd = f"{shlex.quote(str(SGLANG_PYTHON))} " \
+                 f"{shlex.quote(str(ROOT / 'tests' / 'sglang' / 'bench_serving_cpu.py'))}"
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu", "setup", "compare", "stop", "--tiny",
+         "--backend", "sim", "--sim-speedup", "20", "--run-dir", str(run_dir),
+         "--spec-port", str(spec_port), "--plain-port", str(plain_port),
+         "--compare-concurrency", "1,3", "--compare-waves", "2", "--compare-min-requests", "3",
+         "--compare-sglang-cmd", sglang_cmd],
+        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    doc = json.loads((run_dir / "compare" / "compare.json").read_text())
+    assert sorted(doc["levels"]) == ["1", "3"]
+    for level, requests in (("1", 3), ("3", 6)):
+        assert set(doc["levels"][level]) == set(FIGURES)
+        assert all(v["specctl"] and v["sglang"] for v in doc["levels"][level].values())
+        prompts = (run_dir / "compare" / f"c{level}" / "prompts.jsonl").read_text()
+        assert len(prompts.splitlines()) == requests

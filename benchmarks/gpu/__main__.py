@@ -25,6 +25,10 @@ Steps run in this order, whatever order a command gives them (`all`: every one):
               --output-spread, --client-processes load processes), numbered on across
               commands; then the verdict over every series of the run, DIR/parity/parity.txt:
               depth 0's tok/s over the plain server's per level, pooled, with its 90% interval.
+  compare     `specctl bench` beside SGLang's own client (`sglang.bench_serving`) on the
+              speculative server: the same prompts (exactly --compare-input-tokens tokens in
+              the target's tokenizer), concurrency, request count and depth at each level of
+              --compare-concurrency (benchmarks/gpu/compare_clients.py); DIR/compare/.
   trace       A closed-loop load trace (--trace-phases) under each policy of
               --trace-policies, then every policy side by side: DIR/trace/compare.md.
   daemon      `specctl daemon` against the speculative server under a stepped load.

@@ -26,6 +26,7 @@ GROUPS = {
     "bench": "bench",
     "parity": "parity: depth 0 against the plain server",
     "trace": "trace: a closed-loop load trace per policy",
+    "compare": "compare: specctl bench beside SGLang's bench_serving",
     "daemon": "daemon",
 }
 
@@ -148,6 +149,19 @@ class Options:
     trace_datasets: str = opt("", "NAME=FILE,... for the trace's dataset names (default: the "
                               "seeded families a and b; without them, the run's prompts under "
                               "every name)", "trace")
+    # compare
+    compare_concurrency: str = opt("1,16,64", "streams of each level both clients run",
+                                   "compare")
+    compare_waves: int = opt(4, "requests per stream at each level", "compare")
+    compare_min_requests: int = opt(16, "requests at each level, at least", "compare")
+    compare_input_tokens: int = opt(256, "prompt tokens of every request (exact, in the "
+                                    "server's tokenizer)", "compare")
+    compare_output_tokens: int = opt(256, "output tokens of every request, EOS ignored",
+                                     "compare")
+    compare_depth: int | None = opt(None, "depth both clients run at (default: the largest "
+                                    "the server captured)", "compare")
+    compare_sglang_cmd: str = opt("", "how to run SGLang's client ('': this Python's "
+                                  "-m sglang.bench_serving)", "compare")
     # daemon
     daemon_seconds: float = opt(90.0, "seconds of the daemon run", "daemon")
     daemon_concurrency: str = opt("4,64", "load levels cycled during the daemon run",
@@ -174,6 +188,11 @@ TINY_PRESET: dict[str, Any] = {
     "output_spread": "16:48",
     "fresh_prompts": 2000,
     "trace_phases": "4:2:a,4:16:a,4:4:b",
+    "compare_concurrency": "1,4",
+    "compare_waves": 2,
+    "compare_min_requests": 4,
+    "compare_input_tokens": 24,
+    "compare_output_tokens": 8,
     "daemon_seconds": 25.0,
     "daemon_segment": 5.0,
 }
@@ -298,11 +317,12 @@ def validate(opts: Options) -> None:
             except CpuListError as err:
                 raise OptionError(str(err)) from None
     for name in ("depths", "greedy_switch_depths", "switch_depths", "bench_concurrency",
-                 "daemon_concurrency", "parity_streams", "acceptance_depths"):
+                 "daemon_concurrency", "parity_streams", "acceptance_depths",
+                 "compare_concurrency"):
         if not int_list(getattr(opts, name), name.replace("_", "-")):
             raise OptionError(f"{flag(name)}: give at least one value")
     for name in ("bench_concurrency", "daemon_concurrency", "parity_streams",
-                 "acceptance_depths"):
+                 "acceptance_depths", "compare_concurrency"):
         int_list(getattr(opts, name), name.replace("_", "-"), minimum=1)
     int_list(opts.greedy_fixed_depths, "greedy-fixed-depths")
     if len(int_list(opts.switch_depths, "switch-depths")) != 2:
@@ -316,6 +336,12 @@ def validate(opts: Options) -> None:
         if extra:
             raise OptionError(f"{flag(name)}: depth {sorted(extra)[0]} is not in --depths "
                               f"{opts.depths}; the server only runs captured depths")
+    if opts.compare_depth is not None and opts.compare_depth not in captured:
+        raise OptionError(f"--compare-depth: depth {opts.compare_depth} is not in --depths "
+                          f"{opts.depths}; the server only runs captured depths")
+    if opts.compare_input_tokens < 2 or opts.compare_output_tokens < 4:
+        raise OptionError("--compare-input-tokens must be >= 2 and --compare-output-tokens "
+                          ">= 4 (SGLang's custom dataset refuses shorter outputs)")
     if 0 not in captured:
         raise OptionError(f"--depths: include 0 (off): the checks, parity and the daemon "
                           f"need it, got {opts.depths!r}")
@@ -326,7 +352,8 @@ def validate(opts: Options) -> None:
                               f"got {value:g}")
     for name in ("greedy_prompts", "greedy_tokens", "switches", "switch_load",
                  "switch_probe_every", "output_tokens", "prompt_tokens", "client_processes",
-                 "parity_series", "acceptance_requests", "acceptance_concurrency"):
+                 "parity_series", "acceptance_requests", "acceptance_concurrency",
+                 "compare_waves", "compare_min_requests"):
         if getattr(opts, name) < 1:
             raise OptionError(f"{flag(name)}: must be >= 1, got {getattr(opts, name)}")
     for name in ("fresh_prompts", "acceptance_off_spell", "warmup_seconds"):

@@ -12,7 +12,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.gpu.context import Run
-from benchmarks.gpu.steps import acceptance, bench, check, daemon, finish, parity, setup, trace
+from benchmarks.gpu.steps import (
+    acceptance,
+    bench,
+    check,
+    compare,
+    daemon,
+    finish,
+    parity,
+    setup,
+    trace,
+)
 
 
 @dataclass(frozen=True)
@@ -30,6 +40,7 @@ STEPS: tuple[Step, ...] = (
     Step("check", check.run, "smoke test, greedy check, depth on/off switches under load"),
     Step("bench", bench.run, "specctl bench over the depths, the plain server beside"),
     Step("parity", parity.run, "depth 0 against the plain server: paired series, verdict"),
+    Step("compare", compare.run, "specctl bench beside SGLang's bench_serving, same prompts"),
     Step("trace", trace.run, "a closed-loop load trace per policy, compared"),
     Step("daemon", daemon.run, "specctl daemon under a stepped load"),
     Step("summary", finish.summarize, "summary.md and summary.json", False, True),

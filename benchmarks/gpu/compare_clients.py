@@ -2,7 +2,7 @@
 
     python -m benchmarks.gpu.compare_clients --url URL --concurrency 1,16,64 --num-prompts N \
         --input-tokens 256 --output-tokens 256 --out DIR [--admin-key K] [--api-key K] \
-        [--depth D] [--tokenizer PATH] [--sglang-cmd "python -m sglang.bench_serving"]
+        [--depth D] [--tokenizer PATH] [--sglang-cmd "python -m benchmarks.gpu.sglang_client"]
 
 Both clients read one prompt file, written here in SGLang's `custom` dataset format (JSONL of
 `{"conversations": [{"from": "human", "value": PROMPT}, {"from": "gpt", "value": ...}]}`,
@@ -63,17 +63,9 @@ class CompareError(RuntimeError):
 
 
 def default_sglang_cmd() -> list[str]:
-    """SGLang's client in this interpreter: `sglang.bench_serving` (0.5.17 also answers to
-    `sglang.benchmark.serving`)."""
-    import importlib.util
-
-    for module in ("sglang.bench_serving", "sglang.benchmark.serving"):
-        try:
-            if importlib.util.find_spec(module) is not None:
-                return [sys.executable, "-m", module]
-        except (ImportError, ValueError):  # a parent that fails to import on this machine
-            continue
-    return [sys.executable, "-m", "sglang.bench_serving"]
+    """SGLang's client in this interpreter, through benchmarks/gpu/sglang_client.py (which lets
+    it start where Hugging Face's `datasets`, which 0.5.17's client imports, is missing)."""
+    return [sys.executable, "-m", "benchmarks.gpu.sglang_client"]
 
 
 def write_prompts(path: Path, count: int, input_tokens: int, tokenizer: str | None,
@@ -273,7 +265,7 @@ def parse_args(argv: Sequence[str] | None = None) -> Plan:
                     help="The model's tokenizer (default: the server's tokenizer_path)")
     ap.add_argument("--sglang-cmd", default=None,
                     help="How to run SGLang's client (default: this Python's "
-                    "-m sglang.bench_serving)")
+                    "-m benchmarks.gpu.sglang_client, SGLang's bench_serving)")
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     try:

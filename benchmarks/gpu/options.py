@@ -161,7 +161,7 @@ class Options:
     compare_depth: int | None = opt(None, "depth both clients run at (default: the largest "
                                     "the server captured)", "compare")
     compare_sglang_cmd: str = opt("", "how to run SGLang's client ('': this Python's "
-                                  "-m sglang.bench_serving)", "compare")
+                                  "-m benchmarks.gpu.sglang_client)", "compare")
     # daemon
     daemon_seconds: float = opt(90.0, "seconds of the daemon run", "daemon")
     daemon_concurrency: str = opt("4,64", "load levels cycled during the daemon run",

@@ -151,6 +151,18 @@ def _parity_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _compare_lines(result: dict[str, Any]) -> list[str]:
+    """specctl bench against SGLang's client, per level: each figure and their difference."""
+    lines = [f"specctl bench and SGLang's bench_serving at depth {result.get('depth')}, the "
+             "same prompts and load (`compare/compare.txt`).", ""]
+    rows = [[streams, figure, v.get("specctl"), v.get("sglang"),
+             "-" if v.get("relative") is None else f"{v['relative']:+.1%}"]
+            for streams, figures in result.get("levels", {}).items()
+            for figure, v in figures.items() if isinstance(v, dict) and "specctl" in v]
+    return lines + _md_table(["streams", "figure", "specctl", "SGLang", "specctl / SGLang - 1"],
+                             rows)
+
+
 def _trace_lines(result: dict[str, Any]) -> list[str]:
     lines = [f"Phases {result.get('phases')}; every policy side by side in trace/compare.md.",
              ""]
@@ -175,6 +187,7 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "check": _check_lines,
     "bench": _bench_lines,
     "parity": _parity_lines,
+    "compare": _compare_lines,
     "trace": _trace_lines,
     "daemon": lambda r: [f"{r.get('samples_stored')} samples stored, {r.get('pushes')} "
                          f"pushes {r.get('push_outcomes')}; table at the end: "

@@ -3,7 +3,7 @@
 # p1.. and FlashAttention-3 parts f1..) into fewer bytes to carry: every wheel unpacked into one
 # site-packages tree with FA3 in place, one tar, xz -9, split into parts of PART_SIZE.
 #   usage: bash benchmarks/gpu/staging/pack.sh SRC DEST [PART_SIZE]   (DEST ignored by git;
-#   PART_SIZE as split -b takes it, given as the third argument or in the environment, default 12M;
+#   PART_SIZE as split -b takes it, given as the third argument or in the environment, default 40M;
 #   recut.sh cuts packed parts to another size in seconds)
 # Why: a device call carries at most 64 MiB (the tracked tree, 25 MiB and growing with the
 # checked-in results, included: 40M parts stopped fitting beside 24 MiB of it) and each call
@@ -13,7 +13,7 @@
 set -euo pipefail
 src=${1:?usage: pack.sh SRC DEST [PART_SIZE]}
 dest=${2:?usage: pack.sh SRC DEST [PART_SIZE]}
-part_size=${3:-${PART_SIZE:-12M}}  # the tracked tree is ~49 MiB: 12M parts leave ~3 MiB
+part_size=${3:-${PART_SIZE:-40M}}  # a part and the tracked tree (~9 MiB) fit one call's 64 MiB
 here=$(cd "$(dirname "$0")" && pwd)
 ls "$src"/p[0-9]/part* >/dev/null 2>&1 || { echo "pack: no wheel parts in $src/p*/ (run ../shared/gpu/fetch_wheels.sh $src first)"; exit 1; }
 ls "$src"/f[0-9]/fa* >/dev/null 2>&1 || { echo "pack: no FA3 parts in $src/f*/ (run ../shared/gpu/fetch_wheels.sh $src first)"; exit 1; }

@@ -162,27 +162,27 @@ def test_a_step_is_one_function_and_one_registry_entry(tmp_path, monkeypatch, ca
     seen: list[str] = []
 
     def compare(run: Run) -> dict[str, object]:
-        seen.append("compare")
+        seen.append("versus")
         return {"ratio": 1.0, "servers": sorted(run.state.servers)}
 
     def broken(run: Run) -> dict[str, object]:
         seen.append("broken")
         raise StepError("nothing to compare: run `bench` first", {"partial": True})
 
-    added = (steps.Step("compare", compare, "specctl bench against SGLang's own"),
+    added = (steps.Step("versus", compare, "a step added by one entry"),
              steps.Step("broken", broken, "fails", uses_servers=False))
     monkeypatch.setattr(steps, "STEPS", (*steps.STEPS[:4], *added, *steps.STEPS[4:]))
     run_dir = tmp_path / "run"
-    assert harness.main(["summary", "broken", "compare", "--run-dir", str(run_dir),
+    assert harness.main(["summary", "broken", "versus", "--run-dir", str(run_dir),
                          "--backend", "sim"]) == 1
-    assert seen == ["compare", "broken"]
+    assert seen == ["versus", "broken"]
     state = json.loads((run_dir / "state.json").read_text())
-    assert list(state["steps"]) == ["compare", "broken", "summary"]
-    assert state["steps"]["compare"]["result"] == {"ratio": 1.0, "servers": []}
+    assert list(state["steps"]) == ["versus", "broken", "summary"]
+    assert state["steps"]["versus"]["result"] == {"ratio": 1.0, "servers": []}
     assert state["steps"]["broken"] | {"elapsed_s": 0, "finished_at": ""} == {
         "status": "failed", "elapsed_s": 0, "error": "nothing to compare: run `bench` first",
         "finished_at": "", "result": {"partial": True}, "runs": 1}
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert list(summary["steps"]) == ["compare", "broken", "summary"]
-    assert "| compare | ok |" in (run_dir / "summary.md").read_text()
+    assert list(summary["steps"]) == ["versus", "broken", "summary"]
+    assert "| versus | ok |" in (run_dir / "summary.md").read_text()
     assert "== step broken: FAILED after" in capsys.readouterr().out

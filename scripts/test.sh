@@ -72,17 +72,17 @@ echo "== mypy"
 "$VENV/bin/mypy"
 echo "== pytest"
 # Workers: the tests mostly wait on servers and subprocesses, so more workers than cores pay.
-# Tests that run SGLang's own client from .venv-sglang (marker sglang_client) wait for it.
+# Tests that run a program in .venv-sglang (marker sglang_venv) wait for it to be ready.
 main_rc=0
-"$VENV/bin/python" -m pytest -n "${PYTEST_WORKERS:-4}" -m "not sglang_client" "$@" || main_rc=$?
+"$VENV/bin/python" -m pytest -n "${PYTEST_WORKERS:-4}" -m "not sglang_venv" "$@" || main_rc=$?
 
 plugin_rc=0
 wait "$plugin_pid" || plugin_rc=$?
 cat "$PLUGIN_LOG"
 client_rc=0
 if [ "$plugin_rc" = 0 ]; then
-  echo "== pytest (SGLang's own client, from .venv-sglang)"
-  "$VENV/bin/python" -m pytest -n 2 -m sglang_client "$@" || client_rc=$?
+  echo "== pytest (programs in .venv-sglang: SGLang's own client, torch)"
+  "$VENV/bin/python" -m pytest -n 2 -m sglang_venv "$@" || client_rc=$?
 else
   echo "== the SGLang plugin's venv or tests failed (exit $plugin_rc); SGLang's client not run"
 fi

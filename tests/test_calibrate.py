@@ -8,15 +8,14 @@ scripts/test.sh builds (CPU torch 2.13). Real forwards on tiny shapes, no mocks.
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import sglang_venv
 
 from sims.calibrate.fit import (
     Point,
@@ -34,17 +33,10 @@ DATA = ROOT / "sims" / "calibrate" / "data"
 SHIPPED = {"llama8b": ("h200-llama8b-eagle3", LLAMA_8B), "moe": ("h200-moe-eagle3", QWEN3_30B_A3B)}
 
 
-def _python_with_torch() -> str | None:
-    if importlib.util.find_spec("torch") is not None:
-        return sys.executable
-    candidate = ROOT / ".venv-sglang" / "bin" / "python"
-    return str(candidate) if candidate.exists() else None
-
-
+@sglang_venv.needs("torch")
 def test_bench_cpu_fallback_runs_tiny_models(tmp_path: Path) -> None:
-    python = _python_with_torch()
-    if python is None:
-        pytest.skip("no interpreter with torch: run scripts/test.sh, which builds .venv-sglang")
+    """The calibration bench on CPU, in the plugin tests' venv (the one with torch)."""
+    python = str(sglang_venv.PYTHON)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(
         [python, "-m", "sims.calibrate.bench", "--preset", "tiny-dense", "--preset", "tiny-moe",

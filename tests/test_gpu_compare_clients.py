@@ -10,27 +10,17 @@ import shlex
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import sglang_venv
 
 from benchmarks.gpu.compare_clients import FIGURES, Row, main, render
 from benchmarks.gpu.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-SGLANG_PYTHON = ROOT / ".venv-sglang" / "bin" / "python"
-# The venv is usable once SGLang's client is installed in it (scripts/test.sh builds it).
-SGLANG_READY = any((ROOT / ".venv-sglang" / "lib").glob(
-    "python*/site-packages/sglang/bench_serving.py"))
-
-
-def needs_sglang_client(test: Callable[..., None]) -> Callable[..., None]:
-    """Slow, run by scripts/test.sh once .venv-sglang is ready, skipped without it."""
-    for mark in (pytest.mark.slow, pytest.mark.sglang_client,
-                 pytest.mark.skipif(not SGLANG_READY, reason="needs .venv-sglang")):
-        test = mark(test)
-    return test
+SGLANG_PYTHON = sglang_venv.PYTHON
+needs_sglang_client = sglang_venv.needs("sglang", "torch")
 KEY = "k"
 
 

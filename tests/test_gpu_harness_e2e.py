@@ -76,7 +76,7 @@ def test_every_step_through_the_entry_over_two_commands(tmp_path, capsys):
         "--output-tokens", "16", "--parity-streams", "1,4", "--parity-series", "2",
         "--output-spread", "8:24", "--fresh-prompts", "200",
         "--trace-policies", "static:3 plain", "--trace-phases", "1:2:a,1:4:b",
-        "--daemon-seconds", "3", "--daemon-segment", "1",
+        "--daemon-seconds", "8", "--daemon-segment", "2",
     ]  # fmt: skip
     done = subprocess.run(first, capture_output=True, text=True, timeout=240)
     state = _state(run_dir)

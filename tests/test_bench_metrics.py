@@ -5,15 +5,22 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
+from controller.bench.loadgen import ClosedLoop, LevelLoad
 from controller.bench.metrics import (
     EVICTION_HISTOGRAM,
     FORWARD_PASSES,
     FORWARD_SECONDS,
+    GENERATION_TOKENS,
+    VERIFY_CALLS,
     evictions_between,
     forward_busy_between,
     parse_scrape,
     passes_between,
+    sglang_accept_length_between,
+    total,
+    work_between,
 )
+from controller.bench.sweep import summarize
 from sglang_hooks.contract import (
     BASE_LABELS,
     COUNTER_FAMILIES,
@@ -142,3 +149,78 @@ def test_evictions_first_exported_inside_the_window_count_from_zero() -> None:
     assert evictions_between(after, bare) is None  # not exported at the close: unknown
     restarted = evictions_between(after, parse_scrape(_eviction_page({"0": [0.001]})))
     assert restarted is not None and (restarted.calls, restarted.seconds) == (0, 0.0)
+
+
+def _sglang_spec_page(
+    tokens: dict[str, float] | None, verify_calls: float | None, declared: bool = True
+) -> str:
+    """SGLang's own speculative counters as its tokenizer manager exports them, real
+    exposition: output tokens per `is_streaming`, verify passes (None: not counted yet; with
+    `declared`, the family is on the page without a sample, as a labelled counter never
+    incremented is)."""
+    registry = CollectorRegistry()
+    generated = Counter(GENERATION_TOKENS, "Number of generation tokens processed.",
+                        ("model_name", "engine_type", "is_streaming"), registry=registry)
+    for streaming, value in (tokens or {}).items():
+        generated.labels("m", "unified", streaming).inc(value)
+    if declared or verify_calls is not None:
+        verify = Counter(VERIFY_CALLS, "Number of speculative decoding verification calls.",
+                         ("model_name", "engine_type"), registry=registry)
+        if verify_calls is not None:
+            verify.labels("m", "unified").inc(verify_calls)
+    # what else such a page carries must not count
+    Counter("sglang:prompt_tokens", "prefill", ("model_name",), registry=registry).labels(
+        "m").inc(1e6)
+    return generate_latest(registry).decode()
+
+
+def test_sglang_s_own_counters_give_the_accept_length_of_a_window() -> None:
+    before = parse_scrape(_sglang_spec_page({"true": 300.0, "false": 100.0}, 160.0))
+    after = parse_scrape(_sglang_spec_page({"true": 600.0, "false": 200.0}, 320.0))
+    assert before.spec_totals == {GENERATION_TOKENS: 400.0, VERIFY_CALLS: 160.0}
+    assert after.spec_totals == {GENERATION_TOKENS: 800.0, VERIFY_CALLS: 320.0}
+    assert sglang_accept_length_between(before, after) == 2.5  # 400 tokens over 160 passes
+    assert before.counters == {}  # not the plugin's counters
+
+
+def test_no_sglang_accept_length_without_verify_passes() -> None:
+    plugin = parse_scrape(_page([("0", "0")]))  # the plugin's counters only
+    assert plugin.spec_totals == {}
+    assert sglang_accept_length_between(plugin, plugin) is None
+    # a plain server counts output tokens and never declares verify passes
+    plain = [parse_scrape(_sglang_spec_page({"false": t}, None, declared=False))
+             for t in (10.0, 90.0)]
+    assert plain[0].spec_totals == {GENERATION_TOKENS: 10.0}
+    assert sglang_accept_length_between(*plain) is None
+    # declared but never incremented: no verify pass
+    idle = [parse_scrape(_sglang_spec_page({"false": t}, None)) for t in (10.0, 90.0)]
+    assert idle[1].spec_totals == {GENERATION_TOKENS: 90.0, VERIFY_CALLS: 0.0}
+    assert sglang_accept_length_between(*idle) is None
+    # nothing finished between the scrapes
+    same = parse_scrape(_sglang_spec_page({"true": 50.0}, 20.0))
+    assert sglang_accept_length_between(same, same) is None
+
+
+def _level_load() -> LevelLoad:
+    return LevelLoad(shape=ClosedLoop(4), concurrency=4, warmup_s=0.0, elapsed_s=2.0,
+                     tokens=800, requests=(), client_cpu_s=0.1)
+
+
+def test_a_level_without_the_plugin_s_counters_takes_sglang_s_accept_length() -> None:
+    """`summarize` on real pages: SGLang's own counters where the plugin's are absent (a
+    stock SGLang server of a static shape), the plugin's where both are."""
+    before = _sglang_spec_page({"true": 100.0}, 40.0)
+    after = _sglang_spec_page({"true": 500.0}, 200.0)
+    stock = summarize(None, _level_load(), parse_scrape(before), parse_scrape(after))
+    assert stock.accept_length == 2.5 and stock.mean_batch is None
+    plain = summarize(None, _level_load(),
+                      parse_scrape(_sglang_spec_page({"true": 100.0}, None, declared=False)),
+                      parse_scrape(_sglang_spec_page({"true": 500.0}, None, declared=False)))
+    assert plain.accept_length is None
+    # with the plugin's counters on the pages too, its figure stands
+    plugin_before, plugin_after = _page([("0", "0")]), _page([("0", "0"), ("0", "1")])
+    both = summarize(None, _level_load(), parse_scrape(plugin_before + before),
+                     parse_scrape(plugin_after + after))
+    work = total(work_between(parse_scrape(plugin_before), parse_scrape(plugin_after)).values())
+    assert work.accept_length is not None and work.accept_length != 2.5
+    assert both.accept_length == work.accept_length

@@ -141,6 +141,8 @@ def test_trim_and_pack_keep_the_folder_small(tmp_path):
     (seeded / "family_a.jsonl").write_text(drawn * 10)
     (run / "prompts").mkdir()
     (run / "prompts" / "draw_3.jsonl").write_text(drawn * 6_000)
+    (run / "shapes" / "prompts").mkdir(parents=True)
+    (run / "shapes" / "prompts" / "a.jsonl").write_text(drawn * 10)
     (run / "levels.jsonl").write_text(drawn)
     short = tmp_path / "short.log"
     info = trim_log(big, short, head=10, tail=20)
@@ -155,7 +157,8 @@ def test_trim_and_pack_keep_the_folder_small(tmp_path):
     assert "run/logs/spec.log" not in names and "run/store.sqlite-wal" not in names
     assert "logs/spec.log: 60000 lines" in manifest
     assert {"run/models/seeded/target/config.json", "run/levels.jsonl"} <= set(names)
-    for left in ("models/seeded/family_a.jsonl", "prompts/draw_3.jsonl"):
+    for left in ("models/seeded/family_a.jsonl", "prompts/draw_3.jsonl",
+                 "shapes/prompts/a.jsonl"):
         assert f"run/{left}" not in names
         assert f"{left} (" in manifest and "a prompt set, remade from its seed" in manifest
     assert "run/models/seeded/target/model-00001-of-00001.safetensors" not in names

@@ -29,6 +29,11 @@ Steps run in this order, whatever order a command gives them (`all`: every one):
               speculative server: the same prompts (exactly --compare-input-tokens tokens in
               the target's tokenizer), concurrency, request count and depth at each level of
               --compare-concurrency (benchmarks/gpu/compare_clients.py); DIR/compare/.
+  shapes      SGLang's own static draft shapes (--shapes: chains and trees, STEPSxTOPKxDRAFT,
+              and plain), each on a stock SGLang server started alone on the GPU (the run's
+              servers stopped first), benched at every load of --shape-streams on every
+              prompt family; DIR/shapes/shapes.txt says whether a tree beats the best chain
+              (benchmarks/gpu/steps/shapes.py). `setup --no-setup-servers` for shapes alone.
   trace       A closed-loop load trace (--trace-phases) under each policy of
               --trace-policies, then every policy side by side: DIR/trace/compare.md.
   daemon      `specctl daemon` against the speculative server under a stepped load.

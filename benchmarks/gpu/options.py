@@ -27,6 +27,7 @@ GROUPS = {
     "parity": "parity: depth 0 against the plain server",
     "trace": "trace: a closed-loop load trace per policy",
     "compare": "compare: specctl bench beside SGLang's bench_serving",
+    "shapes": "shapes: SGLang's static draft shapes and a plain server, one at a time",
     "daemon": "daemon",
 }
 
@@ -83,6 +84,9 @@ class Options:
     device_timer: bool = opt(False, "start both servers with SGLang's device timer "
                              "(SGLANG_ENABLE_METRICS_DEVICE_TIMER=1): GPU seconds per forward "
                              "kind in every bench level", "setup")
+    setup_servers: bool = opt(True, "start both servers in setup (--no-setup-servers: the "
+                              "model folders only, e.g. before the shapes step, which starts "
+                              "its own)", "setup")
     sim_speedup: float = opt(1.0, "--backend sim: the stand-ins' clock speed-up", "setup")
     # acceptance
     acceptance_depths: str = opt("1,3", "draft depths measured per prompt family",
@@ -162,6 +166,30 @@ class Options:
                                     "the server captured)", "compare")
     compare_sglang_cmd: str = opt("", "how to run SGLang's client ('': this Python's "
                                   "-m benchmarks.gpu.sglang_client)", "compare")
+    # shapes
+    shapes: str = opt("3x1x4,3x4x16,5x8x32,4x2x8,plain,1x1x2,5x1x6", "draft "
+                      "shapes STEPSxTOPKxDRAFT (topk 1: a chain) and plain, each benched on its "
+                      "own server in this order (a command cut by its --budget leaves the last)",
+                      "shapes")
+    shape_streams: str = opt("1,4,16,64,128,256", "streams of each shape's levels (the largest "
+                             "is also the servers' request cap and largest CUDA graph)",
+                             "shapes")
+    shape_families: str = opt("", "prompt families benched, like a,b (default: every family "
+                              "of the seeded build, or the run's prompts)", "shapes")
+    shape_output_spread: str = opt("128:384", "LOW:HIGH: each request's output length, "
+                                   "drawn once per family ('' for --output-tokens)", "shapes")
+    shape_attention_backend: str = opt("fa3", "--attention-backend of every shape's server "
+                                       "('' lets SGLang pick: FlashInfer for trees on Hopper)",
+                                       "shapes")
+    shape_fallback_backend: str = opt("flashinfer", "a tree whose server does not start on "
+                                      "--shape-attention-backend is tried on this one (with a "
+                                      "2 GiB FlashInfer workspace); '' for no second try",
+                                      "shapes")
+    shape_mem_fraction: float = opt(0.8, "--mem-fraction-static of each shape's server (it "
+                                    "has the GPU alone)", "shapes")
+    shape_kv_tokens: int = opt(196608, "--max-total-tokens of each shape's server: the same "
+                               "KV pool for every shape, 768 tokens a request at 256 streams",
+                               "shapes")
     # daemon
     daemon_seconds: float = opt(90.0, "seconds of the daemon run", "daemon")
     daemon_concurrency: str = opt("4,64", "load levels cycled during the daemon run",
@@ -193,6 +221,10 @@ TINY_PRESET: dict[str, Any] = {
     "compare_min_requests": 4,
     "compare_input_tokens": 24,
     "compare_output_tokens": 8,
+    "shapes": "plain,3x1x4,2x2x4",
+    "shape_streams": "1,8",
+    "shape_output_spread": "16:48",
+    "shape_kv_tokens": 16384,
     "daemon_seconds": 25.0,
     "daemon_segment": 5.0,
 }
@@ -295,6 +327,22 @@ def _trace_checks(opts: Options, captured: set[int]) -> None:
                           "file for it")
 
 
+def _shape_checks(opts: Options) -> None:
+    from benchmarks.gpu.draft_shapes import ShapeError, parse_shapes
+
+    try:
+        parse_shapes(opts.shapes)
+    except ShapeError as err:
+        raise OptionError(f"--shapes: {err}") from None
+    if not int_list(opts.shape_streams, "shape-streams", minimum=1):
+        raise OptionError("--shape-streams: give at least one value")
+    if not 0 < opts.shape_mem_fraction < 1:
+        raise OptionError(f"--shape-mem-fraction: a share of GPU memory between 0 and 1, got "
+                          f"{opts.shape_mem_fraction:g}")
+    if opts.shape_kv_tokens < 1:
+        raise OptionError(f"--shape-kv-tokens: must be >= 1, got {opts.shape_kv_tokens}")
+
+
 def validate(opts: Options) -> None:
     """Refuse contradictory or malformed options before anything starts."""
     choices = {"backend": ("sglang", "sim"), "models": ("dummy", "seeded"),
@@ -368,4 +416,6 @@ def validate(opts: Options) -> None:
         raise OptionError(f"--parity-tag: letters, digits, - and _ only (it names a folder), "
                           f"got {opts.parity_tag!r}")
     output_span(opts.output_spread)
+    output_span(opts.shape_output_spread)
+    _shape_checks(opts)
     _trace_checks(opts, captured)

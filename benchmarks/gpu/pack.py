@@ -19,9 +19,9 @@ MAX_FILE_BYTES = 8 << 20
 SKIP_SUFFIXES = (".sqlite-wal", ".sqlite-shm", ".tmp")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 # Prompt sets: the seeded families beside the models (remade by the build from its seed) and
-# the parity step's draws under prompts/ (20,000 fresh prompts a series, about 4 MB each: a
-# dozen series took an archive past what comes back from the machine), each remade from the
-# seed its step recorded.
+# the parity and shapes steps' draws under prompts/ and shapes/prompts/ (20,000 fresh prompts
+# a series, about 4 MB each: a dozen series took an archive past what comes back from the
+# machine), each remade from the seed its step recorded.
 PROMPT_FOLDERS = ("models", "prompts")
 
 
@@ -64,7 +64,7 @@ def _left_out(rel: Path, size: int) -> str | None:
     """Why a file stays out of the archive, or None."""
     if rel.suffix in WEIGHT_SUFFIXES:
         return "model weights"
-    if rel.parts[0] in PROMPT_FOLDERS and rel.suffix == ".jsonl":
+    if rel.suffix == ".jsonl" and any(part in PROMPT_FOLDERS for part in rel.parts[:-1]):
         return "a prompt set, remade from its seed"
     if size > MAX_FILE_BYTES:
         return "too large"

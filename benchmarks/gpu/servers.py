@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.gpu.cpus import pinned_argv
+from benchmarks.gpu.draft_shapes import Shape
 from benchmarks.gpu.model_folders import ModelFolders
 from benchmarks.gpu.procs import pid_alive, session_pids
 from sglang_hooks.launch import chooses_decode_graph_sizes, has_flag
@@ -140,6 +141,57 @@ def _sglang_argv(role: str, port: int, mem: float, models: ModelFolders,
         return [opts.python, "-m", "sglang.launch_server", *args]
     args += [*EAGLE3_FLAGS, "--speculative-draft-model-path", models.draft]
     return [opts.python, "-m", "controller.cli", "serve", "--depths", opts.depths, "--", *args]
+
+
+SHAPE = "shape"  # the one server of the shapes step, restarted per draft shape
+# FlashInfer's workspace when a tree falls back to it: SGLang 0.5.17's 384 MiB default failed
+# to capture a topk-8 tree's CUDA graphs up to batch 256 (803 MB needed).
+FLASHINFER_WORKSPACE_ENV = "SGLANG_FLASHINFER_WORKSPACE_SIZE"
+FLASHINFER_WORKSPACE_BYTES = 2 * 1024**3
+
+
+@dataclass(frozen=True)
+class ShapeLaunch:
+    """One server of the shapes step: SGLang's own static draft shape (or none), stock SGLang
+    without any plugin, alone on the GPU."""
+
+    shape: Shape
+    max_streams: int  # its request cap and largest decode CUDA graph
+    graph_sizes: tuple[int, ...]  # decode CUDA graphs' batch sizes
+    mem_fraction: float
+    kv_tokens: int
+    attention_backend: str  # "" lets SGLang choose
+
+
+def shape_plan(models: ModelFolders | None, launch: ShapeLaunch, opts: ServerOptions,
+               log_dir: Path) -> LaunchPlan:  # fmt: skip
+    name = "plain" if launch.shape is None else launch.shape.label
+    log = log_dir / f"shape_{name}.log"
+    if opts.backend == "sim":
+        argv = _sim_argv(SPEC if launch.shape else PLAIN, opts.spec_port, opts)
+        return LaunchPlan(SHAPE, f"http://127.0.0.1:{opts.spec_port}",
+                          pinned_argv(opts.spec_cpus, argv, opts.python), log, {})
+    if models is None:
+        raise ValueError("no model folders: run the `setup` step first")
+    args = ["--model-path", models.target, "--host", "127.0.0.1", "--port", str(opts.spec_port),
+            "--sampling-backend", "pytorch", "--context-length", "4096", "--enable-metrics",
+            "--max-running-requests", str(launch.max_streams),
+            "--cuda-graph-max-bs-decode", str(launch.max_streams),
+            "--cuda-graph-bs-decode", *map(str, launch.graph_sizes),
+            "--admin-api-key", opts.admin_key, "--mem-fraction-static", f"{launch.mem_fraction:g}",
+            KV_TOKENS_FLAG, str(launch.kv_tokens), *opts.extra_args]
+    if launch.attention_backend:
+        args += ["--attention-backend", launch.attention_backend]
+    if models.dummy:
+        args += ["--load-format", "dummy"]
+    if launch.shape is not None:
+        args += [*launch.shape.sglang_flags(), "--speculative-draft-model-path", models.draft]
+    env = dict(NO_PLUGINS)
+    if launch.attention_backend == "flashinfer":
+        env[FLASHINFER_WORKSPACE_ENV] = str(FLASHINFER_WORKSPACE_BYTES)
+    argv = [opts.python, "-m", "sglang.launch_server", *args]
+    return LaunchPlan(SHAPE, f"http://127.0.0.1:{opts.spec_port}",
+                      pinned_argv(opts.spec_cpus, argv, opts.python), log, env)
 
 
 # SGLang's switch for its device timer (GPU seconds per forward kind on /metrics).

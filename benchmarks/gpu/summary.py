@@ -172,6 +172,16 @@ def _trace_lines(result: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _shapes_lines(result: dict[str, Any]) -> list[str]:
+    lines = [f"Families {result.get('families')}, streams {result.get('streams')}; every "
+             "figure in shapes/shapes.txt.", "", f"Verdict: {result.get('verdict')}", ""]
+    lines += _md_table(["shape", "backend", "up in s", "GPU MiB at start", "error"],
+                       [[name, e.get("backend"), e.get("start_seconds"),
+                         e.get("gpu_used_mib_at_start"), e.get("error")]
+                        for name, e in result.get("shapes", {}).items()])
+    return lines
+
+
 def _plugin_lines(info: dict[str, Any]) -> list[str]:
     """The plugin's block of each server's /server_info, as the plugin reports it."""
     lines: list[str] = []
@@ -188,6 +198,7 @@ SECTIONS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "bench": _bench_lines,
     "parity": _parity_lines,
     "compare": _compare_lines,
+    "shapes": _shapes_lines,
     "trace": _trace_lines,
     "daemon": lambda r: [f"{r.get('samples_stored')} samples stored, {r.get('pushes')} "
                          f"pushes {r.get('push_outcomes')}; table at the end: "

@@ -52,6 +52,12 @@ FORWARD_PASSES = "sglang:cuda_graph_passes"
 # (exported with --enable-metrics where the radix cache is on). Once the KV pool is full of
 # cached prefixes, every allocation evicts first, each call walking every evictable leaf.
 EVICTION_HISTOGRAM = "sglang:eviction_duration_seconds"
+# SGLang's own speculative counters, kept by its tokenizer manager as requests finish: output
+# tokens and verify passes. Their ratio over a window is the accept length of a server without
+# the plugin's counters (SGLang's own static shape, a tree among them). Family names as the
+# parser gives them (without `_total`).
+GENERATION_TOKENS = "sglang:generation_tokens"
+VERIFY_CALLS = "sglang:spec_verify_calls"
 
 
 class MetricsFormatError(ValueError):
@@ -121,6 +127,8 @@ class Scrape:
     # by cache type alone, which sums the TP ranks): (sum of seconds, count); None when the
     # server does not export it.
     evictions: tuple[float, float] | None = None
+    # `GENERATION_TOKENS` and `VERIFY_CALLS`, summed over label sets; absent when not exported.
+    spec_totals: Mapping[str, float] = field(default_factory=dict)
 
     def by_depth(self) -> dict[int, DepthWork]:
         out: dict[int, DepthWork] = {}
@@ -155,7 +163,12 @@ def parse_scrape(text: str) -> Scrape:
     forward: dict[str, float] = {}
     passes: dict[str, float] = {}
     evictions: tuple[float, float] | None = None
+    spec_totals: dict[str, float] = {}
     for metric in families:
+        if metric.type == "counter" and metric.name in (GENERATION_TOKENS, VERIFY_CALLS):
+            spec_totals[metric.name] = sum(
+                max(x.value, 0.0) for x in metric.samples
+                if x.name.endswith("_total") and math.isfinite(x.value))
         if metric.type == "counter" and metric.name in (FORWARD_SECONDS, FORWARD_PASSES):
             into, label = (forward, "category") if metric.name == FORWARD_SECONDS else (
                 passes, "mode")
@@ -179,7 +192,7 @@ def parse_scrape(text: str) -> Scrape:
     counters = {key: DepthWork(**fields) for key, fields in sums.items()}
     return Scrape(
         counters=counters, gauges=gauges, histograms=histograms, forward_seconds=forward,
-        forward_passes=passes, evictions=evictions,
+        forward_passes=passes, evictions=evictions, spec_totals=spec_totals,
     )  # fmt: skip
 
 
@@ -189,6 +202,17 @@ def _sum_count(name: str, samples: Iterable[Sample], keep: Callable[[Sample], bo
     kept = [x for x in samples if keep(x)]
     return (sum(x.value for x in kept if x.name == name + "_sum"),
             sum(x.value for x in kept if x.name == name + "_count"))
+
+
+def sglang_accept_length_between(before: Scrape, after: Scrape) -> float | None:
+    """Output tokens per verify pass of the requests that finished between two scrapes, by
+    SGLang's own counters; None where the server does not count verify passes or ran none."""
+    try:
+        tokens = after.spec_totals[GENERATION_TOKENS] - before.spec_totals[GENERATION_TOKENS]
+        calls = after.spec_totals[VERIFY_CALLS] - before.spec_totals[VERIFY_CALLS]
+    except KeyError:
+        return None
+    return tokens / calls if calls > 0 else None
 
 
 def mean_between(before: Scrape, after: Scrape, histogram: str) -> float | None:

@@ -58,6 +58,7 @@ from controller.bench.metrics import (
     forward_busy_between,
     mean_between,
     passes_between,
+    sglang_accept_length_between,
     total,
     work_between,
 )
@@ -422,6 +423,8 @@ def summarize(
         w = work.get(depth) if depth is not None else total(work.values())
         if w is not None:
             mean_batch, accept, step = w.mean_batch, w.accept_length, w.step_ms
+        if accept is None:  # no plugin counters: SGLang's own, where it speculates
+            accept = sglang_accept_length_between(before, after)
     prompts = [r.prompt_tokens for r in load.requests if r.prompt_tokens is not None]
     sent = load.sent_in_window
     mean_prompt = statistics.fmean(prompts) if prompts else 0.0
@@ -873,14 +876,47 @@ async def _run_no_spec(
     assert plan.no_spec_url is not None
     with plan.server(plan.no_spec_url) as other:
         _introduce_plain(outcome, other)
-        levels = _Levels(plan, other, observer, offset, processes)
-        await levels.settle()
-        async with make_client(plan.no_spec_url, _pool_size(plan), plan.client_headers()) as http:
-            await levels.warm_up(http)
-            for shape in plan.shapes():
-                result = await levels.measure(http, None, shape)
-                outcome.results.append(result)
-                observer.level_finished(result)
+        await _levels_as_is(plan, other, observer, offset, processes, outcome.results)
+
+
+async def _levels_as_is(
+    plan: SweepPlan, server: ServerClient, observer: LevelObserver, offset: int,
+    processes: LoadProcesses | None, results: list[LevelResult], series: str = NO_SPEC,
+) -> None:  # fmt: skip
+    """Every load of the plan on `server` as it runs, nothing forced."""
+    levels = _Levels(plan, server, observer, offset, processes)
+    await levels.settle()
+    async with make_client(server.url, _pool_size(plan), plan.client_headers()) as http:
+        await levels.warm_up(http)
+        for shape in plan.shapes():
+            result = replace(await levels.measure(http, None, shape), series=series)
+            results.append(result)
+            observer.level_finished(result)
+
+
+async def sweep_as_is(
+    plan: SweepPlan, series: str, observer: LevelObserver | None = None
+) -> list[LevelResult]:
+    """Every load of the plan on `plan.url` as the server runs, no table forced or restored and
+    no plugin needed: SGLang's own static speculation (a draft tree too), or none. Each level
+    is named `series`; its accept length comes from SGLang's own counters."""
+    observer = observer or LevelObserver()
+    results: list[LevelResult] = []
+    processes = (
+        LoadProcesses(plan.client_processes, plan.prompts) if plan.client_processes > 1 else None
+    )
+    try:
+        with plan.server(plan.url) as server:
+            if plan.freeze_gc:
+                try:
+                    server.freeze_gc()
+                except ServerError as err:
+                    observer.warning(f"garbage collector not frozen: {err}")
+            await _levels_as_is(plan, server, observer, 0, processes, results, series)
+    finally:
+        if processes is not None:
+            processes.close()
+    return results
 
 
 async def sweep(plan: SweepPlan, observer: LevelObserver | None = None) -> SweepOutcome:

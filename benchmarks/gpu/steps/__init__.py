@@ -21,6 +21,7 @@ from benchmarks.gpu.steps import (
     finish,
     parity,
     setup,
+    shapes,
     trace,
 )
 
@@ -41,6 +42,8 @@ STEPS: tuple[Step, ...] = (
     Step("bench", bench.run, "specctl bench over the depths, the plain server beside"),
     Step("parity", parity.run, "depth 0 against the plain server: paired series, verdict"),
     Step("compare", compare.run, "specctl bench beside SGLang's bench_serving, same prompts"),
+    Step("shapes", shapes.run, "SGLang's static draft shapes (chains, trees) and plain, "
+         "each alone: per-shape benches"),
     Step("trace", trace.run, "a closed-loop load trace per policy, compared"),
     Step("daemon", daemon.run, "specctl daemon under a stepped load"),
     Step("summary", finish.summarize, "summary.md and summary.json", False, True),

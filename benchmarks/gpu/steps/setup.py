@@ -37,8 +37,10 @@ def run(run: Run) -> dict[str, Any]:
     run.state.save()
     run.say(f"  {machine.describe(facts)[0]}")
     models = setup_models(run)
-    result = {"models": models.to_json(), **start_servers(run)}
-    return result
+    if not run.opts.setup_servers:
+        run.say("  servers not started (--no-setup-servers)")
+        return {"models": models.to_json()}
+    return {"models": models.to_json(), **start_servers(run)}
 
 
 def setup_models(run: Run) -> ModelFolders:

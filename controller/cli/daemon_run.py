@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 
 from controller.cli.args import fail
+from controller.daemon.bench_seed import BenchSeedError, read_bench
 from controller.daemon.config import ConfigError, ControllerConfig
 from controller.daemon.frozen import FrozenPolicyError
 from controller.daemon.loop import Controller, TargetState
@@ -67,10 +68,14 @@ def open_controller(
         for target in cfg.targets:  # a missing *_env variable, named before any file is made
             target.resolved_admin_key()
             target.resolved_api_key()
+            if target.seed_bench is not None:
+                read_bench(target.seed_bench)
         transports, sims = build_transports(cfg)
         store = Store(cfg.store.resolved_path())
         metrics = DaemonMetrics()
         controller = Controller(cfg, store, transports, metrics=metrics)
+    except BenchSeedError as err:
+        raise fail(f"targets: {err}") from None
     except (ConfigError, StoreError, FrozenPolicyError, ValueError) as err:
         raise fail(str(err)) from None
     except (OSError, sqlite3.Error) as err:
@@ -116,6 +121,11 @@ def run_daemon(
             signal.signal(sig, lambda *_: stop.set())
     try:
         progress = _Progress(controller, every_s=max(60.0, cfg.schedule.decide_interval_s * 4))
+        seed_now = 0.0 if cfg.schedule.clock == "simulated" else time.time()
+        try:
+            controller.seed_from_benches(seed_now)
+        except BenchSeedError as err:
+            raise fail(f"targets: {err}") from None
         if cfg.schedule.clock == "simulated":
             sims, offset = resume_after_store(controller, sims)
             if offset:

@@ -92,6 +92,13 @@ class TargetConfig(_Strict):
         'e.g. instance="a:30000"',
     )
     timeout_s: PosFloat = Field(3.0, description="HTTP timeout of every scrape, read and push")
+    seed_bench: Path | None = Field(
+        None,
+        description="A `specctl bench` of this server (the folder its --out wrote, or its "
+        "bench.json): when the store holds no sample of this target yet, every level the "
+        "bench measured at a forced depth becomes one, so the daemon starts from the bench "
+        "instead of from nothing; the samples age out like any other (schedule.history_s)",
+    )
 
     @model_validator(mode="after")
     def _one_kind(self) -> TargetConfig:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.daemon.bench_seed import read_bench, samples_from_bench
 from controller.daemon.config import ControllerConfig, TargetConfig
 from controller.daemon.frozen import load_frozen_policy
 from controller.daemon.guardrails import (
@@ -347,6 +348,28 @@ class Controller:
     def _foreign(self, st: TargetState, table: PolicyTable | None) -> bool:
         """A live table the daemon did not learn and push (someone else's choice)."""
         return table is not None and _tiers_key(table) not in st.own_tables
+
+    def seed_from_benches(self, now: float) -> dict[str, int]:
+        """Store each target's `seed_bench` as its first samples, ending at `now`, where the
+        store holds none of that target yet; the learner takes them at once. Returns the
+        samples stored per target. BenchSeedError names a file that is not a bench."""
+        stored: dict[str, int] = {}
+        for st in self.targets.values():
+            if st.cfg.seed_bench is None or self.store.count_samples(st.name) > 0:
+                continue
+            doc = read_bench(st.cfg.seed_bench)
+            samples = samples_from_bench(doc, st.cfg.group, st.name, now)
+            if samples:
+                self.store.add_samples(samples)
+                self.groups[st.cfg.group].add(samples)
+                self.metrics.store_samples.labels(st.name).set(self.store.count_samples(st.name))
+            stored[st.name] = len(samples)
+            depths = sorted({s.depth for s in samples})
+            log.info("%s: %d samples from the bench %s (depths %s)%s", st.name, len(samples),
+                     st.cfg.seed_bench, depths,
+                     "" if samples else ": none of its levels measured a depth with the "
+                     "plugin's counters, so the daemon starts from nothing")
+        return stored
 
     def start(self, now: float) -> None:
         """Read every server once before the first push: what was found there is what the

@@ -172,22 +172,7 @@ class Store:
         snapshot: dict[str, float],
     ) -> None:
         """Store a scrape's samples and the snapshot they were taken against, atomically."""
-        rows = [
-            (
-                s.group,
-                s.target,
-                s.t_end,
-                s.interval_s,
-                s.depth,
-                s.bs_bucket,
-                s.iterations,
-                s.request_steps,
-                s.tokens,
-                s.gpu_seconds,
-                s.explore_iterations,
-            )
-            for s in samples
-        ]
+        rows = [_sample_row(s) for s in samples]
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
@@ -198,6 +183,21 @@ class Store:
                     "INSERT INTO counter_snapshots VALUES (?, ?, ?) ON CONFLICT(target) "
                     "DO UPDATE SET t = excluded.t, values_json = excluded.values_json",
                     (target, t, json.dumps(snapshot, sort_keys=True)),
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+
+    def add_samples(self, samples: Sequence[Sample]) -> None:
+        """Samples that came from no scrape (a bench's levels), in one transaction; the
+        counter snapshot the next scrape's deltas start from is left as it is."""
+        rows = [_sample_row(s) for s in samples]
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    f"INSERT INTO samples ({_SAMPLE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows
                 )
                 self._db.execute("COMMIT")
             except BaseException:
@@ -405,6 +405,12 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _sample_row(s: Sample) -> tuple[Any, ...]:
+    """A sample as the columns of `_SAMPLE_COLUMNS`, in order."""
+    return (s.group, s.target, s.t_end, s.interval_s, s.depth, s.bs_bucket, s.iterations,
+            s.request_steps, s.tokens, s.gpu_seconds, s.explore_iterations)
 
 
 def samples_only(rows: Iterable[tuple[int, Sample]]) -> list[Sample]:

@@ -56,6 +56,11 @@ def _state(run_dir: Path) -> dict:
     return json.loads((run_dir / "state.json").read_text())
 
 
+# A real `specctl bench` of the seeded pair on an H200, checked in.
+REAL_BENCH = (Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu"
+              / "h200-sglang-0.5.17-seeded-8b-run8" / "bench_family")  # fmt: skip
+
+
 @pytest.mark.slow
 def test_every_step_through_the_entry_over_two_commands(tmp_path, capsys):
     run_dir = tmp_path / "run"
@@ -75,7 +80,9 @@ def test_every_step_through_the_entry_over_two_commands(tmp_path, capsys):
         "--level-seconds", "0.5", "--warmup-seconds", "0.1", "--client-processes", "1",
         "--output-tokens", "16", "--parity-streams", "1,4", "--parity-series", "2",
         "--output-spread", "8:24", "--fresh-prompts", "200",
-        "--trace-policies", "static:3 plain", "--trace-phases", "1:2:a,1:4:b",
+        "--trace-policies", "bench-table daemon-from-bench plain", "--trace-repeats", "2",
+        "--trace-bench", str(REAL_BENCH),
+        "--trace-phases", "1:2:a,1:4:b",
         "--daemon-seconds", "8", "--daemon-segment", "2",
     ]  # fmt: skip
     done = subprocess.run(first, capture_output=True, text=True, timeout=240)
@@ -144,10 +151,24 @@ def test_every_step_through_the_entry_over_two_commands(tmp_path, capsys):
     assert "d0 against the plain server over 3 bench runs" in (
         run_dir / "parity/parity.txt").read_text()
 
+    # the trace: each policy twice, the second repeat in reverse order, from the run's bench
     trace = steps["trace"]["result"]
-    assert list(trace["policies"]) == ["static-3", "plain"]
+    assert list(trace["policies"]) == [
+        "bench-table-r1", "daemon-from-bench-r1", "plain-r1",
+        "plain-r2", "daemon-from-bench-r2", "bench-table-r2"]  # fmt: skip
     assert all(p["tok_per_s"] > 0 for p in trace["policies"].values())
-    assert "| plain |" in (run_dir / "trace/compare.md").read_text()
+    assert "| plain-r2 |" in (run_dir / "trace/compare.md").read_text()
+    closed = json.loads((run_dir / "trace/closed_loop.json").read_text())
+    assert set(closed["policies"]) == {"bench-table", "daemon-from-bench", "plain"}
+    assert closed["policies"]["plain"] == [trace["policies"]["plain-r1"]["tok_per_s"],
+                                           trace["policies"]["plain-r2"]["tok_per_s"]]
+    assert closed["trace"] == "trace.json" and (run_dir / "trace/trace.json").is_file()
+    # The tiny bench of this run is too short to recommend a table (its levels decide
+    # nothing): --trace-bench gives a real one, whose table (1+: d3) the stand-in captured.
+    bench_table = json.loads((run_dir / "trace/bench-table-r1.json").read_text())
+    assert bench_table["table"] == "1+: d3"
+    seeded = json.loads((run_dir / "trace/daemon-from-bench-r2.json").read_text())
+    assert seeded["daemon"]["seed_bench"] == str(REAL_BENCH)
     assert steps["daemon"]["result"]["samples_stored"] > 0
     text = (run_dir / "summary.md").read_text()
     for line in ("| parity | ok |", "| trace | ok |", "## The plugin (/server_info)",

@@ -5,6 +5,7 @@ loopback, the real `specctl daemon` as a subprocess, the real SQLite store)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -125,3 +126,47 @@ def test_a_warm_start_copy_keeps_samples_still_in_the_write_ahead_log(tmp_path):
         assert copy.execute("SELECT count(*) FROM samples").fetchone() == (50,)
     with sqlite3.connect(tmp_path / "plain-copy.sqlite") as plain:
         assert plain.execute("SELECT count(*) FROM sqlite_master").fetchone() == (0,)
+
+
+BENCH = (Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "gpu"
+         / "h200-sglang-0.5.17-seeded-8b-run8" / "bench_family")  # fmt: skip
+
+
+def test_a_bench_s_table_kept_and_a_daemon_started_from_the_bench(sim_server_factory, tmp_path,
+                                                                   capsys):  # fmt: skip
+    """The bench is a real `specctl bench` of the seeded pair on an H200 (recommended 1+: d3)."""
+    spec = sim_server_factory(admin_key="k", speedup=1.0)
+    data = _dataset(tmp_path / "a.jsonl", "the model")
+    results = tmp_path / "results"
+    base = ["run", "--url", spec.base_url, "--phases", "2:2:a,2:8:a", "--out", str(results),
+            "--admin-key", "k", "--dataset", data]  # fmt: skip
+    assert trace.main([*base, "--policy", "table", "--table-from", str(BENCH),
+                       "--name", "bench-table"]) == 0  # fmt: skip
+    kept = json.loads((results / "bench-table.json").read_text())
+    assert kept["table"] == "1+: d3"
+    assert all(p["table_after"] == "1+: d3" for p in kept["phases"])
+    for key in ("tpot_p99_ms", "ttft_p99_ms"):
+        assert kept["total"][key] >= kept["total"]["tpot_p50_ms"] > 0
+    assert trace.main([*base, "--policy", "daemon", "--seed-bench", str(BENCH),
+                       "--name", "daemon-from-bench"]) == 0  # fmt: skip
+    seeded = json.loads((results / "daemon-from-bench.json").read_text())
+    assert seeded["daemon"]["seed_bench"] == str(BENCH)
+    from controller.daemon.store import Store
+
+    store = Store(results / "daemon-from-bench.sqlite")
+    first = [s for _, s in store.samples(target="spec")][:15]
+    bench = json.loads((BENCH / "bench.json").read_text())
+    assert [s.interval_s for s in first] == [r["elapsed_s"] for r in bench["results"]
+                                             if r["depth"] is not None]
+    store.close()
+    capsys.readouterr()
+    # a bench without a recommendation, and a table policy without its source: one line each
+    none = tmp_path / "none"
+    none.mkdir()
+    (none / "bench.json").write_text(json.dumps({"results": [], "recommended_table": None}))
+    assert trace.main([*base, "--policy", "table", "--table-from", str(none)]) == 2
+    assert "the bench recommended no table" in capsys.readouterr().err
+    assert trace.main([*base, "--policy", "table"]) == 2
+    assert "--policy table needs --table-from" in capsys.readouterr().err
+    assert trace.main([*base, "--policy", "daemon", "--seed-bench", str(none / "x")]) == 2
+    assert "--seed-bench: seed_bench" in capsys.readouterr().err

@@ -24,11 +24,16 @@ from controller.bench.loadgen import ClosedLoop, StopRule, make_client, run_leve
 from controller.bench.prompts import Prompt
 
 
-def daemon_config(url: str, admin_key: str, store: Path, duration_s: float) -> dict[str, Any]:
-    """Intervals a short run can show: a scrape every 2 s, a decision every 6 s."""
+def daemon_config(url: str, admin_key: str, store: Path, duration_s: float,
+                  seed_bench: Path | None = None) -> dict[str, Any]:
+    """Intervals a short run can show: a scrape every 2 s, a decision every 6 s; `seed_bench`
+    starts the store from a bench of the server."""
+    target: dict[str, Any] = {"name": "spec", "url": url, "admin_key": admin_key,
+                              "timeout_s": 5.0, "group": "gpu-harness"}
+    if seed_bench is not None:
+        target["seed_bench"] = str(seed_bench)
     return {
-        "targets": [{"name": "spec", "url": url, "admin_key": admin_key, "timeout_s": 5.0,
-                     "group": "gpu-harness"}],
+        "targets": [target],
         "schedule": {"clock": "wall", "duration_s": duration_s, "scrape_interval_s": 2.0,
                      "fit_interval_s": 6.0, "decide_interval_s": 6.0, "backoff_max_s": 10.0},
         "guardrails": {"min_dwell_s": 12.0, "rollback_window_s": 10.0,

@@ -147,7 +147,13 @@ class Options:
     # trace
     trace_policies: str = opt("static:3 sglang daemon plain", "policies run one after "
                               "another: static:D, sglang, daemon (learns from nothing), "
-                              "daemon-warm (from the daemon run's store), plain", "trace")
+                              "daemon-warm (from the daemon run's store), bench-table (the "
+                              "bench's recommended table, kept), daemon-from-bench (the daemon "
+                              "from that bench), plain", "trace")
+    trace_repeats: int = opt(1, "runs of every policy, the order reversed in every other "
+                             "repeat", "trace")
+    trace_bench: str = opt("", "the bench of bench-table and daemon-from-bench (a `specctl "
+                           "bench --out` folder; default: the run's bench step's)", "trace")
     trace_phases: str = opt("10:2:a,12:16:a,15:128:a,15:4:b,20:128:b,10:4:b",
                             "the trace: seconds:streams:dataset, ...", "trace")
     trace_datasets: str = opt("", "NAME=FILE,... for the trace's dataset names (default: the "
@@ -313,7 +319,9 @@ def _trace_checks(opts: Options, captured: set[int]) -> None:
         if not policies:
             raise TraceError("--trace-policies: give at least one policy, e.g. static:3")
         for name in policies:
-            _, depth = parse_policy("daemon" if name == "daemon-warm" else name)
+            alias = {"daemon-warm": "daemon", "daemon-from-bench": "daemon",
+                     "bench-table": "table"}
+            _, depth = parse_policy(alias.get(name, name))
             if depth is not None and depth not in captured:
                 raise TraceError(f"--trace-policies: static:{depth} needs depth {depth} in "
                                  f"--depths {opts.depths}")
@@ -401,7 +409,7 @@ def validate(opts: Options) -> None:
     for name in ("greedy_prompts", "greedy_tokens", "switches", "switch_load",
                  "switch_probe_every", "output_tokens", "prompt_tokens", "client_processes",
                  "parity_series", "acceptance_requests", "acceptance_concurrency",
-                 "compare_waves", "compare_min_requests"):
+                 "compare_waves", "compare_min_requests", "trace_repeats"):
         if getattr(opts, name) < 1:
             raise OptionError(f"{flag(name)}: must be >= 1, got {getattr(opts, name)}")
     for name in ("fresh_prompts", "acceptance_off_spell", "warmup_seconds"):

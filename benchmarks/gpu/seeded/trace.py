@@ -12,9 +12,13 @@ bench's load generator (controller/bench/loadgen.py): `--seconds` scales the def
 - `plain`: `--url` is a server without speculation; nothing is pushed.
 - `static:D`: a one-tier table of depth D is pushed for the whole trace.
 - `sglang`: control is released (`specctl_tiers: 0`): SGLang's own adaptive choice of steps.
+- `table`: the table of `--table-from PATH` is pushed once and kept for the whole trace: the
+  table a `specctl bench` recommended (its `--out` folder or bench.json), or a policy file's
+  (`specctl freeze`); what a user who benches and freezes runs.
 - `daemon`: `specctl daemon` runs against the server for the trace (config written here,
   intervals of seconds); `--daemon-store FILE` starts it from a copy of a store learned
-  earlier (e.g. the harness's daemon step on the same model pair), else from nothing.
+  earlier (e.g. the harness's daemon step on the same model pair), `--seed-bench PATH` from a
+  `specctl bench` of the server (its `seed_bench`), else from nothing.
 
 Each run writes RESULTS/<policy>.json: output tok/s and TPOT p50/p90 for the whole trace and
 per phase, the table live after each phase, and for the daemon its pushes and final table.
@@ -43,7 +47,9 @@ from benchmarks.gpu.seeded.compare import CompareError, compare
 from controller.bench.loadgen import ClosedLoop, LevelLoad, StopRule, make_client, run_level
 from controller.bench.prompts import DatasetError, Prompt, load_dataset
 from controller.bench.server_client import ServerClient, ServerError, admin_key_from_env
-from sglang_hooks.contract import PolicyTable, single_depth_table
+from controller.daemon.bench_seed import BenchSeedError, bench_path, read_bench
+from sglang_hooks.contract import PolicyError, PolicyTable, parse_table, single_depth_table
+from sglang_hooks.policy_file import load_policy_file
 
 # (share of the trace, concurrency, dataset): low load, a ramp into saturation, back down,
 # then the workload drifts from the easy family to the hard one at low load.
@@ -96,7 +102,7 @@ def parse_phases(text: str) -> list[Phase]:
 
 
 def parse_policy(text: str) -> tuple[str, int | None]:
-    if text in ("daemon", "sglang", "plain"):
+    if text in ("daemon", "sglang", "plain", "table"):
         return text, None
     if text.startswith("static:"):
         try:
@@ -105,7 +111,30 @@ def parse_policy(text: str) -> tuple[str, int | None]:
             depth = -1
         if depth >= 0:
             return "static", depth
-    raise TraceError(f"--policy {text!r}: use daemon, sglang, plain or static:D (e.g. static:3)")
+    raise TraceError(f"--policy {text!r}: use daemon, sglang, plain, table or static:D (e.g. "
+                     "static:3)")
+
+
+def table_from(path: Path) -> PolicyTable:
+    """The table a bench recommended (its folder or bench.json), or a policy file's table."""
+    bench = bench_path(path)
+    if bench.suffix == ".json" and bench.is_file():
+        try:
+            doc = json.loads(bench.read_text())
+        except (OSError, ValueError) as err:
+            raise TraceError(f"--table-from {path}: not readable as JSON ({err})") from None
+        if isinstance(doc, dict) and "recommended_table" in doc:
+            if doc["recommended_table"] is None:
+                raise TraceError(f"--table-from {path}: the bench recommended no table (its "
+                                 "report says why); bench again, or give a policy file")
+            try:
+                return parse_table(doc["recommended_table"])
+            except PolicyError as err:
+                raise TraceError(f"--table-from {path}: recommended_table: {err}") from None
+    try:
+        return load_policy_file(path)
+    except PolicyError as err:
+        raise TraceError(f"--table-from {path}: {err}") from None
 
 
 def _percentile_ms(values: Sequence[float], q: float) -> float | None:
@@ -134,7 +163,9 @@ def summarize_phase(phase: Phase, load: LevelLoad) -> dict[str, Any]:
         "errors": len(load.errors),
         "tpot_p50_ms": _percentile_ms(tpots, 0.5),
         "tpot_p90_ms": _percentile_ms(tpots, 0.9),
+        "tpot_p99_ms": _percentile_ms(tpots, 0.99),
         "ttft_p50_ms": _percentile_ms(ttfts, 0.5),
+        "ttft_p99_ms": _percentile_ms(ttfts, 0.99),
     }
 
 
@@ -142,12 +173,15 @@ def summarize_trace(loads: Sequence[LevelLoad]) -> dict[str, Any]:
     tokens = sum(load.tokens for load in loads)
     seconds = sum(load.elapsed_s for load in loads)
     tpots = tpot_values(loads)
+    ttfts = [r.ttft_s for load in loads for r in load.requests if r.ttft_s is not None]
     return {
         "tokens": tokens,
         "seconds": round(seconds, 2),
         "tok_per_s": round(tokens / seconds, 1) if seconds > 0 else 0.0,
         "tpot_p50_ms": _percentile_ms(tpots, 0.5),
         "tpot_p90_ms": _percentile_ms(tpots, 0.9),
+        "tpot_p99_ms": _percentile_ms(tpots, 0.99),
+        "ttft_p99_ms": _percentile_ms(ttfts, 0.99),
         "requests": sum(len(load.requests) for load in loads),
         "errors": sum(len(load.errors) for load in loads),
     }
@@ -190,6 +224,8 @@ class RunSpec:
     admin_key: str | None = None
     daemon_store: Path | None = None
     name: str | None = None  # names the result files; default: the policy
+    table_from: Path | None = None  # policy table: a bench (folder or bench.json), a policy file
+    seed_bench: Path | None = None  # policy daemon: the bench its store starts from
 
     @property
     def label(self) -> str:
@@ -216,7 +252,8 @@ def _start_daemon(
     else:
         store.unlink(missing_ok=True)
     config = spec.out / f"{spec.label}.yaml"
-    write_config(config, daemon_config(spec.url, admin_key, store, total_s + 30.0))
+    write_config(config, daemon_config(spec.url, admin_key, store, total_s + 30.0,
+                                       seed_bench=spec.seed_bench))
     log = spec.out / f"{spec.label}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -263,7 +300,18 @@ def run_policy(spec: RunSpec) -> dict[str, Any]:
                 raise TraceError(f"{spec.url}: the specctl plugin is inactive: "
                                  f"{state.inactive_reason}")  # fmt: skip
             before = state.table
-            if kind == "static":
+            if kind == "table":
+                if spec.table_from is None:
+                    raise TraceError("--policy table needs --table-from PATH (a bench's folder "
+                                     "or bench.json, or a policy file)")
+                table = table_from(spec.table_from)
+                uncaptured = sorted(table.depths - set(state.captured_depths))
+                if uncaptured:
+                    raise TraceError(f"--table-from {spec.table_from}: depth {uncaptured[0]} was "
+                                     f"not captured (captured: {list(state.captured_depths)})")
+                server.push(PolicyTable.build(table.tiers, version=state.version + 1))
+                result["table"] = table.describe()
+            elif kind == "static":
                 assert depth is not None
                 if depth not in state.captured_depths:
                     raise TraceError(f"--policy {spec.policy}: depth {depth} was not captured "
@@ -279,6 +327,11 @@ def run_policy(spec: RunSpec) -> dict[str, Any]:
             if not admin_key:
                 raise TraceError("--policy daemon needs the server's admin key (--admin-key or "
                                  "SPECCTL_ADMIN_KEY)")  # fmt: skip
+            if spec.seed_bench is not None:
+                try:
+                    read_bench(spec.seed_bench)
+                except BenchSeedError as err:
+                    raise TraceError(f"--seed-bench: {err}") from None
             daemon, log = _start_daemon(spec, admin_key, total)
             time.sleep(DAEMON_START_WAIT_S)
             if daemon.poll() is not None:
@@ -298,6 +351,7 @@ def run_policy(spec: RunSpec) -> dict[str, Any]:
             result["daemon"] = {
                 "exit_status": code,
                 "warm_start_store": str(spec.daemon_store) if spec.daemon_store else None,
+                "seed_bench": str(spec.seed_bench) if spec.seed_bench else None,
                 "pushes": pushes,
                 "push_count": len(pushes),
             }
@@ -327,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the trace under one policy")
-    run.add_argument("--policy", required=True, help="daemon, sglang, plain or static:D")
+    run.add_argument("--policy", required=True, help="daemon, sglang, plain, table or static:D")
     run.add_argument("--url", required=True)
     run.add_argument("--dataset", action="append", default=[], metavar="NAME=FILE")
     run.add_argument("--seconds", type=float, default=48.0, help="length of the default trace")
@@ -336,6 +390,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--admin-key", default=None, help="or SPECCTL_ADMIN_KEY")
     run.add_argument("--daemon-store", type=Path, default=None,
                      help="daemon: start from a copy of this store")  # fmt: skip
+    run.add_argument("--table-from", type=Path, default=None,
+                     help="table: a bench's folder or bench.json (its recommended table), or "
+                     "a policy file")
+    run.add_argument("--seed-bench", type=Path, default=None,
+                     help="daemon: start its store from this bench (folder or bench.json)")
     run.add_argument("--name", default=None,
                      help="names this run's files (NAME.json; the daemon's NAME.sqlite, .yaml, "
                      ".log) and its row in compare; default: the policy, e.g. static-3")
@@ -348,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         phases = parse_phases(args.phases) if args.phases else default_trace(args.seconds)
         run_policy(RunSpec(args.policy, args.url, phases, _datasets(args.dataset), args.out,
-                           args.admin_key, args.daemon_store, args.name))  # fmt: skip
+                           args.admin_key, args.daemon_store, args.name, args.table_from,
+                           args.seed_bench))  # fmt: skip
     except (TraceError, ServerError, CompareError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

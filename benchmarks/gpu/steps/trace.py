@@ -4,9 +4,16 @@ Each policy runs `python -m benchmarks.gpu.seeded.trace run` (benchmarks/gpu/see
 over the phases of --trace-phases: `static:D` (a one-tier table of depth D), `sglang`
 (control released to SGLang's own adaptive steps), `daemon` (`specctl daemon` learning from
 nothing; its results are named daemon-cold), `daemon-warm` (the daemon again, from the store
-the daemon run learned) and `plain` (the plain server). Then `trace compare` puts every
-policy of trace/ side by side (compare.md, compare.json, compare.png). The trace's dataset
-names (a, b) are the seeded pair's prompt families, or --trace-datasets.
+the daemon run learned), `bench-table` (the table the run's bench recommended, pushed once and
+kept), `daemon-from-bench` (the daemon starting from that bench, its `seed_bench`) and `plain`
+(the plain server). The bench is --trace-bench, or the run's `bench` step's folder.
+
+With --trace-repeats N every policy runs N times, the order reversed in every other repeat
+(A B C, C B A, ...) so that none always goes first; a repeat's files end in -rK. Then `trace
+compare` puts every run of trace/ side by side (compare.md, compare.json, compare.png), and
+closed_loop.json lists each policy's tok/s per repeat with the GPU and the trace (trace.json
+beside it). The trace's dataset names (a, b) are the seeded pair's prompt families, or
+--trace-datasets.
 """
 
 from __future__ import annotations
@@ -25,6 +32,9 @@ from benchmarks.gpu.seeded.trace import parse_phases
 from benchmarks.gpu.subproc import run_logged
 
 COLD, WARM = "daemon-cold", "daemon-warm"
+BENCH_TABLE, FROM_BENCH = "bench-table", "daemon-from-bench"
+# closed_loop.json's name of each policy
+CLOSED_LOOP_NAMES = {COLD: "daemon", "sglang": "sglang-adaptive"}
 
 
 def datasets(run: Run, names: set[str]) -> tuple[dict[str, Path], str]:
@@ -40,19 +50,73 @@ def datasets(run: Run, names: set[str]) -> tuple[dict[str, Path], str]:
     return dict.fromkeys(sorted(names), one), f"{one} under every name (no families)"
 
 
-def policy_run(name: str, run: Run, out: Path) -> tuple[str, str, str, list[str]]:
-    """(policy, url, label, extra arguments) of one --trace-policies entry."""
+def run_bench(run: Run) -> Path:
+    """The bench the bench policies start from: --trace-bench, else the run's bench step's."""
+    given = run.opts.trace_bench
+    folder = Path(given) if given else run.dir / "bench"
+    if not (folder / "bench.json").is_file() and not folder.is_file():
+        raise StepError(f"{BENCH_TABLE} and {FROM_BENCH} start from a bench of the server: run "
+                        f"the bench step first, or give --trace-bench DIR (none at {folder})")
+    return folder
+
+
+def base_label(name: str) -> str:
+    """The label of one --trace-policies entry, before any repeat suffix."""
+    return {"daemon": COLD}.get(name, name.replace(":", "-"))
+
+
+def policy_run(name: str, run: Run, out: Path, suffix: str = ""
+               ) -> tuple[str, str, str, list[str]]:  # fmt: skip
+    """(policy, url, label, extra arguments) of one --trace-policies entry; `suffix` ends the
+    label of a repeat."""
+    label = base_label(name) + suffix
     if name == "plain":
-        return "plain", run.url(servers.PLAIN), "plain", []
+        return "plain", run.url(servers.PLAIN), label, []
     if name == "daemon":
-        return "daemon", run.url(servers.SPEC), COLD, []
+        return "daemon", run.url(servers.SPEC), label, []
     if name == WARM:
-        store = out / f"{COLD}.sqlite"
-        if not store.is_file():
+        # the daemon run of this repeat, else the latest of any (a reversed repeat runs warm
+        # before cold)
+        stores = [out / f"{COLD}{suffix}.sqlite",
+                  *sorted(out.glob(f"{COLD}*.sqlite"), key=lambda p: p.stat().st_mtime)[::-1]]
+        store = next((p for p in stores if p.is_file()), None)
+        if store is None:
             raise StepError(f"{WARM} starts from the store of the daemon policy's run: put "
                             "daemon before it in --trace-policies")
-        return "daemon", run.url(servers.SPEC), WARM, ["--daemon-store", str(store)]
-    return name, run.url(servers.SPEC), name.replace(":", "-"), []
+        return "daemon", run.url(servers.SPEC), label, ["--daemon-store", str(store)]
+    if name == BENCH_TABLE:
+        return "table", run.url(servers.SPEC), label, ["--table-from", str(run_bench(run))]
+    if name == FROM_BENCH:
+        return "daemon", run.url(servers.SPEC), label, ["--seed-bench", str(run_bench(run))]
+    return name, run.url(servers.SPEC), label, []
+
+
+def schedule(policies: list[str], repeats: int) -> list[tuple[int, str]]:
+    """(repeat, policy) in run order: the policies' order reversed in every other repeat."""
+    out = []
+    for r in range(1, repeats + 1):
+        out += [(r, name) for name in (policies if r % 2 else policies[::-1])]
+    return out
+
+
+def closed_loop(run: Run, result: dict[str, Any], out: Path) -> dict[str, Any]:
+    """closed_loop.json: each policy's whole-trace tok/s per repeat, the GPU, the trace."""
+    gpus = (run.state.data.get("machine") or {}).get("gpus") or []
+    gpu = ", ".join(sorted({str(g.get("name")) for g in gpus if isinstance(g, dict)})) or None
+    policies: dict[str, list[float]] = {}
+    for entry in result["policies"].values():
+        name = entry.get("policy")
+        if name is not None and entry.get("tok_per_s") is not None:
+            key = CLOSED_LOOP_NAMES.get(base_label(name), name)
+            policies.setdefault(key, []).append(entry["tok_per_s"])
+    (out / "trace.json").write_text(json.dumps(
+        {"phases": run.opts.trace_phases, "datasets": result["prompts_from"]}, indent=1) + "\n")
+    doc = {"gpu": gpu, "trace": "trace.json", "phases": run.opts.trace_phases,
+           "repeats": run.opts.trace_repeats, "order": [f"{n} (repeat {r})"
+                                                     for r, n in result["order"]],
+           "policies": policies}
+    (out / "closed_loop.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
 
 
 def run(run: Run) -> dict[str, Any]:
@@ -67,16 +131,19 @@ def run(run: Run) -> dict[str, Any]:
         raise StepError(f"the trace uses dataset {missing[0]!r}, which {where} lack: name "
                         "a file for it in --trace-datasets NAME=FILE,...")
     seconds = sum(p.seconds for p in phases)
-    result: dict[str, Any] = {"phases": o.trace_phases, "prompts_from": where, "policies": {}}
+    order = schedule(o.trace_policies.split(), o.trace_repeats)
+    result: dict[str, Any] = {"phases": o.trace_phases, "prompts_from": where, "policies": {},
+                              "order": []}
     failures: list[str] = []
-    for name in o.trace_policies.split():
+    for repeat, name in order:
         if run.time_left() < seconds + 60:
-            result["cut_by_budget"] = f"{name} and the policies after it left out: the " \
-                "--budget is spent"
+            result["cut_by_budget"] = f"{name} (repeat {repeat}) and the runs after it left " \
+                "out: the --budget is spent"
             run.say(f"  {result['cut_by_budget']}")
             break
+        suffix = f"-r{repeat}" if o.trace_repeats > 1 else ""
         try:
-            policy, url, label, extra = policy_run(name, run, out)
+            policy, url, label, extra = policy_run(name, run, out, suffix)
         except StepError as err:
             failures.append(str(err))
             run.say(f"  {name}: {err}")
@@ -88,17 +155,20 @@ def run(run: Run) -> dict[str, Any]:
                 "--phases", o.trace_phases, "--out", str(out), *extra]
         done = run_logged(pinned_argv(o.bench_cpus, argv), out / f"{label}.txt",
                           run.cap(seconds + 90))
-        entry: dict[str, Any] = {"returncode": done.returncode, "seconds": round(done.seconds, 1)}
+        entry: dict[str, Any] = {"policy": name, "repeat": repeat,
+                                 "returncode": done.returncode, "seconds": round(done.seconds, 1)}
         written = out / f"{label}.json"
         if done.returncode == 0 and written.is_file():
             total = json.loads(written.read_text()).get("total") or {}
-            entry |= {k: total.get(k) for k in ("tok_per_s", "tpot_p50_ms", "tpot_p90_ms")}
+            entry |= {k: total.get(k) for k in ("tok_per_s", "tpot_p50_ms", "tpot_p90_ms",
+                                                 "tpot_p99_ms", "ttft_p99_ms")}
             run.say(f"  {label}: {entry['tok_per_s']} tok/s, TPOT p50 {entry['tpot_p50_ms']} ms")
         else:
             tail = done.log.read_text(errors="replace").strip().splitlines()[-1:]
             failures.append(f"{label}: {tail[0] if tail else done.describe()}")
             run.say(f"  {label} FAILED: {failures[-1]}")
         result["policies"][label] = entry
+        result["order"].append([repeat, name])
         run.state.step("trace").update(status="running", result=result)
         run.checkpoint()
     try:
@@ -107,6 +177,7 @@ def run(run: Run) -> dict[str, Any]:
         result["compare"] = "trace/compare.md"
     except CompareError as err:
         failures.append(f"compare: {err}")
+    result["closed_loop"] = closed_loop(run, result, out)["policies"]
     if failures:
         raise StepError("; ".join(failures), result)
     return result

@@ -102,6 +102,7 @@ def test_every_shape_benched_alone_then_measured_once_per_run_folder(tmp_path, c
             assert level["series"] == name and level["depth"] is None
             assert level["output_tok_per_s"] > 0 and level["requests"] > 0, (name, streams)
             assert level["errors"] == 0
+            assert isinstance(level["flags"], list)  # the bench's verdict on the level, kept
             if name == "plain":
                 assert level["accept_length"] is None
             else:
@@ -118,9 +119,15 @@ def test_every_shape_benched_alone_then_measured_once_per_run_folder(tmp_path, c
     report = json.loads((out / "shapes.json").read_text())["analysis"]
     assert report["verdict"] == verdict and report["shapes"] == list(SHAPES)
     assert result["tree_wins"] == report["tree_wins"]
-    assert [(lv["streams"], lv["best_chain"], lv["best_tree"])
-            for lv in report["families"]["prompts"]["levels"]] == [
-        (1, "3x1x4", "2x2x4"), (4, "3x1x4", "2x2x4")]
+    # A level the bench flagged (on this shared two-core machine, a client-bound one, say)
+    # decides nothing; every other names its best chain and tree.
+    figures = json.loads((out / "shapes.json").read_text())["figures"]
+    for lv in report["families"]["prompts"]["levels"]:
+        levels = {name: figures[name]["prompts"][str(lv["streams"])] for name in SHAPES}
+        chain = None if levels["3x1x4"]["flags"] else "3x1x4"
+        tree = None if levels["2x2x4"]["flags"] else "2x2x4"
+        assert (lv["best_chain"], lv["best_tree"]) == (chain, tree), (lv, levels)
+    assert [lv["streams"] for lv in report["families"]["prompts"]["levels"]] == [1, 4]
     text = (out / "shapes.txt").read_text()
     assert text.endswith(f"verdict: {verdict}\n")
     assert all(f"\n{name} " in text for name in SHAPES)

@@ -25,7 +25,8 @@ TOK: dict[str, dict[str, dict[int, float]]] = {
     "3x4x16": {"a": {1: 1049, 4: 2050, 16: 2900}, "b": {1: 999}},  # below plain at 16
     "4x2x8": {"a": {1: 400, 4: 2120, 16: 3050}},  # below plain at 1, not at 4
 }
-NO_REQUESTS = ("3x4x16", "b", 1)  # a level that finished no request: its tok/s is no figure
+# a level that finished no request (flagged too short): shown marked, deciding nothing
+NO_REQUESTS = ("3x4x16", "b", 1)
 
 
 def _level(shape: str, family: str, streams: int, tok: float) -> dict[str, object]:
@@ -34,7 +35,7 @@ def _level(shape: str, family: str, streams: int, tok: float) -> dict[str, objec
             "requests": requests, "errors": 0, "tpot_p50_ms": 10.0 + streams,
             "tpot_p99_ms": 20.0 + streams, "ttft_p99_ms": 50.0,
             "accept_length": None if shape == "plain" else 2.5,
-            "flags": ["client-bound"] if streams == 16 else []}
+            "flags": ["too short"] if requests == 0 else []}
 
 
 def _write(folder: Path, tok: dict[str, dict[str, dict[int, float]]] = TOK) -> Path:
@@ -64,7 +65,8 @@ def test_load_keys_each_shape_s_levels_and_ignores_the_rest(tmp_path: Path) -> N
         "4x2x8": ["a"]}  # no server_info
     level = fig["3x1x4"]["a"][16]
     assert level["output_tok_per_s"] == 3100 and level["requests"] == 640
-    assert level["tpot_p99_ms"] == 36.0 and level["flags"] == ["client-bound"]
+    assert level["tpot_p99_ms"] == 36.0 and level["flags"] == []
+    assert fig["3x4x16"]["b"][1]["flags"] == ["too short"]
     assert level["accept_length"] == 2.5 and fig["plain"]["a"][1]["accept_length"] is None
     assert "series" not in level and "depth" not in level
 
@@ -171,3 +173,27 @@ def test_no_plot_without_the_plain_server(tmp_path: Path) -> None:
     shape_report.write(folder, ORDER)
     assert not (folder / "shapes.png").exists()
     assert (folder / "shapes.txt").is_file()
+
+
+def test_a_flagged_level_is_shown_marked_and_decides_nothing(tmp_path: Path) -> None:
+    """A tree ahead by 40% at 64 streams in a window too short for any request to finish:
+    its tok/s is shown with a star, no win is counted there. Files written before the
+    levels carried their flags (the first GPU run's) are judged by the bench's rules."""
+    tok = {"plain": {"a": {64: 1000}}, "3x1x4": {"a": {64: 1000}}, "3x4x16": {"a": {64: 1400}}}
+    folder = _write(tmp_path / "shapes", tok)
+    path = folder / "3x4x16" / "a.json"
+    doc = json.loads(path.read_text())
+    doc["levels"][0].update(requests=0, too_short=True)
+    del doc["levels"][0]["flags"]  # as the first run wrote it
+    path.write_text(json.dumps(doc))
+    analysis = shape_report.write(folder, ["plain", "3x1x4", "3x4x16"])
+    assert analysis["tree_wins"] == [] and analysis["families"]["a"]["levels"][0][
+        "best_tree"] is None
+    text = (folder / "shapes.txt").read_text()
+    assert "*1,400 x1.40 2.50" in text and "* flagged by the bench" in text
+    doc["levels"][0].update(requests=3, too_short=False)  # too few requests: flagged too
+    path.write_text(json.dumps(doc))
+    assert shape_report.write(folder, ["plain", "3x1x4", "3x4x16"])["tree_wins"] == []
+    doc["levels"][0].update(requests=40)
+    path.write_text(json.dumps(doc))
+    assert len(shape_report.write(folder, ["plain", "3x1x4", "3x4x16"])["tree_wins"]) == 1

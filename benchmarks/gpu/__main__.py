@@ -35,7 +35,9 @@ Steps run in this order, whatever order a command gives them (`all`: every one):
               prompt family; DIR/shapes/shapes.txt says whether a tree beats the best chain
               (benchmarks/gpu/steps/shapes.py). `setup --no-setup-servers` for shapes alone.
   trace       A closed-loop load trace (--trace-phases) under each policy of
-              --trace-policies, then every policy side by side: DIR/trace/compare.md.
+              --trace-policies (bench-table and daemon-from-bench start from --trace-bench,
+              or the run's bench), --trace-repeats times, then every run side by side:
+              DIR/trace/compare.md, and each policy's tok/s per repeat in closed_loop.json.
   daemon      `specctl daemon` against the speculative server under a stepped load.
   summary     DIR/summary.md and summary.json (also rewritten at the end of every command).
   stop        Both servers stopped.

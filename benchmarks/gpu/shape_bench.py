@@ -7,7 +7,8 @@
 The server needs no plugin (SGLang's own static draft shape, a tree among them, or a plain
 server): `controller.bench.sweep.sweep_as_is` runs the levels, and a level's accept length
 comes from SGLang's own counters. Writes {"series", "url", "dataset", "levels": [...]} (each
-level as `specctl bench` reports it) and prints a line per level.
+level as `specctl bench` reports it, with the flags that keep it from deciding anything) and
+prints a line per level.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "series": args.series, "url": args.url, "dataset": str(args.dataset),
-        "levels": [r.to_json() for r in results]}, indent=1) + "\n")
+        "levels": [{**r.to_json(), "flags": r.flags} for r in results]}, indent=1) + "\n")
     return 0
 
 

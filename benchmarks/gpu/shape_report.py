@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu.draft_shapes import PLAIN, ShapeError, parse_shape
+from controller.bench.sweep import MIN_LEVEL_REQUESTS
 
 WIDTH = 20  # a table cell
 TREE_MARGIN = 0.05  # a tree must beat the best chain by this share to earn tiers of its own
@@ -25,7 +26,7 @@ TREE_MARGIN = 0.05  # a tree must beat the best chain by this share to earn tier
 # label -> family -> streams -> the level's figures
 Figures = dict[str, dict[str, dict[int, dict[str, Any]]]]
 KEPT = ("output_tok_per_s", "tpot_p50_ms", "tpot_p99_ms", "ttft_p99_ms", "accept_length",
-        "requests", "errors")  # fmt: skip
+        "requests", "errors", "too_short", "foreign_traffic", "client_bound")  # fmt: skip
 
 
 def load(folder: Path) -> Figures:
@@ -55,9 +56,24 @@ def _is_chain(label: str) -> bool:
     return shape is not None and shape.is_chain
 
 
-def _tok(fig: Figures, label: str, family: str, streams: int) -> float | None:
+def _flagged(level: Mapping[str, Any]) -> bool:
+    """A level the bench flagged (too short, too few requests, other traffic, client-bound):
+    its tok/s, the tokens streamed in its window, is shown marked but decides nothing. Files
+    written before the levels carried their flags are judged by the same rules."""
+    if level.get("flags") is not None:
+        return bool(level["flags"])
+    requests = level.get("requests") or 0
+    return bool(level.get("too_short") or level.get("foreign_traffic")
+                or level.get("client_bound") or requests < MIN_LEVEL_REQUESTS)
+
+
+def _tok(fig: Figures, label: str, family: str, streams: int, flagged: bool = False
+         ) -> float | None:  # fmt: skip
+    """A level's tok/s; a flagged level's only when `flagged` is asked for."""
     level = fig.get(label, {}).get(family, {}).get(streams)
-    if not level or not level.get("requests"):
+    if not level or not level.get("output_tok_per_s"):
+        return None
+    if _flagged(level) and not flagged:
         return None
     return float(level["output_tok_per_s"])
 
@@ -131,14 +147,16 @@ def text(fig: Figures, analysis: Mapping[str, Any]) -> str:
             cells = []
             for s in streams:
                 level = fig[lb].get(family, {}).get(s)
-                t, p = _tok(fig, lb, family, s), _tok(fig, PLAIN, family, s)
+                t = _tok(fig, lb, family, s, flagged=True)
+                p = _tok(fig, PLAIN, family, s, flagged=True)
                 if t is None or level is None:
                     cells.append("-".rjust(WIDTH))
                     continue
                 ratio = f" x{t / p:.2f}" if p else ""
                 acc = level.get("accept_length")
                 accept = f" {acc:.2f}" if acc is not None and lb != PLAIN else ""
-                cells.append(f"{t:,.0f}{ratio}{accept}".rjust(WIDTH))
+                mark = "*" if _flagged(level) else ""
+                cells.append(f"{mark}{t:,.0f}{ratio}{accept}".rjust(WIDTH))
             lines.append(f"{lb:<10}" + "".join(cells))
         lines += ["", f"family {family}: TPOT p50 / p99 (ms)", head]
         for lb in labels:
@@ -156,6 +174,9 @@ def text(fig: Figures, analysis: Mapping[str, Any]) -> str:
         below = ", ".join(f"{lb} at c={s}" if s else f"{lb} never"
                           for lb, s in part["first_below_plain"].items())
         lines += [f"  first load below the plain server: {below}", ""]
+    lines.append("* flagged by the bench (too short: no request that started in the window "
+                 "finished in it; too few requests; ...): the window's streamed tok/s, shown "
+                 "but left out of the best shapes and the verdict")
     lines.append(f"verdict: {analysis['verdict']}")
     return "\n".join(lines) + "\n"
 
@@ -179,11 +200,17 @@ def plot(fig: Figures, analysis: Mapping[str, Any], path: Path) -> None:
             if lb == PLAIN:
                 continue
             points = [(s, t / p) for s in streams
-                      if (t := _tok(fig, lb, family, s)) is not None
-                      and (p := _tok(fig, PLAIN, family, s))]
-            if points:
-                ax.plot(*zip(*points, strict=True), marker="o", label=lb,
-                        linestyle="--" if _is_tree(lb) else "-")
+                      if (t := _tok(fig, lb, family, s, flagged=True)) is not None
+                      and (p := _tok(fig, PLAIN, family, s, flagged=True))]
+            if not points:
+                continue
+            line, = ax.plot(*zip(*points, strict=True), marker="o", label=lb,
+                            linestyle="--" if _is_tree(lb) else "-")
+            hollow = [(s, r) for s, r in points
+                      if _flagged(fig[lb][family][s]) or _flagged(fig[PLAIN][family][s])]
+            if hollow:  # flagged levels: drawn, hollow, deciding nothing
+                ax.scatter(*zip(*hollow, strict=True), s=60, facecolors="white",
+                           edgecolors=line.get_color(), zorder=3)
         ax.axhline(1.0, color="black", linewidth=1, label="plain")
         ax.set_xscale("log", base=2)
         ax.set_xticks(streams, [str(s) for s in streams])
@@ -193,7 +220,8 @@ def plot(fig: Figures, analysis: Mapping[str, Any], path: Path) -> None:
         ax.set_title(f"family {family}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    figure.suptitle(f"SGLang's static draft shapes (steps x topk x draft tokens, trees dashed)"
+    figure.suptitle(f"SGLang's static draft shapes (steps x topk x draft tokens, trees dashed; "
+                    "hollow: a level the bench flagged)"
                     f"\n{analysis['verdict']}", fontsize=10, wrap=True)
     figure.tight_layout()
     figure.savefig(path, dpi=110)

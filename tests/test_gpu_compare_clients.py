@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import json
 import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import sglang_venv
+from ports import free_ports
 
 from benchmarks.gpu.compare_clients import FIGURES, Row, main, render
 from benchmarks.gpu.tokenizer import build_tokenizer
@@ -24,14 +24,6 @@ needs_sglang_client = sglang_venv.needs("sglang", "torch")
 KEY = "k"
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def test_the_relative_difference_is_specctl_over_sglang() -> None:
@@ -86,7 +78,7 @@ def test_the_harness_compare_step_runs_both_clients_at_each_level(tmp_path: Path
     """`python -m benchmarks.gpu setup compare stop --backend sim`: the step runs the two
     clients once per --compare-concurrency level, --compare-waves requests a stream, and
     gathers their figures into compare/compare.json (stand-in servers: `specctl sim serve`)."""
-    spec_port, plain_port = _free_ports(2)
+    spec_port, plain_port = free_ports(2)
     run_dir = tmp_path / "run"
     sglang_cmd = f"{shlex.quote(str(SGLANG_PYTHON))} " \
                  f"{shlex.quote(str(ROOT / 'tests' / 'sglang' / 'bench_serving_cpu.py'))}"

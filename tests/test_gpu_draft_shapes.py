@@ -197,7 +197,7 @@ def test_only_a_tree_gets_a_second_backend(tmp_path: Path) -> None:
     ({"shape_streams": "0,4"}, "--shape-streams: every value must be >= 1"),
     ({"shape_mem_fraction": 1.0}, "--shape-mem-fraction: a share of GPU memory"),
     ({"shape_kv_tokens": 0}, "--shape-kv-tokens: must be >= 1"),
-    ({"shape_output_spread": "9:3"}, "--output-spread: expected LOW:HIGH"),
+    ({"shape_output_spread": "9:3"}, "--shape-output-spread: expected LOW:HIGH"),
 ])  # fmt: skip
 def test_bad_shape_options_are_refused_naming_the_option(explicit: dict[str, object],
                                                          message: str) -> None:

@@ -18,29 +18,19 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+from ports import free_ports
 
 from benchmarks.gpu import harness
 from benchmarks.gpu.procs import pid_alive
 from benchmarks.gpu.seeded.datasets import family_rows, write_family
 from benchmarks.gpu.seeded.plan import SEEDED_TINY, make_plan
 from benchmarks.gpu.steps import order
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _families(folder: Path) -> dict[str, Path]:
@@ -65,7 +55,7 @@ REAL_BENCH = (Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "
 def test_every_step_through_the_entry_over_two_commands(tmp_path, capsys):
     run_dir = tmp_path / "run"
     fam = _families(tmp_path)
-    spec_port, plain_port = _free_ports(2)
+    spec_port, plain_port = free_ports(2)
     first = [
         sys.executable, "-m", "benchmarks.gpu", "setup", "acceptance", "check", "bench",
         "parity", "--run-dir", str(run_dir), "--out-tar", str(tmp_path / "one.tar.gz"),
@@ -198,7 +188,7 @@ def test_a_later_setup_reuses_a_server_only_if_its_launch_is_the_same(tmp_path, 
     plugin asked into the plain server its environment differs, so that server alone is
     restarted (real `specctl sim serve` processes)."""
     run_dir = tmp_path / "run"
-    spec_port, plain_port = _free_ports(2)
+    spec_port, plain_port = free_ports(2)
     base = ["--run-dir", str(run_dir), "--backend", "sim", "--tiny", "--spec-port",
             str(spec_port), "--plain-port", str(plain_port)]  # fmt: skip
     try:

@@ -16,13 +16,13 @@ as one family named "prompts".
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from ports import free_ports
 
 from benchmarks.gpu import harness
 from benchmarks.gpu.procs import pid_alive, session_pids
@@ -32,14 +32,6 @@ from benchmarks.gpu.seeded.plan import SEEDED_TINY, make_plan
 SHAPES = ("plain", "3x1x4", "2x2x4")
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def _family(folder: Path) -> Path:
@@ -55,7 +47,7 @@ def _state(run_dir: Path) -> dict[str, Any]:
 @pytest.mark.slow
 def test_every_shape_benched_alone_then_measured_once_per_run_folder(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    spec_port, plain_port = _free_ports(2)
+    spec_port, plain_port = free_ports(2)
     argv = [
         sys.executable, "-m", "benchmarks.gpu", "setup", "shapes", "summary", "stop",
         "--tiny", "--backend", "sim", "--sim-speedup", "20", "--run-dir", str(run_dir),
@@ -153,7 +145,7 @@ def test_the_shapes_stop_the_run_s_servers_and_keep_to_the_budget(tmp_path, caps
     a --budget that cannot hold a shape's start (150 s guessed before one is timed) leaves
     every shape to a later command instead of starting one."""
     run_dir = tmp_path / "run"
-    spec_port, plain_port = _free_ports(2)
+    spec_port, plain_port = free_ports(2)
     base = ["--run-dir", str(run_dir), "--backend", "sim", "--tiny", "--spec-port",
             str(spec_port), "--plain-port", str(plain_port), "--dataset",
             str(_family(tmp_path))]  # fmt: skip

@@ -283,8 +283,8 @@ def int_list(text: str, option: str, minimum: int = 0) -> tuple[int, ...]:
     return values
 
 
-def output_span(text: str) -> tuple[int, int] | None:
-    """--output-spread LOW:HIGH as (LOW, HIGH); None for ''."""
+def output_span(text: str, option: str = "--output-spread") -> tuple[int, int] | None:
+    """LOW:HIGH (--output-spread, or the `option` named) as (LOW, HIGH); None for ''."""
     if not text:
         return None
     low, sep, high = text.partition(":")
@@ -293,7 +293,7 @@ def output_span(text: str) -> tuple[int, int] | None:
     except ValueError:
         span = (0, -1)
     if not 1 <= span[0] <= span[1]:
-        raise OptionError(f"--output-spread: expected LOW:HIGH with 1 <= LOW <= HIGH, like "
+        raise OptionError(f"{option}: expected LOW:HIGH with 1 <= LOW <= HIGH, like "
                           f"64:192 ('' for none), got {text!r}")
     return span
 
@@ -424,6 +424,6 @@ def validate(opts: Options) -> None:
         raise OptionError(f"--parity-tag: letters, digits, - and _ only (it names a folder), "
                           f"got {opts.parity_tag!r}")
     output_span(opts.output_spread)
-    output_span(opts.shape_output_spread)
+    output_span(opts.shape_output_spread, "--shape-output-spread")
     _shape_checks(opts)
     _trace_checks(opts, captured)

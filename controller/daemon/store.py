@@ -172,26 +172,14 @@ class Store:
         snapshot: dict[str, float],
     ) -> None:
         """Store a scrape's samples and the snapshot they were taken against, atomically."""
-        rows = [_sample_row(s) for s in samples]
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany(
-                    f"INSERT INTO samples ({_SAMPLE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows
-                )
-                self._db.execute(
-                    "INSERT INTO counter_snapshots VALUES (?, ?, ?) ON CONFLICT(target) "
-                    "DO UPDATE SET t = excluded.t, values_json = excluded.values_json",
-                    (target, t, json.dumps(snapshot, sort_keys=True)),
-                )
-                self._db.execute("COMMIT")
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
+        self._insert(samples, (target, t, json.dumps(snapshot, sort_keys=True)))
 
     def add_samples(self, samples: Sequence[Sample]) -> None:
         """Samples that came from no scrape (a bench's levels), in one transaction; the
         counter snapshot the next scrape's deltas start from is left as it is."""
+        self._insert(samples, None)
+
+    def _insert(self, samples: Sequence[Sample], snapshot: tuple[str, float, str] | None) -> None:
         rows = [_sample_row(s) for s in samples]
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
@@ -199,6 +187,12 @@ class Store:
                 self._db.executemany(
                     f"INSERT INTO samples ({_SAMPLE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows
                 )
+                if snapshot is not None:
+                    self._db.execute(
+                        "INSERT INTO counter_snapshots VALUES (?, ?, ?) ON CONFLICT(target) "
+                        "DO UPDATE SET t = excluded.t, values_json = excluded.values_json",
+                        snapshot,
+                    )
                 self._db.execute("COMMIT")
             except BaseException:
                 self._db.execute("ROLLBACK")

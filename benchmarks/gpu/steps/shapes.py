@@ -77,7 +77,7 @@ def draw_requests(run: Run, out: Path, families: dict[str, Path]) -> dict[str, P
                 {"prompt": p.text, "output_tokens": p.output_tokens} for p in prompts]
             if o.fresh_prompts:
                 rows = fresh_prompts(rows, o.fresh_prompts, seed=PROMPT_SEED)
-            span = output_span(o.shape_output_spread)
+            span = output_span(o.shape_output_spread, "--shape-output-spread")
             if span is not None:
                 rows = spread_outputs(rows, *span, seed=PROMPT_SEED)
             path.parent.mkdir(parents=True, exist_ok=True)

@@ -53,6 +53,7 @@ DAEMON_FLOW = (
     "scrape",
     "sources",
     "store",
+    "bench_seed",
     "model",
     "takeover",
     "reaction",

@@ -3,10 +3,12 @@ packing, process sessions, memory growth; real loopback HTTP against the simulat
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tarfile
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -397,3 +399,32 @@ def test_the_plugins_depth_0_blocks_are_reported_as_the_plugin_gives_them():
         '"off_path": {"new_field": [1, 2], "path": "specctl"}, "plain_decode": {"launches": ' \
         '7}, "source": "push"}' in text
     assert "- plain:" not in text and "| specctl |" not in text
+
+
+@pytest.mark.slow
+def test_a_background_harness_command_is_waited_on_and_packed(tmp_path):
+    """benchmarks/gpu/staging/background.sh as a GPU session runs it, on two `specctl sim
+    serve` stand-ins: `start` returns while the command may still run, `wait` packs its end."""
+    from ports import free_ports
+
+    run_dir, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    spec, plain = free_ports(2)
+    env = {**os.environ, "OUT": str(out),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    script = ["bash", "benchmarks/gpu/staging/background.sh"]
+    args = ["setup", "summary", "stop", "--run-dir", str(run_dir), "--tiny", "--backend", "sim",
+            "--sim-speedup", "20", "--spec-port", str(spec), "--plain-port", str(plain)]
+    started = subprocess.run([*script, "start", "0", "--", *args], env=env, text=True,
+                             capture_output=True, timeout=60)  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    assert "background: " in started.stdout and (out / "run.tar.gz").is_file()
+    waited = subprocess.run([*script, "wait", "120", str(run_dir)], env=env, text=True,
+                            capture_output=True, timeout=180)  # fmt: skip
+    assert waited.stdout.rstrip().endswith("background: done"), waited.stdout[-2000:]
+    assert "== step stop: ok" in (out / "background.log").read_text()
+    with tarfile.open(out / "run.tar.gz") as tar:
+        assert "run/summary.md" in tar.getnames()
+    bad = subprocess.run([*script, "start", "0", "--", "setup"], env=env, text=True,
+                         capture_output=True, timeout=30)  # fmt: skip
+    assert bad.returncode == 2 and "give --run-dir DIR" in bad.stdout

@@ -175,7 +175,8 @@ def test_split_arrivals_are_the_arrivals_of_one_process(sim_server) -> None:
     """The same seed gives the same arrival schedule: two processes dealing it send about as
     many requests in the same window as one process does (each sending all would double it).
     Not exactly as many: arrivals at either edge of the window, and on a two-core machine
-    the processes' start-up delays the schedule (33 sent against 28 in one run here)."""
+    the processes' start-up delays the schedule (33 sent against 28 in one run here, 7 apart
+    in another), so the counts are held to a ratio half-way to the doubling this catches."""
     url = sim_server.base_url
     shape, stop = OpenLoop(rate=12.0, burstiness=0.5), StopRule(duration_s=2.0, warmup_s=0.3)
     one = _one_process(url, shape, stop, seed=11)
@@ -185,7 +186,7 @@ def test_split_arrivals_are_the_arrivals_of_one_process(sim_server) -> None:
     sent_one = [r for r in one.requests if r.start_s < one.warmup_s + one.elapsed_s]
     sent_two = [r for r in two.requests if r.start_s < two.warmup_s + two.elapsed_s]
     assert len(sent_one) >= 10
-    assert abs(len(sent_two) - len(sent_one)) <= max(2, len(sent_one) // 4)
+    assert 0.6 * len(sent_one) <= len(sent_two) <= 1.5 * len(sent_one)
 
 
 def test_the_sweep_splits_every_level_and_agrees_with_one_process(sim_server_factory, tmp_path):  # type: ignore[no-untyped-def]

@@ -532,6 +532,9 @@ class ServedSimulation:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self._sock.bind((host, port))
+            # Listening from here on: a client told the URL (sim serve prints it before
+            # uvicorn runs) queues in the backlog instead of being refused.
+            self._sock.listen(2048)
         except OSError:
             self._sock.close()  # the caller reports the port; leave no socket behind
             raise

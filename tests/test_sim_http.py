@@ -199,3 +199,24 @@ def test_chat_completions_and_usage_on_every_chunk(sim_server) -> None:
     assert ids["usage"]["prompt_tokens"] == 64
     bad = httpx.post(f"{url}/v1/chat/completions", json={"messages": []}, timeout=30)
     assert bad.status_code == 400 and "messages" in bad.json()["message"]
+
+
+def test_the_announced_port_takes_connections_before_the_server_runs() -> None:
+    """`specctl sim serve` prints its URL before uvicorn runs: a client that connects at once
+    waits in the socket's backlog instead of being refused, and is answered once it runs."""
+    import socket
+
+    from sims.http import ServedSimulation
+    from sims.profile import load_profile
+    from sims.server import SimulatedServer
+    from sims.workload import Workload
+
+    server = SimulatedServer(load_profile("kimi-k25-8x-rtxpro6000-pcie"), Workload.closed(0.0))
+    served = ServedSimulation(server, speedup=50.0)
+    try:
+        with socket.create_connection(("127.0.0.1", served.port), timeout=2):
+            pass  # refused before the socket listened at construction
+        served.start()
+        assert httpx.get(f"{served.base_url}/health", timeout=5).status_code == 200
+    finally:
+        served.stop()

@@ -32,8 +32,10 @@ NO_REQUESTS = ("3x4x16", "b", 1)
 def _level(shape: str, family: str, streams: int, tok: float) -> dict[str, object]:
     requests = 0 if (shape, family, streams) == NO_REQUESTS else 40 * streams
     return {"series": shape, "depth": None, "concurrency": streams, "output_tok_per_s": tok,
-            "requests": requests, "errors": 0, "tpot_p50_ms": 10.0 + streams,
-            "tpot_p99_ms": 20.0 + streams, "ttft_p99_ms": 50.0,
+            "requests": requests, "errors": 0, "elapsed_s": 4.0, "tpot_p50_ms": 10.0 + streams,
+            "tpot_p90_ms": 15.0 + streams, "tpot_p99_ms": 20.0 + streams, "ttft_p50_ms": 30.0,
+            "ttft_p90_ms": 40.0, "ttft_p99_ms": 50.0, "mean_batch": float(streams),
+            "client_cpu_share": 0.1,
             "accept_length": None if shape == "plain" else 2.5,
             "flags": ["too short"] if requests == 0 else []}
 

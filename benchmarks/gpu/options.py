@@ -310,6 +310,11 @@ def trace_datasets(text: str) -> dict[str, str]:
     return out
 
 
+# The trace step's own policy names, as the trace runner's policies they run.
+HARNESS_POLICIES = {"daemon-warm": "daemon", "daemon-from-bench": "daemon",
+                    "bench-table": "table"}
+
+
 def _trace_checks(opts: Options, captured: set[int]) -> None:
     from benchmarks.gpu.seeded.trace import TraceError, parse_phases, parse_policy
 
@@ -319,9 +324,7 @@ def _trace_checks(opts: Options, captured: set[int]) -> None:
         if not policies:
             raise TraceError("--trace-policies: give at least one policy, e.g. static:3")
         for name in policies:
-            alias = {"daemon-warm": "daemon", "daemon-from-bench": "daemon",
-                     "bench-table": "table"}
-            _, depth = parse_policy(alias.get(name, name))
+            _, depth = parse_policy(HARNESS_POLICIES.get(name, name))
             if depth is not None and depth not in captured:
                 raise TraceError(f"--trace-policies: static:{depth} needs depth {depth} in "
                                  f"--depths {opts.depths}")

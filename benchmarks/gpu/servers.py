@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.gpu.cpus import pinned_argv
-from benchmarks.gpu.draft_shapes import Shape
+from benchmarks.gpu.draft_shapes import Shape, label
 from benchmarks.gpu.model_folders import ModelFolders
 from benchmarks.gpu.procs import pid_alive, session_pids
 from sglang_hooks.launch import chooses_decode_graph_sizes, has_flag
@@ -165,8 +165,7 @@ class ShapeLaunch:
 
 def shape_plan(models: ModelFolders | None, launch: ShapeLaunch, opts: ServerOptions,
                log_dir: Path) -> LaunchPlan:  # fmt: skip
-    name = "plain" if launch.shape is None else launch.shape.label
-    log = log_dir / f"shape_{name}.log"
+    log = log_dir / f"shape_{label(launch.shape)}.log"
     if opts.backend == "sim":
         argv = _sim_argv(SPEC if launch.shape else PLAIN, opts.spec_port, opts)
         return LaunchPlan(SHAPE, f"http://127.0.0.1:{opts.spec_port}",

@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu.draft_shapes import PLAIN, ShapeError, parse_shape
-from controller.bench.sweep import MIN_LEVEL_REQUESTS
+from controller.bench.sweep import LevelResult
 
 WIDTH = 20  # a table cell
 TREE_MARGIN = 0.05  # a tree must beat the best chain by this share to earn tiers of its own
@@ -26,7 +27,7 @@ TREE_MARGIN = 0.05  # a tree must beat the best chain by this share to earn tier
 # label -> family -> streams -> the level's figures
 Figures = dict[str, dict[str, dict[int, dict[str, Any]]]]
 KEPT = ("output_tok_per_s", "tpot_p50_ms", "tpot_p99_ms", "ttft_p99_ms", "accept_length",
-        "requests", "errors", "too_short", "foreign_traffic", "client_bound")  # fmt: skip
+        "requests", "errors")  # fmt: skip
 
 
 def load(folder: Path) -> Figures:
@@ -40,7 +41,8 @@ def load(folder: Path) -> Figures:
         doc = json.loads(path.read_text())
         if "levels" not in doc:
             continue  # the server's /server_info beside the families
-        levels = {int(lv["concurrency"]): {k: lv.get(k) for k in (*KEPT, "flags")}
+        levels = {int(lv["concurrency"]): {**{k: lv.get(k) for k in KEPT},
+                                           "flags": _level_flags(lv)}
                   for lv in doc.get("levels", [])}
         out.setdefault(path.parent.name, {})[path.stem] = levels
     return out
@@ -58,13 +60,17 @@ def _is_chain(label: str) -> bool:
 
 def _flagged(level: Mapping[str, Any]) -> bool:
     """A level the bench flagged (too short, too few requests, other traffic, client-bound):
-    its tok/s, the tokens streamed in its window, is shown marked but decides nothing. Files
-    written before the levels carried their flags are judged by the same rules."""
+    its tok/s, the tokens streamed in its window, is shown marked but decides nothing."""
+    return bool(level["flags"])
+
+
+def _level_flags(level: Mapping[str, Any]) -> list[str]:
+    """The bench's flags of a level as shape_bench wrote them; for a file written before the
+    levels carried them, the bench's own rules (`LevelResult.flags`) on the level's fields."""
     if level.get("flags") is not None:
-        return bool(level["flags"])
-    requests = level.get("requests") or 0
-    return bool(level.get("too_short") or level.get("foreign_traffic")
-                or level.get("client_bound") or requests < MIN_LEVEL_REQUESTS)
+        return list(level["flags"])
+    names = {f.name for f in fields(LevelResult)}
+    return LevelResult(**{k: v for k, v in level.items() if k in names}).flags
 
 
 def _tok(fig: Figures, label: str, family: str, streams: int, flagged: bool = False

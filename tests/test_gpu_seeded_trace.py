@@ -56,6 +56,8 @@ def test_every_policy_then_compare(sim_server_factory, tmp_path, capsys):
         assert trace.main(args) == 0, policy
     static = json.loads((results / "static-3.json").read_text())
     assert [p["name"] for p in static["phases"]] == ["p1-2-a", "p2-24-a", "p3-4-b"]
+    # phases of at least --client-processes (default 4) streams are split across processes
+    assert [p["client_processes"] for p in static["phases"]] == [1, 4, 4]
     assert all(p["table_after"] == "1+: d3" for p in static["phases"])
     for key in ("tok_per_s", "tpot_p50_ms", "tpot_p90_ms"):
         assert static["total"][key] > 0

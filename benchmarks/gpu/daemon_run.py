@@ -26,19 +26,20 @@ from controller.bench.prompts import Prompt
 
 def daemon_config(url: str, admin_key: str, store: Path, duration_s: float,
                   seed_bench: Path | None = None) -> dict[str, Any]:
-    """Intervals a short run can show: a scrape every 2 s, a decision every 6 s; `seed_bench`
-    starts the store from a bench of the server."""
+    """Intervals a short run can show: a scrape every second, a fit and a decision every 3 s,
+    a table held at least 6 s (the daemon's defaults, 5 / 30 / 30 s, scaled to traces whose
+    phases last 4-20 s); `seed_bench` starts the store from a bench of the server."""
     target: dict[str, Any] = {"name": "spec", "url": url, "admin_key": admin_key,
                               "timeout_s": 5.0, "group": "gpu-harness"}
     if seed_bench is not None:
         target["seed_bench"] = str(seed_bench)
     return {
         "targets": [target],
-        "schedule": {"clock": "wall", "duration_s": duration_s, "scrape_interval_s": 2.0,
-                     "fit_interval_s": 6.0, "decide_interval_s": 6.0, "backoff_max_s": 10.0},
-        "guardrails": {"min_dwell_s": 12.0, "rollback_window_s": 10.0,
+        "schedule": {"clock": "wall", "duration_s": duration_s, "scrape_interval_s": 1.0,
+                     "fit_interval_s": 3.0, "decide_interval_s": 3.0, "backoff_max_s": 10.0},
+        "guardrails": {"min_dwell_s": 6.0, "rollback_window_s": 5.0,
                        # takeover_max_wait_s stays at its default: the first fit takes over
-                       "rollback_min_iterations": 50, "refused_backoff_s": 20.0},
+                       "rollback_min_iterations": 50, "refused_backoff_s": 10.0},
         "metrics": {"enabled": False},
         "store": {"path": str(store)},
     }

@@ -152,7 +152,8 @@ def run(run: Run) -> dict[str, Any]:
         argv = [sys.executable, "-m", "benchmarks.gpu.seeded.trace", "run", "--policy", policy,
                 "--name", label, "--url", url, "--admin-key", run.admin_key,
                 *[a for k, v in files.items() for a in ("--dataset", f"{k}={v}")],
-                "--phases", o.trace_phases, "--out", str(out), *extra]
+                "--phases", o.trace_phases, "--client-processes", str(o.client_processes),
+                "--out", str(out), *extra]
         done = run_logged(pinned_argv(o.bench_cpus, argv), out / f"{label}.txt",
                           run.cap(seconds + 90))
         entry: dict[str, Any] = {"policy": name, "repeat": repeat,

@@ -153,6 +153,12 @@ def test_every_step_through_the_entry_over_two_commands(tmp_path, capsys):
     assert closed["policies"]["plain"] == [trace["policies"]["plain-r1"]["tok_per_s"],
                                            trace["policies"]["plain-r2"]["tok_per_s"]]
     assert closed["trace"] == "trace.json" and (run_dir / "trace/trace.json").is_file()
+    # every run in order, with its latency figures; the daemon's with its pushes
+    assert [r["policy"] for r in closed["runs"]] == [
+        "bench-table", "daemon-from-bench", "plain", "plain", "daemon-from-bench", "bench-table"]
+    assert all(r["tpot_p99_ms"] > 0 and r["ttft_p99_ms"] > 0 for r in closed["runs"])
+    assert ["pushes" in r for r in closed["runs"]] == [False, True, False, False, True, False]
+    assert closed["runs"][0]["final_table"] == "1+: d3"
     # The tiny bench of this run is too short to recommend a table (its levels decide
     # nothing): --trace-bench gives a real one, whose table (1+: d3) the stand-in captured.
     bench_table = json.loads((run_dir / "trace/bench-table-r1.json").read_text())

@@ -361,11 +361,12 @@ def run_policy(spec: RunSpec) -> dict[str, Any]:
                 raise TraceError(f"specctl daemon exited at start (status {daemon.returncode}); "
                                  f"see {log}")  # fmt: skip
         print(f"trace: {len(spec.phases)} phases, {total:g} s, policy {spec.policy}", flush=True)
-        t0 = time.time()
         with contextlib.ExitStack() as stack:
             pools = {name: stack.enter_context(LoadProcesses(spec.client_processes,
                                                              prompts[name]))
                      for name in sorted(split_phases(spec.phases, spec.client_processes))}
+            t0 = time.time()  # the load processes are up: the trace's time starts here
+            result["trace_started_unix"] = round(t0, 3)
             loads, rows = asyncio.run(_run_phases(spec.url, spec.phases, prompts, model, server,
                                                   pools))
         result["phases"] = rows

@@ -114,7 +114,11 @@ def closed_loop(run: Run, result: dict[str, Any], out: Path) -> dict[str, Any]:
     doc = {"gpu": gpu, "trace": "trace.json", "phases": run.opts.trace_phases,
            "repeats": run.opts.trace_repeats, "order": [f"{n} (repeat {r})"
                                                      for r, n in result["order"]],
-           "policies": policies}
+           "policies": policies,
+           # every run: its latency figures, the daemon's applied pushes, the table it ended on
+           "runs": [{"policy": CLOSED_LOOP_NAMES.get(base_label(e["policy"]), e["policy"]),
+                     **{k: v for k, v in e.items() if k != "policy"}}
+                    for e in result["policies"].values()]}
     (out / "closed_loop.json").write_text(json.dumps(doc, indent=1) + "\n")
     return doc
 
@@ -160,9 +164,13 @@ def run(run: Run) -> dict[str, Any]:
                                  "returncode": done.returncode, "seconds": round(done.seconds, 1)}
         written = out / f"{label}.json"
         if done.returncode == 0 and written.is_file():
-            total = json.loads(written.read_text()).get("total") or {}
+            doc = json.loads(written.read_text())
+            total = doc.get("total") or {}
             entry |= {k: total.get(k) for k in ("tok_per_s", "tpot_p50_ms", "tpot_p90_ms",
                                                  "tpot_p99_ms", "ttft_p99_ms")}
+            entry["final_table"] = doc.get("final_table")
+            if doc.get("daemon"):
+                entry["pushes"] = doc["daemon"]["push_count"]
             run.say(f"  {label}: {entry['tok_per_s']} tok/s, TPOT p50 {entry['tpot_p50_ms']} ms")
         else:
             tail = done.log.read_text(errors="replace").strip().splitlines()[-1:]

@@ -200,6 +200,7 @@ class Engine:
         self._clients = 0
         self._conc_trace = workload.concurrency_trace()
         self._conc_override: float | None = None
+        self._cuts = list(workload.cut_at)  # pending, earliest first
         self._rate_trace = self._open_rate_trace()
         self._next_open = self._draw_open_arrival(0.0)
         self._next_check = 0.0
@@ -530,14 +531,30 @@ class Engine:
             if t > 1e9:
                 return math.inf
 
+    def _cut_streams(self) -> None:
+        """Abort every closed-loop request, waiting or running, and let the clients start
+        afresh at once (a load generator ending a level cancels its streams; SGLang aborts a
+        request whose stream closed). Requests submitted from outside are left alone."""
+        rids = [w[0] for q in (self._queue, self._inbox) for w in q if w[5]]
+        rids += self._req[: self.n][self._req[: self.n, _CLOSED] != 0, _RID].tolist()
+        for rid in rids:
+            self.abort(int(rid))
+        self._arrivals.clear()  # clients between requests leave too
+        self._clients = 0
+        self._next_check = self.now
+
     def _update_next_event(self) -> None:
-        t = min(self._next_check, self._next_open)
+        t = min(self._next_check, self._next_open, self._cuts[0] if self._cuts else math.inf)
         if self._arrivals:
             t = min(t, self._arrivals[0][0])
         self._next_event = t
 
     def _process_events(self) -> None:
         now = self.now
+        if self._cuts and now >= self._cuts[0]:
+            while self._cuts and now >= self._cuts[0]:
+                self._cuts.pop(0)
+            self._cut_streams()
         if now >= self._next_check:
             target = self.target_concurrency()
             while self._clients < target and self._may_send():

@@ -194,6 +194,12 @@ class Workload(_Strict):
     )
     phases: list[PhaseStep] = Field(default_factory=list)
     think_time_s: NonNeg = Field(0.0, description="Closed loop: client pause between requests")
+    cut_at: list[NonNeg] = Field(
+        default_factory=list,
+        description="Closed loop: times at which every request of the clients is aborted and "
+        "the clients start afresh, as the bench's load generator cuts its streams at the end "
+        "of each level (a trace of such levels, replayed)",
+    )
 
     @model_validator(mode="after")
     def _mode_fields(self) -> Workload:
@@ -214,6 +220,11 @@ class Workload(_Strict):
         for i in range(1, len(self.phases)):
             if self.phases[i].at < self.phases[i - 1].at:
                 raise ValueError(f"phases[{i}].at comes before phases[{i - 1}].at")
+        if self.cut_at and self.mode != "closed":
+            raise ValueError("cut_at is for mode: closed; an open loop's requests have no clients")
+        for i in range(1, len(self.cut_at)):
+            if self.cut_at[i] < self.cut_at[i - 1]:
+                raise ValueError(f"cut_at[{i}] comes before cut_at[{i - 1}]; list times in order")
         return self
 
     def concurrency_trace(self) -> Trace:

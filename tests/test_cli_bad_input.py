@@ -164,6 +164,8 @@ CASES: list[tuple[list[str], list[str]]] = [
     (["sim", "evaluate", "--http", "-1"], ["--http:", "must run > 0 times wall time"]),
     (["sim", "evaluate", "--scenario", "{policy}"], ["--scenario:", "pass a built-in scenario"]),
     (["sim", "evaluate", "--profile", "nope"], ["--profile:", "unknown profile 'nope'"]),
+    (["sim", "evaluate", "--seed-bench", "{root}/no-bench"],
+     ["--seed-bench {root}/no-bench:", "no bench.json there"]),
     # the root
     (["nope"], ["No such command 'nope'"]),
 ]  # fmt: skip

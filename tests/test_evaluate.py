@@ -124,6 +124,29 @@ def test_evaluate_over_a_free_running_served_clock_reports_its_lead(tmp_path):
     assert report["served_clock_lead_s"] > 0
 
 
+def test_a_daemon_from_a_bench_starts_with_its_levels_as_samples(tmp_path):
+    """`seed_bench` (`specctl sim evaluate --seed-bench`): the evaluated daemon's store
+    starts with a sample per usable level of the bench, as the daemon's own start does, and
+    it has a table to push before any load; from an empty store it has neither. (An idle
+    server: its scrapes store nothing, so the samples are the bench's alone.)"""
+    from pathlib import Path
+
+    from controller.daemon.bench_seed import read_bench, samples_from_bench
+    from controller.evaluation.evaluate import run_daemon_eval
+
+    bench = Path(__file__).parent / "data" / "gpu_trace_run" / "bench"
+    seeded = samples_from_bench(read_bench(bench), "eval", "sim", 0.0)
+    assert seeded  # the bench measured depths with the plugin's counters
+    profile = load_profile("h200-llama8b-eagle3")
+    path = tmp_path / "idle.yaml"
+    path.write_text("name: idle\nduration_s: 120\nsample_interval_s: 10\n"
+                    "workload: {mode: closed, concurrency: 0}\n")
+    cold = run_daemon_eval(profile, load_scenario(path), 0)
+    warm = run_daemon_eval(profile, load_scenario(path), 0, seed_bench=bench)
+    assert (cold.samples, cold.pushes) == (0, 0)
+    assert warm.samples == len(seeded) and warm.pushes >= 1
+
+
 def test_a_partial_rerun_keeps_the_other_runs_in_the_summary(tmp_path) -> None:
     """`evaluate_all.py --keep-others`: the rerun's reports replace their own files, every
     other run's file in the folder is kept, and the summary sees them all in order."""

@@ -141,6 +141,13 @@ def test_rate_unit_is_for_open_loops_only():
         load_workload({"concurrency": 4, "rate_unit": "capacity"})
 
 
+def test_cut_times_are_for_closed_loops_and_in_order():
+    with pytest.raises(ScenarioError, match="cut_at is for mode: closed"):
+        load_workload({"mode": "open", "rate_per_s": 2, "cut_at": [5]})
+    with pytest.raises(ScenarioError, match=r"cut_at\[1\] comes before cut_at\[0\]"):
+        load_workload({"concurrency": 4, "cut_at": [10, 5]})
+
+
 def test_a_scenario_sets_the_evaluated_daemons_intervals_and_guardrails(tmp_path):
     """A scenario mirroring a short daemon run carries that run's schedule and guardrails into
     the evaluation's daemon config; a misspelt key is named by the config's own check, and the

@@ -37,7 +37,8 @@ Steps run in this order, whatever order a command gives them (`all`: every one):
   trace       A closed-loop load trace (--trace-phases) under each policy of
               --trace-policies (bench-table and daemon-from-bench start from --trace-bench,
               or the run's bench), --trace-repeats times, then every run side by side:
-              DIR/trace/compare.md, and each policy's tok/s per repeat in closed_loop.json.
+              DIR/trace/compare.md, and each policy's tok/s per repeat in closed_loop.json
+              (`python -m benchmarks.gpu.sim_trace DIR` replays it in the simulator).
   daemon      `specctl daemon` against the speculative server under a stepped load.
   summary     DIR/summary.md and summary.json (also rewritten at the end of every command).
   stop        Both servers stopped.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -35,6 +36,14 @@ def evaluate_command(
             "sim serve` runs) whose clock goes this many times wall time; default in-process",
         ),
     ] = None,
+    seed_bench: Annotated[
+        Path | None,
+        typer.Option(
+            help="Start the daemon's store from this `specctl bench` of the server (its --out "
+            "folder or bench.json), as targets[].seed_bench does; default an empty store",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the daemon on an accelerated simulated clock; compare with the oracle and statics.
 
@@ -44,6 +53,7 @@ def evaluate_command(
       specctl sim evaluate --profile h200-moe-eagle3 --scenario bursty --seed 3
       specctl sim evaluate --scenario drift --json | jq .ratio_to_oracle
       specctl sim evaluate --http 50    # the daemon over loopback HTTP
+      specctl sim evaluate --profile mine.yaml --seed-bench bench-mine   # from a bench
     """
     if http_speedup is not None and not (http_speedup > 0 and math.isfinite(http_speedup)):
         raise typer.BadParameter(
@@ -56,9 +66,19 @@ def evaluate_command(
     scenario_option(scenario)
     from rich.console import Console
 
+    from controller.daemon.bench_seed import BenchSeedError, read_bench
     from controller.evaluation.evaluate import evaluate
     from sims.profile import ProfileError
     from sims.workload import ScenarioError
+
+    if seed_bench is not None:
+        try:
+            read_bench(seed_bench)  # named before the run, not after its baselines
+        except BenchSeedError as err:
+            # the message names the config key; here it is the option
+            text = str(err).replace("seed_bench", "--seed-bench", 1)
+            typer.secho(f"error: {text}", err=True, fg=typer.colors.RED)
+            raise typer.Exit(2) from None
 
     console = Console(stderr=True)
     try:
@@ -69,6 +89,7 @@ def evaluate_command(
                 seed,
                 http_speedup=http_speedup,
                 on_progress=lambda m: status.update(f"running {m}"),
+                seed_bench=seed_bench,
             )
     except (ProfileError, ScenarioError) as err:
         typer.secho(f"error: {err}", err=True, fg=typer.colors.RED)

@@ -266,11 +266,17 @@ class DaemonRun:
     served_clock_lead_s: float = 0.0  # the most a free-running served clock was ahead
 
 
-def eval_config(scenario: Scenario, store_path: Path, seed: int) -> ControllerConfig:
+def eval_config(
+    scenario: Scenario, store_path: Path, seed: int, seed_bench: Path | None = None
+) -> ControllerConfig:
+    """The evaluated daemon's config; `seed_bench`: its target's bench to start from."""
     tick = scenario.sample_interval_s
     overrides = scenario.daemon
+    target: dict[str, Any] = {"name": "sim", "group": "eval", "simulated": {"seed": seed}}
+    if seed_bench is not None:
+        target["seed_bench"] = str(seed_bench)
     config: dict[str, Any] = {
-        "targets": [{"name": "sim", "group": "eval", "simulated": {"seed": seed}}],
+        "targets": [target],
         "schedule": {
             "clock": "simulated",
             "scrape_interval_s": tick,
@@ -365,10 +371,13 @@ def run_daemon_eval(
     server: SimulatedServer | None = None,
     follow_clock: bool = False,
     on_progress: Callable[[float], None] | None = None,
+    seed_bench: Path | None = None,
 ) -> DaemonRun:
     """The daemon through the scenario; in-process calls, or HTTP to `base_url` (a served
     simulator: then `server` must be the one it serves). `follow_clock`: the served clock runs
-    on its own and the ticks wait for it; otherwise each tick advances the simulator."""
+    on its own and the ticks wait for it; otherwise each tick advances the simulator.
+    `seed_bench`: a `specctl bench` of the server the daemon's store starts from, as
+    `targets[].seed_bench` does (BenchSeedError if it is not a bench)."""
     if base_url is not None and server is None:
         raise ValueError("base_url needs the served SimulatedServer (to read and drive its clock)")
     server = server or SimulatedServer(profile, scenario.workload, seed=seed)
@@ -377,9 +386,10 @@ def run_daemon_eval(
     )
     clocked: Any = FollowClock(server) if follow_clock else NominalClock(server)
     with tempfile.TemporaryDirectory(prefix="specctl-eval-") as tmp:
-        cfg = eval_config(scenario, Path(tmp) / "eval.sqlite", seed)
+        cfg = eval_config(scenario, Path(tmp) / "eval.sqlite", seed, seed_bench)
         store = Store(cfg.store.resolved_path())
         controller = Controller(cfg, store, {"sim": transport}, metrics=DaemonMetrics())
+        controller.seed_from_benches(server.now)  # nothing without a seed_bench
         tracker = _Tracker(profile, scenario, controller, drift_time(scenario))
         start_stats: list[Any] = []
 
@@ -571,8 +581,10 @@ def evaluate(
     http_stepped: bool = False,
     on_progress: Callable[[str], None] | None = None,
     precomputed: dict[str, Any] | None = None,
+    seed_bench: Path | None = None,
 ) -> dict[str, Any]:
-    """One JSON-ready report for a profile x scenario. `http_speedup`: run the daemon over
+    """One JSON-ready report for a profile x scenario. `seed_bench`: the daemon starts from
+    this bench of the server (`targets[].seed_bench`). `http_speedup`: run the daemon over
     loopback HTTP against a served simulator whose clock runs that many times wall time.
     `http_stepped`: over loopback HTTP too, but each tick advances the served simulator (as
     in-process), so the run does not depend on how fast this machine answers.
@@ -592,7 +604,7 @@ def evaluate(
     say("daemon")
     over_http = http_stepped or http_speedup is not None
     if not over_http:
-        run = run_daemon_eval(profile, scenario, seed)
+        run = run_daemon_eval(profile, scenario, seed, seed_bench=seed_bench)
     else:
         from sims.http import ServedSimulation
 
@@ -605,6 +617,7 @@ def evaluate(
                 base_url=served.base_url,
                 server=server,
                 follow_clock=http_speedup is not None,
+                seed_bench=seed_bench,
             )
     best_static_name = max(static, key=lambda k: static[k])
     curves = OracleCurves(profile, typical_context(scenario.workload))
@@ -618,6 +631,7 @@ def evaluate(
         "scenario": scenario.name,
         "seed": seed,
         "transport": "http" if over_http else "in-process",
+        "seed_bench": None if seed_bench is None else str(seed_bench),
         "duration_s": scenario.duration_s,
         "warmup_s": scenario.warmup_s,
         "achieved_tok_per_s": round(run.achieved_tok_per_s, 2),

@@ -156,11 +156,25 @@ def tpot_values(loads: Sequence[LevelLoad]) -> list[float]:
     return [r.tpot_s for load in loads for r in load.requests if r.tpot_s is not None]
 
 
+def request_shape(load: LevelLoad) -> dict[str, Any]:
+    """The phase's requests: mean prompt tokens as the server counted them, and the output
+    tokens asked (what a simulated replay of the trace sends, benchmarks/gpu/sim_trace)."""
+    prompts = [r.prompt_tokens for r in load.requests if r.prompt_tokens is not None]
+    asked = [r.max_tokens for r in load.requests if r.max_tokens is not None]
+    return {
+        "prompt_tokens_mean": round(sum(prompts) / len(prompts), 1) if prompts else None,
+        "max_tokens_mean": round(sum(asked) / len(asked), 1) if asked else None,
+        "max_tokens_min": min(asked, default=None),
+        "max_tokens_max": max(asked, default=None),
+    }
+
+
 def summarize_phase(phase: Phase, load: LevelLoad) -> dict[str, Any]:
     tpots = tpot_values([load])
     ttfts = [r.ttft_s for r in load.requests if r.ttft_s is not None]
     return {
         **asdict(phase),
+        **request_shape(load),
         "elapsed_s": round(load.elapsed_s, 2),
         "tokens": load.tokens,
         "tok_per_s": round(load.output_tok_per_s, 1),

@@ -109,8 +109,11 @@ def closed_loop(run: Run, result: dict[str, Any], out: Path) -> dict[str, Any]:
         if name is not None and entry.get("tok_per_s") is not None:
             key = CLOSED_LOOP_NAMES.get(base_label(name), name)
             policies.setdefault(key, []).append(entry["tok_per_s"])
+    # the prompt file behind each dataset name: its stem names the family the acceptance
+    # step measured (what the simulated trace replays it with, benchmarks/gpu/sim_trace)
     (out / "trace.json").write_text(json.dumps(
-        {"phases": run.opts.trace_phases, "datasets": result["prompts_from"]}, indent=1) + "\n")
+        {"phases": run.opts.trace_phases, "datasets": result["prompts_from"],
+         "files": result.get("files", {})}, indent=1) + "\n")
     doc = {"gpu": gpu, "trace": "trace.json", "phases": run.opts.trace_phases,
            "repeats": run.opts.trace_repeats, "order": [f"{n} (repeat {r})"
                                                      for r, n in result["order"]],
@@ -137,7 +140,7 @@ def run(run: Run) -> dict[str, Any]:
     seconds = sum(p.seconds for p in phases)
     order = schedule(o.trace_policies.split(), o.trace_repeats)
     result: dict[str, Any] = {"phases": o.trace_phases, "prompts_from": where, "policies": {},
-                              "order": []}
+                              "order": [], "files": {k: str(v) for k, v in files.items()}}
     failures: list[str] = []
     for repeat, name in order:
         if run.time_left() < seconds + 60:

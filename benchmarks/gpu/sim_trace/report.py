@@ -1,0 +1,91 @@
+"""The real trace against the simulated one: per policy both tok/s, their ratio and ranks, and
+the issue's two checks (the same ranking; tok/s within 5% per policy)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import fmean
+
+TOLERANCE = 0.05  # "tok/s within 5% per policy"
+
+
+@dataclass(frozen=True)
+class Row:
+    policy: str
+    real: float  # mean over the repeats
+    sim: float | None  # mean over the seeds; None: not simulated
+    note: str = ""
+    real_rank: int | None = None  # among the policies both ran; 1 the fastest
+    sim_rank: int | None = None
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.sim is None or self.real <= 0 else self.sim / self.real
+
+
+@dataclass(frozen=True)
+class Check:
+    met: bool
+    worst: str  # the policy furthest from meeting it, with the figures
+
+
+def _ranks(values: dict[str, float]) -> dict[str, int]:
+    """1 for the fastest; equal tok/s share a rank (1, 2, 2, 4), so a tie the other trace
+    does not have counts as a different ranking."""
+    return {name: 1 + sum(other > v for other in values.values()) for name, v in values.items()}
+
+
+def rows(real: dict[str, list[float]], sim: dict[str, list[float]],
+         notes: dict[str, str]) -> list[Row]:  # fmt: skip
+    """One row per policy of the real trace, in its order; ranks among those simulated."""
+    both = [p for p in real if sim.get(p)]
+    real_rank = _ranks({p: fmean(real[p]) for p in both})
+    sim_rank = _ranks({p: fmean(sim[p]) for p in both})
+    return [Row(p, fmean(real[p]), fmean(sim[p]) if sim.get(p) else None, notes.get(p, ""),
+                real_rank.get(p), sim_rank.get(p)) for p in real]  # fmt: skip
+
+
+def ranking_check(table: list[Row]) -> Check:
+    """Met when every simulated policy has its real rank; the worst moved the most."""
+    moved = {r.policy: (abs(r.real_rank - r.sim_rank), r) for r in table
+             if r.real_rank is not None and r.sim_rank is not None}  # fmt: skip
+    if not moved:
+        return Check(False, "no policy was simulated")
+    gap, worst = max(moved.values(), key=lambda m: (m[0], -(m[1].real_rank or 0)))
+    return Check(gap == 0, f"{worst.policy}, real rank {worst.real_rank}, "
+                           f"simulated {worst.sim_rank}")  # fmt: skip
+
+
+def tolerance_check(table: list[Row], tolerance: float = TOLERANCE) -> Check:
+    """Met when every simulated policy is within `tolerance` of its real tok/s."""
+    off = {r.policy: (abs(r.ratio - 1.0), r.ratio) for r in table if r.ratio is not None}
+    if not off:
+        return Check(False, "no policy was simulated")
+    worst = max(off, key=lambda p: off[p][0])
+    return Check(off[worst][0] <= tolerance,
+                 f"{worst}, simulated / real {off[worst][1]:.3f}")  # fmt: skip
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def render(table: list[Row], header: list[str]) -> str:
+    lines = [*header, "",
+             "| policy | real tok/s | simulated tok/s | sim / real | real rank | sim rank |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for r in table:
+        ratio = "-" if r.ratio is None else f"{r.ratio:.3f}"
+        lines.append(f"| {r.policy} | {_num(r.real)} | {_num(r.sim)} | {ratio} | "
+                     f"{r.real_rank or '-'} | {r.sim_rank or '-'} |")  # fmt: skip
+    skipped = [r for r in table if r.sim is None]
+    if skipped:
+        lines.append("")
+        lines += [f"{r.policy}: not simulated: {r.note}" for r in skipped]
+    rank, close = ranking_check(table), tolerance_check(table)
+    lines += ["",
+              f"- the simulated trace ranks the policies as the real one does: "
+              f"{'met' if rank.met else 'not met'} (worst: {rank.worst})",
+              f"- tok/s within {TOLERANCE:.0%} per policy: {'met' if close.met else 'not met'} "
+              f"(worst: {close.worst})"]  # fmt: skip
+    return "\n".join(lines)

@@ -308,7 +308,9 @@ class Engine:
             for d in depths
         }
         self._host_us_per_token = self.profile.scheduler.host_us_per_token
-        self._host_bound = self._host_us_per_token > 0 or any(self._host_us_per_req.values())
+        self._host_bound = self.profile.host_bound and (
+            self._host_us_per_token > 0 or any(self._host_us_per_req.values())
+        )
 
     def _init_arrays(self) -> None:
         self.n = 0

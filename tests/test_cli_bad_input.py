@@ -164,6 +164,10 @@ CASES: list[tuple[list[str], list[str]]] = [
     (["sim", "evaluate", "--http", "-1"], ["--http:", "must run > 0 times wall time"]),
     (["sim", "evaluate", "--scenario", "{policy}"], ["--scenario:", "pass a built-in scenario"]),
     (["sim", "evaluate", "--profile", "nope"], ["--profile:", "unknown profile 'nope'"]),
+    (["sim", "shapes", "--profile", "h200-llama8b-eagle3"],
+     ["--profile:", "describes no draft shapes", "sim fit --shapes"]),
+    (["sim", "fit", "--shapes", "{root}/none", "--out", "{root}/p.yaml"],
+     ["--shapes:", "no such folder"]),
     # the root
     (["nope"], ["No such command 'nope'"]),
 ]  # fmt: skip

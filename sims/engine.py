@@ -11,6 +11,9 @@ Each loop turn is one scheduler iteration, as in SGLang's default (non-mixed) sc
   bonus token is added, and the iteration costs `profile.iteration_ms(depth, padded batch,
   mean context)` times lognormal noise.
 
+A server started at a static draft shape (a tree among them, `sims.shape_server`) runs as the
+chain of the shape's steps, costed by the shape and accepting its mean accept length.
+
 Everything per request lives in numpy arrays so one decode iteration is a handful of vector
 operations whatever the batch size. Randomness comes from seeded streams: the same seed and the
 same inputs give identical results.
@@ -309,7 +312,9 @@ class Engine:
             for d in depths
         }
         self._host_us_per_token = self.profile.scheduler.host_us_per_token
-        self._host_bound = self._host_us_per_token > 0 or any(self._host_us_per_req.values())
+        self._host_bound = self.profile.host_bound and (
+            self._host_us_per_token > 0 or any(self._host_us_per_req.values())
+        )
 
     def _init_arrays(self) -> None:
         self.n = 0

@@ -27,6 +27,19 @@ SGLang's depth 0 still pays the draft extend that keeps the draft KV cache warm,
 speculative server at depth 0 is slower than a server without speculation (as measured
 upstream); the plugin's off path skips it (`draft.extend_at_depth0: false`).
 
+A profile may also describe SGLang's static draft shapes (`shapes`, STEPSxTOPKxDRAFT: trees as
+well as chains, and `plain`), each with the accept length per phase a bench of shapes measured
+and its own terms beyond the cost model at the shape (`shape_iteration_ms`):
+
+    t_shape(B)    = t_target(B, n=N) + t_extend(B, n=S+1) + S * t_round(B, K) + sched
+                    + spec_sched + fixed + per_position * B * N
+    t_round(B, K) = step_fixed + step_per_req * B * K + draft_kv(B)   (S rounds of width K)
+    t_plain(B)    = t_nospec(B) + fixed + per_position * B
+
+A server started at a shape (`static_shape`, set by `sims.shape_server`) runs it in place of
+the depth of its steps, with no host floor of its own: the shape's terms were fitted to the
+server it was benched on, host work included.
+
 All functions are numpy-vectorised over the batch size so the simulator and the oracle can
 evaluate whole curves at once.
 """
@@ -39,6 +52,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from sims.draft_shape import PLAIN, ShapeError, label, parse_shape
 from sims.named_yaml import builtin_names, load_named_yaml
 
 PROFILES_DIR = Path(__file__).parent / "profiles"
@@ -248,6 +262,26 @@ class AcceptanceModel(_Strict):
         return float(1.0 + np.cumprod(p).sum()) if depth > 0 else 1.0
 
 
+class ShapeCost(_Strict):
+    """One static draft shape: its terms beyond the cost model at the shape (either sign: the
+    cost model's own fields were fitted elsewhere, on depths) and what it accepts."""
+
+    fixed_ms: float = Field(
+        0.0, description="Per decode iteration, beyond the cost model at this shape"
+    )
+    us_per_position: float = Field(
+        0.0,
+        description="Per verified position (batch x draft tokens; batch for plain), beyond the "
+        "cost model at this shape: a tree's masked verify, its drafting's top-k and the host "
+        "work per request of the server it was benched on",
+    )
+    accept_length: dict[str, Annotated[float, Field(ge=1.0)]] = Field(
+        default_factory=dict,
+        description="Tokens per request per iteration (bonus included) per acceptance phase, "
+        "as SGLang counted them; none for plain",
+    )
+
+
 class ReferenceWorkload(_Strict):
     """The request shape a profile's measured figures refer to (and sweeps default to)."""
 
@@ -277,6 +311,16 @@ class Profile(_Strict):
         default_factory=ReferenceWorkload,
         description="Prompt/output lengths of the closed-loop benchmark the profile matches",
     )
+    shapes: dict[str, ShapeCost] | None = Field(
+        None,
+        description="SGLang's static draft shapes (STEPSxTOPKxDRAFT, or plain) a bench of "
+        "shapes measured; None: a depth-only profile",
+    )
+    static_shape: str | None = Field(
+        None,
+        description="The shape this server was started at (one of `shapes`): it runs in place "
+        "of the depth of its steps (plain: of the server without speculation)",
+    )
 
     @model_validator(mode="after")
     def _depths_ok(self) -> Profile:
@@ -291,7 +335,49 @@ class Profile(_Strict):
                     f"acceptance.phases.{name} has {len(probs)} positions; "
                     f"the deepest captured depth needs {max(depths)}"
                 )
+        if self.shapes is not None:
+            self._check_shapes(self.shapes)
+        if self.static_shape is not None and self.static_shape not in (self.shapes or {}):
+            raise ValueError(f"static_shape {self.static_shape!r} is not among shapes "
+                             f"{sorted(self.shapes or {})}")
         return self
+
+    def _check_shapes(self, shapes: dict[str, ShapeCost]) -> None:
+        phases: set[str] | None = None
+        for name, cost in shapes.items():
+            try:
+                shape = parse_shape(name)
+            except ShapeError as err:
+                raise ValueError(f"shapes: {err}") from None
+            if name != label(shape):
+                raise ValueError(f"shapes: write {name!r} as {label(shape)}")
+            if shape is None:
+                if cost.accept_length:
+                    raise ValueError("shapes.plain: a plain server accepts nothing; drop "
+                                     "its accept_length")
+                continue
+            over = {p: v for p, v in cost.accept_length.items() if v > shape.steps + 1}
+            if over:
+                raise ValueError(f"shapes.{name}.accept_length: {over} exceeds steps + 1 "
+                                 f"({shape.steps + 1}), the most a step can emit")
+            if phases is None:
+                phases = set(cost.accept_length)
+            if not cost.accept_length or set(cost.accept_length) != phases:
+                raise ValueError(f"shapes.{name}.accept_length: phases "
+                                 f"{sorted(cost.accept_length)}; every shape needs the same "
+                                 f"phases ({sorted(phases)})")
+            cap = self.scheduler.max_running_requests_spec
+            if float(np.min(self.shape_iteration_ms(name, np.arange(1, cap + 1)))) <= 0:
+                raise ValueError(f"shapes.{name}: its iteration costs 0 ms or less at some batch "
+                                 f"up to {cap}; raise fixed_ms or us_per_position")
+
+    @property
+    def shape_phases(self) -> list[str]:
+        """The acceptance phases the shapes were measured on (empty: no shape that drafts)."""
+        for name, cost in (self.shapes or {}).items():
+            if name != PLAIN:
+                return list(cost.accept_length)
+        return []
 
     # ------------------------------------------------------------------ cost model
 
@@ -334,8 +420,46 @@ class Profile(_Strict):
         per_req = d.extend_us_per_req * b / 1000.0 + self._draft_kv_ms(b, context)
         return np.asarray(d.extend_fixed_ms + d.extend_us_per_token * t / 1000.0 + per_req)
 
+    def draft_round_ms(self, batch: Any, width: int, context: Any = None) -> np.ndarray:
+        """One drafting round of a tree: a draft forward over `width` tokens per request, the
+        prefix read once per request."""
+        d = self.draft
+        b = np.asarray(batch, float)
+        return np.asarray(
+            d.step_fixed_ms + d.step_us_per_req * b * width / 1000.0 + self._draft_kv_ms(b, context)
+        )
+
+    def shape_iteration_ms(self, name: str, batch: Any, context: Any = None) -> np.ndarray:
+        """Mean time (ms) of one decode iteration of static shape `name` (one of `shapes`):
+        the cost model at the shape plus the shape's own terms (module docstring)."""
+        assert self.shapes is not None and name in self.shapes, name
+        cost = self.shapes[name]
+        shape = parse_shape(name)
+        b = np.asarray(batch, float)
+        sched = self.scheduler.sched_ms + self.scheduler.untimed_ms
+        if shape is None:
+            model = self.target_ms(b, 1, context) + sched
+            positions = b
+        else:
+            s, k, n = shape.steps, shape.topk, shape.draft_tokens
+            model = (
+                self.target_ms(b, n, context)
+                + self.draft_extend_ms(b, s + 1, context)
+                + s * self.draft_round_ms(b, k, context)
+                + sched
+                + self.draft.spec_sched_ms
+            )
+            positions = b * n
+        return np.asarray(model + cost.fixed_ms + cost.us_per_position * positions / 1000.0)
+
+    def _static_depth(self) -> int | None:
+        shape = parse_shape(self.static_shape or PLAIN)
+        return None if shape is None else shape.steps
+
     def iteration_ms(self, depth: int | None, batch: Any, context: Any = None) -> np.ndarray:
         """Mean time (ms) of one decode iteration; depth None = a server without speculation."""
+        if self.static_shape is not None and depth == self._static_depth():
+            return self.shape_iteration_ms(self.static_shape, batch, context)
         sched = self.scheduler.sched_ms + self.scheduler.untimed_ms
         if depth is None:
             return self.target_ms(batch, 1, context) + sched
@@ -358,6 +482,8 @@ class Profile(_Strict):
         """Host work (us) per running request of a decode iteration; `depth` tells depth 0's
         plain decode path (`draft.plain_decode_at_depth0`) from the verify."""
         s = self.scheduler
+        if self.static_shape is not None:
+            return 0.0  # the shape's own terms hold its host work
         if not speculative:
             return s.host_us_per_req
         if depth == 0 and self.draft.plain_decode_at_depth0:
@@ -374,6 +500,8 @@ class Profile(_Strict):
     @property
     def host_bound(self) -> bool:
         s = self.scheduler
+        if self.static_shape is not None:
+            return False  # the shape's own terms hold its host work
         return (s.host_us_per_req > 0 or s.host_us_per_token > 0 or s.spec_host_us_per_req > 0
                 or s.plain_decode_host_us_per_req > 0)
 

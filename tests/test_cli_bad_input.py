@@ -166,6 +166,10 @@ CASES: list[tuple[list[str], list[str]]] = [
     (["sim", "evaluate", "--profile", "nope"], ["--profile:", "unknown profile 'nope'"]),
     (["sim", "evaluate", "--seed-bench", "{root}/no-bench"],
      ["--seed-bench {root}/no-bench:", "no bench.json there"]),
+    (["sim", "shapes", "--profile", "h200-llama8b-eagle3"],
+     ["--profile:", "describes no draft shapes", "sim fit --shapes"]),
+    (["sim", "fit", "--shapes", "{root}/none", "--out", "{root}/p.yaml"],
+     ["--shapes:", "no such folder"]),
     # the root
     (["nope"], ["No such command 'nope'"]),
 ]  # fmt: skip

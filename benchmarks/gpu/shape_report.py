@@ -14,12 +14,11 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu.draft_shapes import PLAIN, ShapeError, parse_shape
-from controller.bench.sweep import LevelResult
+from controller.bench.level_flags import level_flags
 
 WIDTH = 20  # a table cell
 TREE_MARGIN = 0.05  # a tree must beat the best chain by this share to earn tiers of its own
@@ -42,7 +41,7 @@ def load(folder: Path) -> Figures:
         if "levels" not in doc:
             continue  # the server's /server_info beside the families
         levels = {int(lv["concurrency"]): {**{k: lv.get(k) for k in KEPT},
-                                           "flags": _level_flags(lv)}
+                                           "flags": level_flags(lv)}
                   for lv in doc.get("levels", [])}
         out.setdefault(path.parent.name, {})[path.stem] = levels
     return out
@@ -62,15 +61,6 @@ def _flagged(level: Mapping[str, Any]) -> bool:
     """A level the bench flagged (too short, too few requests, other traffic, client-bound):
     its tok/s, the tokens streamed in its window, is shown marked but decides nothing."""
     return bool(level["flags"])
-
-
-def _level_flags(level: Mapping[str, Any]) -> list[str]:
-    """The bench's flags of a level as shape_bench wrote them; for a file written before the
-    levels carried them, the bench's own rules (`LevelResult.flags`) on the level's fields."""
-    if level.get("flags") is not None:
-        return list(level["flags"])
-    names = {f.name for f in fields(LevelResult)}
-    return LevelResult(**{k: v for k, v in level.items() if k in names}).flags
 
 
 def _tok(fig: Figures, label: str, family: str, streams: int, flagged: bool = False

@@ -125,6 +125,7 @@ app = typer.Typer(
 COMMAND_MODULES = (
     "controller.cli.sim",
     "controller.cli.sim_fit",
+    "controller.cli.sim_shapes",
     "controller.cli.bench",
     "controller.cli.status",
     "controller.cli.curves",

@@ -93,16 +93,26 @@ def _out_problem(out: Path) -> str | None:
 
 @sim_app.command("fit")
 def fit(
+    out: Annotated[Path, typer.Option(help="Where to write the fitted profile (.yaml)")],
     benches: Annotated[
-        list[Path],
+        list[Path] | None,
         typer.Argument(
             help="bench.json files from `specctl bench` against one server (several: e.g. two "
             "prompt lengths, which pins the context and prefill terms)",
             show_default=False,
             metavar="BENCH.json",
         ),
-    ],
-    out: Annotated[Path, typer.Option(help="Where to write the fitted profile (.yaml)")],
+    ] = None,
+    shapes: Annotated[
+        Path | None,
+        typer.Option(
+            help="Instead of bench.json files: a bench of draft shapes (the GPU harness's "
+            "shapes folder, one folder per STEPSxTOPKxDRAFT shape and plain), fitted onto "
+            "--base: each shape's cost terms and accept length per prompt family",
+            show_default=False,
+            metavar="SHAPES_DIR",
+        ),
+    ] = None,
     base: Annotated[
         str,
         typer.Option(help="Profile whose values the fields a bench cannot see keep"),
@@ -133,12 +143,18 @@ def fit(
     over replays of the bench), names the levels it cannot reproduce, and prints measured
     against simulated tok/s and TPOT.
 
+    With --shapes SHAPES_DIR instead: fits each static draft shape a bench of shapes measured
+    (its terms beyond the cost model at the shape, its accept length per prompt family) onto
+    --base, leaving out the levels the bench flagged, and prints measured against simulated
+    tok/s per shape, family and load (`specctl sim shapes` then asks the what-ifs).
+
     \b
     Examples:
       specctl bench --url http://gpu:30000 --no-spec-url http://gpu:30001 --out b
       specctl sim fit b/bench.json --out h200-mine.yaml
       specctl sim fit b/bench.json b2/bench.json --pool-repeats --out mine.yaml
       specctl sim sweep --profile h200-mine.yaml --concurrency 1,8,64
+      specctl sim fit --shapes run/shapes --base mine.yaml --out shaped.yaml
     """
     from sims.fit.fitting import FitError, fit_profile
     from sims.fit.pool import Replayer
@@ -148,6 +164,15 @@ def fit(
     problem = _out_problem(out)
     if problem is not None:
         raise _fail(problem)
+    if shapes is not None:
+        _shapes_only(benches, jobs, off_path, pool_repeats, keep)
+        from controller.cli.sim_fit_shapes import fit_shapes_command
+
+        fit_shapes_command(shapes, out, base, name or out.stem, as_json)
+        return
+    if not benches:
+        raise _fail("give the bench.json files to fit (specctl bench --out DIR writes "
+                    "DIR/bench.json), or --shapes SHAPES_DIR for a bench of draft shapes")
     base_profile, runs = _inputs(benches, base, "--base", off_path)
     console = Console(stderr=as_json)
     profile_name = name or out.stem
@@ -189,6 +214,19 @@ def fit(
     for note in result.notes:
         console.print(f"[yellow]note[/yellow]: {note}")
     console.print(f"wrote {out} ({result.evaluations} evaluations, {result.seconds:.1f} s)")
+
+
+def _shapes_only(benches: list[Path] | None, jobs: int | None, off_path: str | None,
+                 pool_repeats: bool, keep: list[str] | None) -> None:
+    """--shapes fits shapes alone: the options of a fit of bench.json files are refused."""
+    if benches:
+        raise _fail("--shapes: give bench.json files or --shapes, not both: fit the bench "
+                    "first (sim fit BENCH.json --out P.yaml), then the shapes onto it "
+                    "(sim fit --shapes DIR --base P.yaml --out P2.yaml)")
+    given = [opt for opt, on in (("--jobs", jobs is not None), ("--off-path", off_path),
+                                 ("--pool-repeats", pool_repeats), ("--keep", keep)) if on]
+    if given:
+        raise _fail(f"{given[0]}: applies to a fit of bench.json files, not to --shapes")
 
 
 def fields_table(report: Report) -> Table:

@@ -146,7 +146,8 @@ def _int(path: Path, where: str, value: Any, *, optional: bool = False, low: int
     return value
 
 
-def _facts(path: Path, where: str, raw: Any) -> ServerFacts:
+def read_facts(path: Path, where: str, raw: Any) -> ServerFacts:
+    """A server's /server_info facts as a bench recorded them at `where` in `path`."""
     if not isinstance(raw, dict):
         raise _err(path, where, f"must be an object (the server's /server_info facts), got {raw!r}")
     cap = raw.get("effective_max_running_requests_per_dp")
@@ -217,8 +218,10 @@ def _off_path(path: Path, where: str, raw: dict[str, Any]) -> tuple[str | None, 
         (skip if isinstance(skip, bool) else None)
 
 
-def _level(path: Path, i: int, raw: Any, spec: ServerFacts, no_spec: ServerFacts | None) -> Level:
-    where = f"results[{i}]"
+def read_level(path: Path, i: int, raw: Any, spec: ServerFacts, no_spec: ServerFacts | None,
+               list_name: str = "results") -> Level:
+    """Level `i` of `list_name` in `path`, as `specctl bench` writes a level."""
+    where = f"{list_name}[{i}]"
     if not isinstance(raw, dict):
         raise _err(path, where, f"must be an object, got {raw!r}")
     series = raw.get("series")
@@ -315,9 +318,9 @@ def load_bench(path: Path) -> BenchRun:
         raise _err(path, "servers", f"must be an object, got {servers!r}")
     if "spec" not in servers:
         raise _err(path, "servers.spec", "missing (the speculative server's /server_info facts)")
-    spec = _facts(path, "servers.spec", servers["spec"])
+    spec = read_facts(path, "servers.spec", servers["spec"])
     no_spec = (
-        _facts(path, "servers.no_spec", servers["no_spec"]) if servers.get("no_spec") else None
+        read_facts(path, "servers.no_spec", servers["no_spec"]) if servers.get("no_spec") else None
     )
     rule = data.get("stop_rule")
     if not isinstance(rule, dict):
@@ -329,6 +332,6 @@ def load_bench(path: Path) -> BenchRun:
     results = data.get("results")
     if not isinstance(results, list) or not results:
         raise _err(path, "results", "must be a non-empty list of levels")
-    levels = tuple(_level(path, i, raw, spec, no_spec) for i, raw in enumerate(results))
+    levels = tuple(read_level(path, i, raw, spec, no_spec) for i, raw in enumerate(results))
     return BenchRun(str(path), levels, spec, no_spec, limit, duration,
                     prompts_came_round=data.get("prompts_came_round") is True)

@@ -13,6 +13,8 @@ from sims.fit.bench_file import BenchRun
 from sims.fit.fitting import FitResult
 from sims.fit.params import PARAMS
 from sims.fit.replay import PHASE
+from sims.fit.shape_fit import ShapeFit
+from sims.fit.shape_folder import ShapeBench
 from sims.profile import Profile
 
 
@@ -53,8 +55,34 @@ def with_provenance(result: FitResult, base: Profile, runs: Sequence[BenchRun]) 
     )
 
 
+def with_shape_provenance(fit: ShapeFit, bench: ShapeBench, base: Profile) -> Profile:
+    """The profile with shapes fitted in, its sources saying what they were fitted to."""
+    spec = next(f for s, f in bench.facts.items() if s != "plain")
+    server = spec.model or "the server"
+    version = f" (SGLang {spec.version})" if spec.version else ""
+    sources = [
+        *base.sources,
+        f"Draft shapes fitted by specctl sim fit --shapes to {bench.folder}: {server}{version}, "
+        f"shapes {', '.join(bench.shapes)}, families {', '.join(bench.families)}, "
+        f"{len(fit.fitted)} levels ({len(fit.left_out)} the bench flagged or left unfinished "
+        "left out)",
+        "Per shape: fixed_ms and us_per_position, its iteration beyond the cost model at the "
+        "shape, fitted to the servers' inter-token latency replayed with the bench's protocol; "
+        "accept_length per family as SGLang counted it",
+        "From the shapes' servers' /server_info: running-request caps, KV pool, prefill budget, "
+        f"context length; every other field keeps {base.name}'s values",
+    ]
+    return fit.profile.model_copy(update={
+        "description": f"{base.description.rstrip('.')}; draft shapes fitted to {bench.folder}",
+        "sources": sources,
+    })  # fmt: skip
+
+
 def write_profile(profile: Profile, path: Path) -> None:
     data = _tidy(profile.model_dump(mode="json"))
+    for key in ("shapes", "static_shape"):  # a depth-only profile reads as it always did
+        if data.get(key) is None:
+            data.pop(key, None)
     header = (
         f"# {profile.name}: a simulator profile fitted by `specctl sim fit`.\n"
         "# Use it like any profile: specctl sim sweep --profile THIS_FILE, specctl sim serve ...\n"

@@ -1,0 +1,130 @@
+"""`specctl sim shapes`: each static draft shape's tok/s per load on a profile that describes
+shapes, and the best shape per load."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from controller.cli.args import fail, parse_int_list, parse_length, plot_path_problem
+from controller.cli.sim import _fits, _profile, finite_positive, sim_app
+
+
+def _shape_list(text: str, known: list[str]) -> list[str]:
+    """The shapes `--shapes` names, each checked against the notation and the profile."""
+    from sims.draft_shape import ShapeError, label, parse_shapes
+
+    try:
+        names = [label(s) for s in parse_shapes(text)]
+    except ShapeError as err:
+        raise typer.BadParameter(str(err), param_hint="--shapes") from None
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise typer.BadParameter(
+            f"shape {unknown[0]} is not in the profile (it has {', '.join(known)}); fit it "
+            "from a bench of shapes (specctl sim fit --shapes SHAPES_DIR)",
+            param_hint="--shapes",
+        )
+    return names
+
+
+@sim_app.command("shapes")
+def shapes(
+    profile: Annotated[
+        str, typer.Option(help="Built-in profile or profile YAML that describes draft shapes")
+    ],
+    streams: Annotated[
+        str, typer.Option(help="Closed-loop stream counts, comma-separated")
+    ] = "1,4,16,64,128,256",
+    shape_names: Annotated[
+        str | None,
+        typer.Option("--shapes", help="Shapes to run, STEPSxTOPKxDRAFT or plain, "
+                     "comma-separated (default: every shape of the profile)"),
+    ] = None,
+    phase: Annotated[
+        str | None,
+        typer.Option(help="Acceptance phase (a bench of shapes' prompt family; default: each)"),
+    ] = None,
+    duration: Annotated[float, typer.Option(help="Simulated seconds per point")] = 120.0,
+    warmup: Annotated[float, typer.Option(help="Simulated seconds not scored per point")] = 20.0,
+    prompt_tokens: Annotated[
+        int | None,
+        typer.Option(min=1, help="Prompt length of every request (default: the profile's "
+                     "reference)"),
+    ] = None,
+    output_tokens: Annotated[
+        str | None,
+        typer.Option(help="Output length of every request, or LOW:HIGH to draw each evenly "
+                     "(default: the profile's reference)"),
+    ] = None,
+    seed: Annotated[int, typer.Option(min=0, help="Random seed")] = 0,
+    plot: Annotated[
+        Path | None, typer.Option(help="Also draw tok/s per shape against the load (.png)")
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+) -> None:
+    """Closed-loop tok/s per static draft shape (SGLang started at STEPSxTOPKxDRAFT, chains
+    and trees, and the plain server) and load, and the best shape per load: the table a
+    shape-aware policy would use. The profile needs shapes: `specctl sim fit --shapes` fits
+    them from a bench of shapes.
+
+    \b
+    Examples:
+      specctl sim fit --shapes run30/shapes --base mine.yaml --out shapes.yaml
+      specctl sim shapes --profile shapes.yaml --output-tokens 128:384
+      specctl sim shapes --profile shapes.yaml --phase b --plot shapes.png
+      specctl sim shapes --profile shapes.yaml --shapes 3x1x4,3x4x16,plain --json
+    """
+    from sims.shape_server import ShapeQuestionError, known_shapes
+    from sims.shape_sweep import ShapeSweepSpec, render_tables, run_shape_sweep
+    from sims.shape_sweep import plot as draw
+
+    prof = _profile(profile)
+    try:
+        known = known_shapes(prof)
+    except ShapeQuestionError as err:
+        raise typer.BadParameter(str(err), param_hint="--profile") from None
+    names = known if shape_names is None else _shape_list(shape_names, known)
+    loads = list(parse_int_list(streams, "--streams", 1))
+    phases = prof.shape_phases or [prof.acceptance.default_phase]
+    if phase is not None and phase not in phases:
+        raise typer.BadParameter(
+            f"unknown phase {phase!r}; the profile's shapes were measured on {phases}",
+            param_hint="--phase",
+        )
+    finite_positive(duration, "--duration", "simulated seconds per point")
+    if not 0 <= warmup < duration:
+        raise typer.BadParameter(f"must be >= 0 and shorter than --duration ({duration:g} s), "
+                                 f"got {warmup:g}", param_hint="--warmup")  # fmt: skip
+    if plot is not None and (problem := plot_path_problem(plot)) is not None:
+        raise fail(problem)
+    prompt = prompt_tokens or prof.reference_workload.prompt_tokens
+    out = (parse_length(output_tokens, "--output-tokens") if output_tokens is not None
+           else prof.reference_workload.output_tokens)  # fmt: skip
+    _fits(prof, prompt, out if isinstance(out, int) else out[1])
+    spec = ShapeSweepSpec(shapes=names, phases=[phase] if phase else phases, streams=loads,
+                          duration_s=duration, warmup_s=warmup, prompt_tokens=prompt,
+                          output_tokens=out, seed=seed)  # fmt: skip
+    if as_json:
+        result = run_shape_sweep(prof, spec)
+    else:
+        from rich.console import Console
+        from rich.progress import Progress
+
+        from controller.cli.tables import print_table
+
+        console = Console()
+        with Progress(console=console, transient=True) as progress:
+            task = progress.add_task(f"running {prof.name}'s shapes", total=spec.points())
+            result = run_shape_sweep(prof, spec, on_point=lambda: progress.advance(task))
+        for table in render_tables(result):
+            print_table(console, table)
+    if plot is not None:
+        draw(result, plot)
+    if as_json:
+        typer.echo(json.dumps(result.to_json()))
+    elif plot is not None:
+        typer.echo(f"wrote {plot}")

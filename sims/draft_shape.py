@@ -1,0 +1,80 @@
+"""Draft shapes as SGLang's EAGLE flags take them: steps x topk x draft tokens.
+
+A chain is topk 1 with steps + 1 draft tokens (specctl's depth d is the chain d x 1 x d+1); a
+tree has topk above 1 and verifies `draft_tokens` positions per request per step, picked from
+the topk + (steps - 1) x topk^2 candidates the drafting scores. `plain` is no speculation.
+
+Standard library only: the GPU harness (benchmarks/gpu/draft_shapes.py) reads shapes with it
+on the device machine, the simulator's profiles name their shapes with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PLAIN = "plain"
+
+
+class ShapeError(ValueError):
+    """A shape or shape list that cannot be run; the message names the bad item and the fix."""
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    steps: int
+    topk: int
+    draft_tokens: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.steps}x{self.topk}x{self.draft_tokens}"
+
+    @property
+    def is_chain(self) -> bool:
+        return self.topk == 1
+
+    def sglang_flags(self) -> list[str]:
+        return ["--speculative-algorithm", "EAGLE3",
+                "--speculative-num-steps", str(self.steps),
+                "--speculative-eagle-topk", str(self.topk),
+                "--speculative-num-draft-tokens", str(self.draft_tokens)]  # fmt: skip
+
+
+Shape = DraftShape | None  # None: the plain server
+
+
+def label(shape: Shape) -> str:
+    return PLAIN if shape is None else shape.label
+
+
+def parse_shape(text: str) -> Shape:
+    text = text.strip()
+    if text == PLAIN:
+        return None
+    parts = text.split("x")
+    try:
+        steps, topk, draft = (int(p) for p in parts)
+    except ValueError:
+        raise ShapeError(f"shape {text!r}: write STEPSxTOPKxDRAFT like 3x4x16, or plain") from None
+    if steps < 1 or topk < 1:
+        raise ShapeError(f"shape {text!r}: steps and topk must be >= 1")
+    if topk == 1 and draft != steps + 1:
+        raise ShapeError(f"shape {text!r}: a chain (topk 1) verifies steps + 1 tokens: write "
+                         f"{steps}x1x{steps + 1}")
+    candidates = topk + (steps - 1) * topk * topk
+    if topk > 1 and not 2 <= draft <= candidates + 1:
+        raise ShapeError(f"shape {text!r}: a tree of {steps} steps and topk {topk} scores "
+                         f"{candidates} candidates, so its draft tokens lie in 2..{candidates + 1}")
+    return DraftShape(steps, topk, draft)
+
+
+def parse_shapes(text: str) -> list[Shape]:
+    """`plain,3x1x4,3x4x16` as shapes, each once, in the order given."""
+    shapes = [parse_shape(p) for p in text.split(",") if p.strip()]
+    if not shapes:
+        raise ShapeError("give at least one shape, like plain,3x1x4,3x4x16")
+    labels = [label(s) for s in shapes]
+    repeated = sorted({x for x in labels if labels.count(x) > 1})
+    if repeated:
+        raise ShapeError(f"shape {repeated[0]} is listed twice")
+    return shapes

@@ -1,0 +1,66 @@
+"""A server started at one static draft shape, as SGLang runs one: the profile's view of it.
+
+`shape_server(profile, name)` gives a profile the engine runs unchanged: the shape's steps are
+its one captured depth, costed by the shape (`Profile.shape_iteration_ms`), and each phase's
+acceptance is the chain of that depth with a constant per-position rate whose mean accept
+length is the shape's (a tree's mean is what tok/s follows; its spread over requests is not
+modelled). `plain` is the server without speculation, costed by its shape entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sims.draft_shape import parse_shape
+from sims.fit.framing import acceptance_rates
+from sims.profile import AcceptanceModel, Profile
+
+
+class ShapeQuestionError(ValueError):
+    """A shape question the profile cannot answer; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class ShapeServer:
+    profile: Profile
+    depth: int | None  # the depth the engine runs (the shape's steps); None: plain
+
+    @property
+    def speculative(self) -> bool:
+        return self.depth is not None
+
+
+def known_shapes(profile: Profile) -> list[str]:
+    """The profile's shapes, or why it has none."""
+    if not profile.shapes:
+        raise ShapeQuestionError(
+            f"profile {profile.name} describes no draft shapes (depths only); fit them from "
+            "a bench of shapes: specctl sim fit --shapes SHAPES_DIR --base "
+            f"{profile.name} --out PROFILE.yaml"
+        )
+    return list(profile.shapes)
+
+
+def shape_server(profile: Profile, name: str) -> ShapeServer:
+    """The server `profile` describes, started at shape `name` (one of its shapes)."""
+    shapes = known_shapes(profile)
+    if name not in shapes:
+        raise ShapeQuestionError(
+            f"shape {name} is not in profile {profile.name} (it has {', '.join(shapes)})"
+        )
+    shape = parse_shape(name)
+    phases = profile.shape_phases or [profile.acceptance.default_phase]
+    assert profile.shapes is not None
+    if shape is None:
+        # The phases only label requests here: a plain server accepts nothing.
+        width = max(profile.captured_depths)
+        rates = {p: [0.0] * width for p in phases}
+        update: dict[str, object] = {}
+    else:
+        lengths = profile.shapes[name].accept_length
+        rates = {p: acceptance_rates({shape.steps: lengths[p]}, shape.steps) for p in phases}
+        update = {"captured_depths": [shape.steps], "full_depth": shape.steps}
+    acceptance = AcceptanceModel(phases=rates, default_phase=phases[0])
+    view = profile.model_copy(update={**update, "acceptance": acceptance, "static_shape": name})
+    return ShapeServer(Profile.model_validate(view.model_dump()),
+                       None if shape is None else shape.steps)

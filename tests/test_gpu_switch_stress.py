@@ -29,8 +29,8 @@ def test_joining_keeps_the_greedy_checks_share_of_the_budget() -> None:
 
 
 @pytest.fixture
-def silent_server() -> Iterator[str]:
-    """Accepts connections and reads, never answers."""
+def silent_server() -> Iterator[tuple[str, list[socket.socket]]]:
+    """Accepts connections and reads, never answers; the URL and the connections it holds."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen()
@@ -48,7 +48,7 @@ def silent_server() -> Iterator[str]:
 
     t = threading.Thread(target=accept, daemon=True)
     t.start()
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}", held
     done.set()
     t.join(timeout=2)
     for conn in held:
@@ -56,10 +56,17 @@ def silent_server() -> Iterator[str]:
     sock.close()
 
 
-def test_a_request_that_never_answers_is_a_stuck_thread(silent_server: str) -> None:
+def test_a_request_that_never_answers_is_a_stuck_thread(
+    silent_server: tuple[str, list[socket.socket]],
+) -> None:
+    url, held = silent_server
     prompt = GreedyPrompt(name="p", input_ids=(1, 2, 3))
-    load = LoadThreads(silent_server, [prompt], concurrency=2, max_new_tokens=4).start()
-    time.sleep(0.3)
+    load = LoadThreads(url, [prompt], concurrency=2, max_new_tokens=4).start()
+    # both requests in flight (a fixed sleep left one thread unstarted on a busy machine)
+    deadline = time.monotonic() + 10.0
+    while len(held) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.1)  # the request written after the connection
     t0 = time.monotonic()
     assert load.stop(timeout_s=0.5) == 2
     assert time.monotonic() - t0 < 2.0

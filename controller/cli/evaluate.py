@@ -53,7 +53,7 @@ def evaluate_command(
       specctl sim evaluate --profile h200-moe-eagle3 --scenario bursty --seed 3
       specctl sim evaluate --scenario drift --json | jq .ratio_to_oracle
       specctl sim evaluate --http 50    # the daemon over loopback HTTP
-      specctl sim evaluate --profile mine.yaml --seed-bench bench-mine   # from a bench
+      specctl sim evaluate --profile mine.yaml --seed-bench bench-mine  # seeded
     """
     if http_speedup is not None and not (http_speedup > 0 and math.isfinite(http_speedup)):
         raise typer.BadParameter(

@@ -187,15 +187,11 @@ def sweep(
         result = run_sweep(prof, spec)
         typer.echo(json.dumps(result.to_json(), indent=None))
         return
-    from rich.console import Console
-    from rich.progress import Progress
-
+    from controller.cli.progress import with_progress
     from controller.cli.tables import print_table
 
-    console = Console()
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task(f"sweeping {prof.name}", total=spec.points())
-        result = run_sweep(prof, spec, on_point=lambda: progress.advance(task))
+    console, result = with_progress(f"sweeping {prof.name}", spec.points(),
+                                    lambda tick: run_sweep(prof, spec, on_point=tick))
     for table in render_table(result):
         print_table(console, table)
     for warning in result.warnings():

@@ -111,15 +111,11 @@ def shapes(
     if as_json:
         result = run_shape_sweep(prof, spec)
     else:
-        from rich.console import Console
-        from rich.progress import Progress
-
+        from controller.cli.progress import with_progress
         from controller.cli.tables import print_table
 
-        console = Console()
-        with Progress(console=console, transient=True) as progress:
-            task = progress.add_task(f"running {prof.name}'s shapes", total=spec.points())
-            result = run_shape_sweep(prof, spec, on_point=lambda: progress.advance(task))
+        console, result = with_progress(f"running {prof.name}'s shapes", spec.points(),
+                                        lambda tick: run_shape_sweep(prof, spec, on_point=tick))
         for table in render_tables(result):
             print_table(console, table)
     if plot is not None:

@@ -13,9 +13,10 @@ Inputs, and how each is made:
   depth through `sim_trace.profile.with_datasets`, i.e. *accept lengths* (1 + expected accepted
   draft tokens, SGLang's figure) converted to the per-position conditional rates the profile's
   acceptance format holds (`sims.fit.framing.acceptance_rates`), as `specctl sim fit` does.
-- The trace (TRACE_SHAPE scaled by `scaled_phases`) through `sim_trace.scenario.trace_scenario`:
-  a stepped closed loop, streams cut at each phase's end, the daemon's start lead, the trace
-  daemon's schedule and guardrails; 32-token prompts and 128 output tokens per request.
+- The GPU trace's default shape (`DEFAULT_SHAPE` scaled by `default_trace`) through
+  `sim_trace.scenario.trace_scenario`: a stepped closed loop, streams cut at each phase's end,
+  the daemon's start lead, the trace daemon's schedule and guardrails; 32-token prompts and
+  128 output tokens per request.
 - The bench: `sims.fit.replayed_bench` replays the profile under the bench protocol (closed-loop
   levels 1/16/64/128/256 at depths 0/1/3 and the plain server, family a); its levels become
   `controller.bench.sweep.LevelResult`s, `controller.bench.report.recommend_table` (what
@@ -39,7 +40,7 @@ from pathlib import Path
 from statistics import fmean
 from typing import Any
 
-from benchmarks.gpu.seeded.trace import Phase, table_from
+from benchmarks.gpu.seeded.trace import DEFAULT_SHAPE, default_trace, phases_text, table_from
 from benchmarks.gpu.sim_trace.policies import run_policy
 from benchmarks.gpu.sim_trace.profile import with_datasets
 from benchmarks.gpu.sim_trace.scenario import harness_daemon, trace_scenario
@@ -54,36 +55,10 @@ PROFILE = "h200-sglang-llama8b-seeded"
 # the two prompt families; SGLang measured 3.07 (a) and 1.90 (b) at depth 3 on the GPU.
 ACCEPT = {"a": {1: 1.83, 2: 2.52, 3: 3.09}, "b": {1: 1.53, 2: 1.80, 3: 1.94}}
 PROMPT_TOKENS, OUTPUT_TOKENS = 32, 128  # the seeded prompt files' request shape
-# (name, share of the total, streams, dataset)
-TRACE_SHAPE = (
-    ("low", 0.06, 1, "a"),
-    ("ramp", 0.09, 64, "a"),
-    ("saturation", 0.18, 256, "a"),
-    ("dip", 0.06, 4, "a"),
-    ("flash-drift", 0.33, 256, "b"),
-    ("settle", 0.14, 128, "b"),
-    ("back", 0.14, 64, "a"),
-)
 BENCH_DEPTHS, BENCH_LEVELS = (0, 1, 3), (1, 16, 64, 128, 256)
 BENCH_SECONDS, BENCH_WARMUP_S = 10.0, 2.0
 STATICS = ("static:0", "static:1", "static:3")
 POLICIES = (*STATICS, "bench-table", "daemon-from-bench", "daemon", "sglang-adaptive", "plain")
-
-
-def scaled_phases(
-    total_s: float, shape: Sequence[tuple[str, float, int, str]] = TRACE_SHAPE
-) -> list[Phase]:
-    """The trace shape at `total_s` seconds: each phase its share of the total (shares are
-    normalised, so they need not sum to exactly 1), rounded to 0.01 s."""
-    if total_s <= 0:
-        raise ValueError("a trace needs a positive length")
-    whole = sum(share for _, share, _, _ in shape)
-    return [Phase(n, round(share / whole * total_s, 2), c, d) for n, share, c, d in shape]
-
-
-def phases_text(phases: Sequence[Phase]) -> str:
-    """The trace step's --trace-phases text for `phases`."""
-    return ",".join(f"{p.seconds:g}:{p.concurrency}:{p.dataset}" for p in phases)
 
 
 def the_profile() -> Profile:
@@ -146,7 +121,7 @@ def write_bench(profile: Profile, folder: Path) -> dict[str, Any]:
 
 def scenario_of(total_s: float) -> Scenario:
     return trace_scenario(
-        scaled_phases(total_s),
+        default_trace(total_s),
         prompt_tokens=FixedLength(value=PROMPT_TOKENS),
         output_tokens=FixedLength(value=OUTPUT_TOKENS),
         daemon=harness_daemon(),
@@ -183,7 +158,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         f"# requests: {PROMPT_TOKENS} prompt tokens, {OUTPUT_TOKENS} output tokens; seeds "
-        f"{seeds}; shape " + ", ".join(f"{n} {s:g} x{c} {d}" for n, s, c, d in TRACE_SHAPE)
+        f"{seeds}; shape " + ", ".join(f"{n} {s:g} x{c} {d}" for n, s, c, d in DEFAULT_SHAPE)
     )
     with tempfile.TemporaryDirectory() as tmp:
         bench = Path(tmp) / "bench"
@@ -207,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 wall[t] = wall.get(t, 0.0) + w
     print()
     for t in lengths:
-        print(f"# {t:g} s: --trace-phases {phases_text(scaled_phases(t))}")
+        print(f"# {t:g} s: --trace-phases {phases_text(default_trace(t))}")
     print()
     mean = {k: fmean(v) for k, v in tok.items()}
     head = f"{'policy':<18}" + "".join(f"{f'{t:g} s':>16}" for t in lengths)

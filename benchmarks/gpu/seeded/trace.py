@@ -6,7 +6,8 @@
 
 The trace is a list of phases (seconds, concurrency, dataset), run back to back with the
 bench's load generator (controller/bench/loadgen.py): `--seconds` scales the default one
-(low load, a ramp into saturation, back down, then a drift from family a to family b), or
+(DEFAULT_SHAPE: low load, a ramp into saturation at 256 streams, a dip, a flash crowd that
+drifts from family a to family b, and back), or
 `--phases 5:2:a,5:64:a,...` gives one outright. Policies:
 
 - `plain`: `--url` is a server without speculation; nothing is pushed.
@@ -56,15 +57,18 @@ from controller.daemon.bench_seed import BenchSeedError, bench_path, read_bench
 from sglang_hooks.contract import PolicyError, PolicyTable, parse_table, single_depth_table
 from sglang_hooks.policy_file import load_policy_file
 
-# (share of the trace, concurrency, dataset): low load, a ramp into saturation, back down,
-# then the workload drifts from the easy family to the hard one at low load.
+# (name, share of the trace, concurrency, dataset): low load, a ramp into saturation at 256
+# streams, a dip, then a flash crowd whose traffic has drifted to the family the head predicts
+# worse, settling at 128, and back to the first family. The crowd on b is the longest phase:
+# there a table benched on family a must change.
 DEFAULT_SHAPE = (
-    ("low", 0.15, 2, "a"),
-    ("ramp-8", 0.10, 8, "a"),
-    ("ramp-32", 0.10, 32, "a"),
-    ("saturation", 0.20, 128, "a"),
-    ("back-down", 0.15, 4, "a"),
-    ("drift-to-b", 0.30, 4, "b"),
+    ("low", 0.06, 1, "a"),
+    ("ramp", 0.09, 64, "a"),
+    ("saturation", 0.18, 256, "a"),
+    ("dip", 0.06, 4, "a"),
+    ("flash-drift", 0.33, 256, "b"),
+    ("settle", 0.14, 128, "b"),
+    ("back", 0.14, 64, "a"),
 )
 DAEMON_START_WAIT_S = 4.0  # lets the daemon take its first scrape before the load starts
 
@@ -82,9 +86,17 @@ class Phase:
 
 
 def default_trace(total_s: float) -> list[Phase]:
+    """DEFAULT_SHAPE at `total_s` seconds, each phase its share (rounded to 0.01 s)."""
     if total_s < 12:
         raise TraceError(f"--seconds {total_s:g}: the default trace needs at least 12 s")
-    return [Phase(n, round(share * total_s, 2), c, d) for n, share, c, d in DEFAULT_SHAPE]
+    whole = sum(share for _, share, _, _ in DEFAULT_SHAPE)
+    return [Phase(n, round(share / whole * total_s, 2), c, d)
+            for n, share, c, d in DEFAULT_SHAPE]
+
+
+def phases_text(phases: Sequence[Phase]) -> str:
+    """`phases` as --phases (and the harness's --trace-phases) take them."""
+    return ",".join(f"{p.seconds:g}:{p.concurrency}:{p.dataset}" for p in phases)
 
 
 def parse_phases(text: str) -> list[Phase]:

@@ -141,6 +141,8 @@ def test_two_processes_count_every_request_the_server_served(sim_server) -> None
     prompts = synthetic_prompts(512, 32, OUTPUT_TOKENS)
     shape, stop = ClosedLoop(4), StopRule(duration_s=2.0, warmup_s=0.5)
     with LoadProcesses(2, prompts) as processes:
+        started = processes.start()  # both workers up before the first level, as a trace needs
+        assert len(started) == 2 and os.getpid() not in started
         before = server.stats()
         load, next_offset = asyncio.run(processes.run_level(url, shape, stop, prompt_offset=7))
         wait_idle(url)

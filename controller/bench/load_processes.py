@@ -142,11 +142,13 @@ class _Shared:
 # ----------------------------------------------------------------------------- worker side
 
 _worker: tuple[_Shared, list[Prompt]] | None = None
+_all_started: Any = None  # a barrier of every worker: `start` meets it once per worker
 
 
-def _init_worker(phase: Any, counters: Any, prompts: list[Prompt]) -> None:
+def _init_worker(phase: Any, counters: Any, prompts: list[Prompt], all_started: Any) -> None:
     """Runs once in each worker process (the shared memory can only travel at its start)."""
-    global _worker
+    global _worker, _all_started
+    _all_started = all_started
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the coordinator, who ends us
     _worker = (_Shared(phase, counters), prompts)
     parent = multiprocessing.parent_process()
@@ -191,6 +193,13 @@ async def _share(task: ShareTask) -> ShareLoad:
         finally:
             publisher.cancel()
             shared.publish(index, live)
+
+
+def _started(timeout_s: float) -> int:
+    """A worker's answer that it runs, given once every worker runs one (so that no worker
+    answers twice while another is still starting)."""
+    _all_started.wait(timeout_s)
+    return os.getpid()
 
 
 def run_share_task(task: ShareTask) -> ShareLoad:
@@ -262,11 +271,18 @@ class LoadProcesses:
         self.shared = _Shared(phase, counters)
         self.pool = ProcessPoolExecutor(
             processes, mp_context=ctx, initializer=_init_worker,
-            initargs=(phase, counters, list(prompts)),
+            initargs=(phase, counters, list(prompts), ctx.Barrier(processes)),
         )  # fmt: skip
 
     def __enter__(self) -> LoadProcesses:
         return self
+
+    def start(self) -> set[int]:
+        """Start every worker now (the executor starts them on the first level otherwise,
+        which then waits for the interpreters: a gap in a trace whose clock runs); the
+        process ids that answered."""
+        pending = [self.pool.submit(_started, START_TIMEOUT_S) for _ in range(self.processes)]
+        return {future.result(timeout=START_TIMEOUT_S) for future in pending}
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -89,9 +89,7 @@ def default_trace(total_s: float) -> list[Phase]:
     """DEFAULT_SHAPE at `total_s` seconds, each phase its share (rounded to 0.01 s)."""
     if total_s < 12:
         raise TraceError(f"--seconds {total_s:g}: the default trace needs at least 12 s")
-    whole = sum(share for _, share, _, _ in DEFAULT_SHAPE)
-    return [Phase(n, round(share / whole * total_s, 2), c, d)
-            for n, share, c, d in DEFAULT_SHAPE]
+    return [Phase(n, round(share * total_s, 2), c, d) for n, share, c, d in DEFAULT_SHAPE]
 
 
 def phases_text(phases: Sequence[Phase]) -> str:
@@ -236,14 +234,17 @@ async def _run_phases(
     loads: list[LevelLoad] = []
     rows: list[dict[str, Any]] = []
     offsets = dict.fromkeys(prompts, 0)
-    processes = min((pool.processes for pool in pools.values()), default=1)
-    own = [p.concurrency for p in phases if p.dataset not in pools or p.concurrency < processes]
+    def in_process(phase: Phase) -> bool:
+        pool = pools.get(phase.dataset)
+        return pool is None or phase.concurrency < pool.processes
+
+    own = [p.concurrency for p in phases if in_process(p)]
     async with make_client(url, max([1, *own])) as http:
         for phase in phases:
             shape = ClosedLoop(phase.concurrency)
             stop = StopRule(duration_s=phase.seconds, warmup_s=0.0)
             pool = pools.get(phase.dataset)
-            if pool is not None and phase.concurrency >= pool.processes:
+            if pool is not None and not in_process(phase):
                 load, offsets[phase.dataset] = await pool.run_level(
                     url, shape, stop, model=model, prompt_offset=offsets[phase.dataset])
             else:
@@ -391,6 +392,8 @@ def run_policy(spec: RunSpec) -> dict[str, Any]:
             pools = {name: stack.enter_context(LoadProcesses(spec.client_processes,
                                                              prompts[name]))
                      for name in sorted(split_phases(spec.phases, spec.client_processes))}
+            for pool in pools.values():
+                pool.start()
             t0 = time.time()  # the load processes are up: the trace's time starts here
             result["trace_started_unix"] = round(t0, 3)
             loads, rows = asyncio.run(_run_phases(spec.url, spec.phases, prompts, model, server,

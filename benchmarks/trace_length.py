@@ -217,7 +217,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     print()
     print(
-        "# CPU seconds per length (all policies and seeds): "
+        "# seconds of simulation per length (all policies and seeds): "
         + ", ".join(f"{t:g} s {wall[t]:.0f}" for t in lengths)
     )
     print(

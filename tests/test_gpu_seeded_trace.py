@@ -30,6 +30,9 @@ def test_default_trace_shape_and_phase_parsing():
     longest = max(phases, key=lambda p: p.seconds)
     assert (longest.concurrency, longest.dataset) == (256, "b")
     assert phases[0].dataset == phases[-1].dataset == "a"
+    back = trace.parse_phases(trace.phases_text(phases))  # as the harness's --trace-phases
+    assert [(p.seconds, p.concurrency, p.dataset) for p in back] == \
+        [(p.seconds, p.concurrency, p.dataset) for p in phases]
     parsed = trace.parse_phases("6:2:a, 10:128:a,8:4:b")
     assert [(p.seconds, p.concurrency, p.dataset) for p in parsed] == \
         [(6, 2, "a"), (10, 128, "a"), (8, 4, "b")]

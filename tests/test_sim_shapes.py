@@ -154,7 +154,7 @@ def test_simulated_tok_s_of_unflagged_levels(rows: list[ShapeRow]) -> None:
     median over every unflagged level within 5%."""
     by_label = {r.level.label: r for r in rows}
     tree = by_label["3x4x16 b c=16"]
-    assert abs(tree.tok_error) <= 0.08, tree.tok_error
+    assert tree.tok_error is not None and abs(tree.tok_error) <= 0.08, tree.tok_error
     assert abs(tree.tpot_error or 1.0) <= 0.05
     assert tok_errors(rows).median <= 0.05
 

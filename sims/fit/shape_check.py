@@ -31,8 +31,10 @@ class ShapeRow:
     left_out: str | None  # why the fit left it out (None: fitted)
 
     @property
-    def tok_error(self) -> float:
-        return self.tok_per_s / self.level.level.tok_per_s - 1.0
+    def tok_error(self) -> float | None:
+        measured = self.level.level.tok_per_s
+        # None for a level that streamed nothing (flagged, never fitted)
+        return self.tok_per_s / measured - 1.0 if measured > 0 else None
 
     @property
     def tpot_error(self) -> float | None:
@@ -93,10 +95,10 @@ class Worst:
 
 def tok_errors(rows: Sequence[ShapeRow]) -> Worst:
     """The tok/s error over the fitted (unflagged) levels: median and worst, by size."""
-    fitted = [r for r in rows if r.left_out is None]
-    worst = max(fitted, key=lambda r: abs(r.tok_error))
-    return Worst(statistics.median(abs(r.tok_error) for r in fitted), worst.tok_error,
-                 worst.level.label, len(fitted))
+    errors = [(r, e) for r in rows if r.left_out is None and (e := r.tok_error) is not None]
+    worst, worst_error = max(errors, key=lambda pair: abs(pair[1]))
+    return Worst(statistics.median(abs(e) for _, e in errors), worst_error, worst.level.label,
+                 len(errors))
 
 
 def _num(value: float | None, fmt: str) -> str:
@@ -121,8 +123,9 @@ def render(rows: Sequence[ShapeRow], fit: ShapeFit | None = None) -> list[str]:
         mark = "  left out" if r.left_out else ""
         lines.append(
             f"{r.level.shape:<8} {r.level.family:<6} {lv.concurrency:>7} {lv.tok_per_s:>12,.0f} "
-            f"{r.tok_per_s:>10,.0f} {r.tok_error:>+7.1%} {_num(lv.tpot_p50_ms, '.2f'):>11} "
-            f"{_num(r.tpot_ms, '.2f'):>9} {_num(r.tpot_error, '+.1%'):>7}{mark}")
+            f"{r.tok_per_s:>10,.0f} {_num(r.tok_error, '+.1%'):>7} "
+            f"{_num(lv.tpot_p50_ms, '.2f'):>11} {_num(r.tpot_ms, '.2f'):>9} "
+            f"{_num(r.tpot_error, '+.1%'):>7}{mark}")
     errors = tok_errors(rows)
     lines.append(f"tok/s error over the {errors.levels} unflagged levels: median "
                  f"{errors.median:.1%}, worst {errors.worst:+.1%} ({errors.worst_at})")
@@ -149,7 +152,8 @@ def to_json(rows: Sequence[ShapeRow], fit: ShapeFit | None = None) -> dict[str, 
         "rows": [{"shape": r.level.shape, "family": r.level.family,
                   "streams": r.level.level.concurrency,
                   "tok_per_s": {"bench": round(r.level.level.tok_per_s, 2),
-                                "sim": round(r.tok_per_s, 2), "error": round(r.tok_error, 4)},
+                                "sim": round(r.tok_per_s, 2),
+                                "error": None if r.tok_error is None else round(r.tok_error, 4)},
                   "tpot_ms": {"bench": r.level.level.tpot_p50_ms, "sim": r.tpot_ms,
                               "error": r.tpot_error},
                   "left_out": r.left_out} for r in rows],

@@ -174,8 +174,12 @@ def _with_terms(profile: Profile, terms: dict[str, tuple[float, float]]) -> Prof
     assert profile.shapes is not None
     shapes = {s: c.model_copy(update={"fixed_ms": terms[s][0], "us_per_position": terms[s][1]})
               for s, c in profile.shapes.items()}
-    return Profile.model_validate({**profile.model_dump(),
-                                   "shapes": {s: c.model_dump() for s, c in shapes.items()}})
+    try:
+        return Profile.model_validate({**profile.model_dump(),
+                                       "shapes": {s: c.model_dump() for s, c in shapes.items()}})
+    except ValueError as err:  # pydantic's ValidationError: e.g. a step of <= 0 ms at some batch
+        raise FitError(f"the fitted shape terms make no valid profile ({err}); the bench's "
+                       "levels of a shape may be too few or too noisy to fit") from None
 
 
 def _per_iteration_ms(level: ShapeLevel, itl_ms: float | None) -> float | None:

@@ -136,6 +136,8 @@ def _profile(args: argparse.Namespace, bench_path: Path, bench: BenchRun,
 def _lengths(args: argparse.Namespace, folder: Path, bench: BenchRun
              ) -> tuple[LengthDist, LengthDist, str]:  # fmt: skip
     """Prompt and output lengths of the trace's requests, and where they came from."""
+    if args.prompt_tokens and args.output_tokens:  # both given: no file is read for them
+        return args.prompt_tokens, args.output_tokens, "given"
     sent = inputs.trace_lengths(folder)
     prompt, output = sent or inputs.request_lengths(bench)
     origin = "the trace's" if sent else "the bench's: the trace did not record its own"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 
 import httpx
 import pytest
@@ -93,7 +94,11 @@ def test_a_server_that_stops_decoding_with_requests_running_is_called_stalled(
     result = CliRunner().invoke(app, ["status", "--url", url, "--window", "0.5"])
     assert result.exit_code == 0, result.output
     line = " ".join("".join(ch for ch in result.output if ch not in "│╭╮╰╯─").split())
-    assert "stalled? no decode iterations in the last 0.5 s, yet SGLang's gauges last read" in line
+    # the window is the one measured: 0.5 s asked, a little more on a busy machine
+    quiet = re.search(r"stalled\? no decode iterations in the last ([\d.]+) s, yet SGLang's "
+                      r"gauges last read", line)
+    assert quiet is not None, line
+    assert 0.5 <= float(quiet.group(1)) < 5.0
     assert f"running {server['running_requests']:.0f}," in line and "idle" not in line
 
 

@@ -81,11 +81,14 @@ def test_per_family_depths_and_the_off_spell(sim_server, tmp_path, capsys):
     ]
     # Both windows cover the same stretch: the on arm's opens once its requests have decoded
     # what the off arm decoded at depth 0 (at least the 12 tokens a request the push waited
-    # for), read off the server's counters; one read later at most, a few tokens a request.
+    # for), read off the server's counters; one read later at most, a few tokens a request,
+    # more where a busy machine delays the read (8.5 seen on two cores under the full suite):
+    # held to half of what the arm had left, which a window opened at the arm's start or end
+    # still fails.
     off_from = spell["off_then_on"]["window_from_token"]
     on_from = spell["on_throughout"]["window_from_token"]
     assert 12 <= off_from < arm_tokens
-    assert off_from <= on_from < off_from + 8
+    assert off_from <= on_from < off_from + (arm_tokens - off_from) / 2
     for step, tokens in steps:
         if step in ("scrub", "arm"):
             assert tokens == [2 * arm_tokens if step == "scrub" else arm_tokens] * 4

@@ -104,6 +104,8 @@ def test_acceptance_rates_reproduce_the_measured_lengths() -> None:
     assert acceptance_rates({1: 1.0, 3: 1.0}, 3) == [0.0, 0.0, 0.0]  # random weights
 
 
+# A whole fit: 70-110 s alone on one core, past the suite's 300 s under four workers on two
+@pytest.mark.timeout(900)
 def test_fit_recovers_every_cost_from_two_prompt_lengths() -> None:
     """Two prompt lengths pin the context and prefill terms too; the fit starts from the
     h200-llama8b-eagle3 profile, whose costs are 2-10x off the truth's."""

@@ -225,8 +225,13 @@ def test_sim_launch_plan_matches_the_sglang_one_in_shape(tmp_path):
     assert [p.env for p in servers.plans(models, with_plugin, tmp_path)] == [
         {servers.OFF_PATH_ENV: "specctl"}, {}]
     order = servers.plans(models, servers.ServerOptions(
-        backend="sglang", admin_key="k", spec_port=1, plain_port=2, spec_first=False), tmp_path)
+        backend="sglang", admin_key="k", spec_port=1, plain_port=2, roles=("plain", "spec")),
+        tmp_path)
     assert [p.role for p in order] == ["plain", "spec"] and "0.4" in order[0].argv
+    alone = servers.plans(models, servers.ServerOptions(
+        backend="sglang", admin_key="k", spec_port=1, plain_port=2, roles=("spec",),
+        mem_fraction_first=0.85), tmp_path)
+    assert [p.role for p in alone] == ["spec"] and "0.85" in alone[0].argv
 
 
 def test_the_servers_start_up_settings_are_part_of_each_launch(tmp_path, monkeypatch):

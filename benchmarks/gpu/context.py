@@ -69,7 +69,8 @@ class Run:
     def url(self, role: str) -> str:
         url = self.state.url(role)
         if url is None:
-            raise StepError(f"no {role} server in {self.state.path}: run the `setup` step")
+            raise StepError(f"no {role} server in {self.state.path}: run the `setup` step "
+                            "(--start-order spec starts the speculative server alone)")
         return url
 
     def require_servers(self, *roles: str) -> None:

@@ -67,7 +67,9 @@ class Options:
     mem_fraction_second: float = opt(0.6, "--mem-fraction-static of the server started "
                                      "second", "setup")
     start_order: str = opt("spec,plain", "which server starts first (gets "
-                           "--mem-fraction-first): spec,plain or plain,spec", "setup")
+                           "--mem-fraction-first): spec,plain or plain,spec; spec starts the "
+                           "speculative server alone (steps that need the plain server refuse)",
+                           "setup")
     start_timeout: float = opt(420.0, "seconds a server may take to answer /health", "setup")
     server_args: str = opt("", "extra SGLang arguments for both servers (one shell-quoted "
                            "string, e.g. \"--sleep-on-idle --max-total-tokens 65536\")",
@@ -357,7 +359,7 @@ def _shape_checks(opts: Options) -> None:
 def validate(opts: Options) -> None:
     """Refuse contradictory or malformed options before anything starts."""
     choices = {"backend": ("sglang", "sim"), "models": ("dummy", "seeded"),
-               "shape": ("llama8b", "tiny"), "start_order": ("spec,plain", "plain,spec"),
+               "shape": ("llama8b", "tiny"), "start_order": ("spec,plain", "plain,spec", "spec"),
                "off_path": ("specctl", "sglang"),
                "parity_order": ("alternate", "spec-first", "plain-first")}
     for name, allowed in choices.items():

@@ -86,7 +86,9 @@ class ServerOptions:
     depths: str = "0,1,2,3"
     mem_fraction_first: float = 0.4
     mem_fraction_second: float = 0.6
-    spec_first: bool = True
+    # Start order; the first gets mem_fraction_first. (SPEC,) starts the speculative server
+    # alone, with the whole card for a trace of its own policies.
+    roles: tuple[str, ...] = (SPEC, PLAIN)
     extra_args: tuple[str, ...] = ()
     sim_profile: str = "h200-llama8b-eagle3"
     sim_speedup: float = 1.0
@@ -103,9 +105,8 @@ class ServerOptions:
 
 def plans(models: ModelFolders | None, opts: ServerOptions, log_dir: Path) -> list[LaunchPlan]:
     """The launch of each server, in start order (the first gets mem_fraction_first)."""
-    order = [SPEC, PLAIN] if opts.spec_first else [PLAIN, SPEC]
     out = []
-    for i, role in enumerate(order):
+    for i, role in enumerate(opts.roles):
         port = opts.spec_port if role == SPEC else opts.plain_port
         mem = opts.mem_fraction_first if i == 0 else opts.mem_fraction_second
         if opts.backend == "sim":

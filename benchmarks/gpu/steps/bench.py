@@ -74,12 +74,15 @@ def levels_summary(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(run: Run) -> dict[str, Any]:
-    run.require_servers()
+    # The plain server's series where the run started one (--start-order spec: none).
+    plain = [servers.PLAIN] if run.state.url(servers.PLAIN) is not None else []
+    run.require_servers(servers.SPEC, *plain)
     o = run.opts
     depths = o.bench_depths or o.depths
     levels = len(int_list(o.bench_concurrency, "bench-concurrency")) * (
-        len(int_list(depths, "bench-depths")) + 1)
-    extra = ["--no-spec-url", run.url(servers.PLAIN), "--concurrency", o.bench_concurrency,
+        len(int_list(depths, "bench-depths")) + len(plain))
+    extra = [*(["--no-spec-url", run.url(servers.PLAIN)] if plain else []),
+             "--concurrency", o.bench_concurrency,
              "--depths", depths, "--output-tokens", str(o.output_tokens), "--freeze-gc"]
     dataset = run.dataset()
     if dataset is not None:

@@ -98,7 +98,7 @@ def server_options(run: Run) -> servers.ServerOptions:
     return servers.ServerOptions(
         backend=o.backend, admin_key=run.admin_key, spec_port=o.spec_port,
         plain_port=o.plain_port, depths=o.depths, mem_fraction_first=o.mem_fraction_first,
-        mem_fraction_second=o.mem_fraction_second, spec_first=o.start_order == "spec,plain",
+        mem_fraction_second=o.mem_fraction_second, roles=tuple(o.start_order.split(",")),
         extra_args=tuple(shlex.split(o.server_args)), sim_speedup=o.sim_speedup,
         plain_with_plugin=o.plain_with_plugin, spec_cpus=o.spec_cpus, plain_cpus=o.plain_cpus,
         off_path=o.off_path, device_timer=o.device_timer,

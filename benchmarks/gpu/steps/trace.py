@@ -127,8 +127,10 @@ def closed_loop(run: Run, result: dict[str, Any], out: Path) -> dict[str, Any]:
 
 
 def run(run: Run) -> dict[str, Any]:
-    run.require_servers()
     o = run.opts
+    # the plain server only for the `plain` policy (--start-order spec starts none)
+    run.require_servers(servers.SPEC, *([servers.PLAIN] if "plain" in o.trace_policies.split()
+                                         else []))
     out = run.dir / "trace"
     out.mkdir(parents=True, exist_ok=True)
     phases = parse_phases(o.trace_phases)

@@ -84,6 +84,19 @@ def test_the_run_is_fitted_replayed_under_every_policy_and_compared(run_dir, cap
     assert "- the simulated trace ranks the policies as the real one does: " in text
     assert "- tok/s within 5% per policy: " in text
 
+    # per phase, from each real run's file: the real and simulated tok/s side by side; a
+    # static policy's phases, weighted by their seconds, make its whole-trace figure
+    per_phase = sim["phase_tok_per_s"]
+    assert set(per_phase) == set(sim["policies"])
+    seconds = [float(p.split(":")[0]) for p in real["phases"].split(",")]
+    assert all(len(v) == len(seconds) for v in per_phase.values())
+    whole = sum(t * s for t, s in zip(per_phase["static:3"], seconds, strict=True)) / sum(seconds)
+    assert whole == pytest.approx(fmean(sim["policies"]["static:3"]), rel=0.02)
+    table = text[text.index("Per phase, real / simulated tok/s"):]
+    row = next(line for line in table.splitlines() if line.startswith("| static:3 |"))
+    real_first = _closed(run_dir, "static-3.json")["phases"][0]["tok_per_s"]
+    assert row.split(" | ")[1].startswith(f"{real_first:,.0f} / {per_phase['static:3'][0]:,.0f}")
+
     # Given the profile it wrote, the same seed gives the same figures (no fit this time).
     before = sim["policies"]
     assert cli.main([str(run_dir), "--accept", accept, "--seeds", "1",

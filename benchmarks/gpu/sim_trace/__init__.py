@@ -20,7 +20,9 @@ After a GPU run with the `bench`, `acceptance` and `trace` steps, on any machine
 4. RUN/trace/sim_closed_loop.json (closed_loop.json's shape, "source": "simulator") and
    RUN/trace/sim_compare.md, printed: per policy real and simulated tok/s, their ratio and
    both ranks, and whether the simulated trace ranks the policies as the real one does and
-   is within 5% of it per policy. The profile and scenario are kept beside them
+   is within 5% of it per policy; then each phase's real and simulated tok/s per policy
+   (`phase_tok_per_s` in the JSON), from each real run's RUN/trace/LABEL.json. The profile
+   and scenario are kept beside them
    (sim_profile.yaml, sim_scenario.yaml; `specctl sim evaluate --profile ... --scenario ...`
    reruns the daemon's part).
 """

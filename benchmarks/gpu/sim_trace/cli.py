@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import fmean
 from typing import Any, NoReturn
 
 import yaml
@@ -147,26 +149,36 @@ def _lengths(args: argparse.Namespace, folder: Path, bench: BenchRun
     return prompt, output, origin
 
 
+@dataclass
+class Simulated:
+    tok_per_s: dict[str, list[float]] = field(default_factory=dict)  # per seed
+    phases: dict[str, list[float]] = field(default_factory=dict)  # per phase, mean of seeds
+    notes: dict[str, str] = field(default_factory=dict)  # not simulated, with why
+    order: list[str] = field(default_factory=list)
+
+
 def _simulate(names: list[str], prof: Profile, scenario: Scenario, seeds: list[int],
-              bench_path: Path, clock: float
-              ) -> tuple[dict[str, list[float]], dict[str, str], list[str]]:  # fmt: skip
-    """Each policy's tok/s per seed (per wall second of the run's servers, as closed_loop.json
-    counts), the policies not simulated with why, and the order they ran in."""
-    sim: dict[str, list[float]] = {}
-    notes: dict[str, str] = {}
-    order: list[str] = []
+              bench_path: Path, clock: float) -> Simulated:  # fmt: skip
+    """Each policy's tok/s per seed and per phase (per wall second of the run's servers, as
+    closed_loop.json counts), the policies not simulated with why, and the order they ran in."""
+    out = Simulated()
     for name in names:
+        runs = []
         for seed in seeds:
             try:
-                tok = policies.run_policy(name, prof, scenario, seed, bench_path)
+                run = policies.run_policy(name, prof, scenario, seed, bench_path)
             except policies.NotSimulated as why:
-                notes[name] = str(why)
+                out.notes[name] = str(why)
                 _say(f"  {name}: not simulated: {why}")
                 break
-            sim.setdefault(name, []).append(round(tok * clock, 1))
-            order.append(f"{name} (seed {seed})")
-            _say(f"  {name}, seed {seed}: {sim[name][-1]:,.1f} tok/s")
-    return sim, notes, order
+            runs.append(run)
+            out.tok_per_s.setdefault(name, []).append(round(run.tok_per_s * clock, 1))
+            out.order.append(f"{name} (seed {seed})")
+            _say(f"  {name}, seed {seed}: {out.tok_per_s[name][-1]:,.1f} tok/s")
+        if runs:
+            out.phases[name] = [round(fmean(ph) * clock, 1)
+                                for ph in zip(*(r.phases for r in runs), strict=True)]
+    return out
 
 
 def run(args: argparse.Namespace) -> str:
@@ -190,8 +202,8 @@ def run(args: argparse.Namespace) -> str:
                               daemon=harness_daemon(clock), clock=clock,
                               name=f"{run_dir.name}-trace")  # fmt: skip
     write_scenario(scenario, trace.folder / SCENARIO_FILE)
-    sim, notes, order = _simulate(list(trace.policies), prof, scenario, args.seeds, bench_path,
-                                  clock)  # fmt: skip
+    simulated = _simulate(list(trace.policies), prof, scenario, args.seeds, bench_path, clock)
+    sim, notes, order = simulated.tok_per_s, simulated.notes, simulated.order
 
     total = sum(p.seconds for p in trace.phases)
     header = [
@@ -208,10 +220,14 @@ def run(args: argparse.Namespace) -> str:
         header.append(f"- the run's servers were `specctl sim serve` at {clock:g}x wall time: "
                       "the simulated tok/s are per wall second, as the trace's")
     text = report.render(report.rows(trace.policies, sim, notes), header)
+    real_phases = inputs.real_phases(trace)
+    if real_phases:
+        text += "\n\n" + report.render_phases(trace.phases, real_phases, simulated.phases)
     (trace.folder / COMPARE_FILE).write_text(text + "\n")
     doc = {"source": "simulator", "gpu": trace.doc.get("gpu"), "trace": trace.doc.get("trace"),
            "phases": trace.doc.get("phases"), "repeats": len(args.seeds), "seeds": args.seeds,
            "order": order, "policies": sim, "not_simulated": notes,
+           "phase_tok_per_s": simulated.phases,
            "profile": {"file": PROFILE_FILE, "name": prof.name, "from": made},
            "scenario": SCENARIO_FILE,
            "accept_lengths": {n: {str(d): v for d, v in sorted(per.items())}

@@ -1,18 +1,24 @@
 """Each policy of the GPU trace, run through the trace's scenario in the simulator, as
 `specctl sim evaluate` runs its own (controller/evaluation/evaluate.py): the same request
-stream per seed for every policy, output tok/s over the scenario after its warm-up."""
+stream per seed for every policy, output tok/s over the scenario after its warm-up, and over
+each of the trace's phases (where the simulator and the server part)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 from benchmarks.gpu.seeded.trace import TraceError, table_from
 from benchmarks.gpu.sim_trace.inputs import SimTraceError
 from controller.daemon.bench_seed import BenchSeedError
-from controller.evaluation.evaluate import run_daemon_eval, run_static
+from controller.evaluation.evaluate import run_daemon_eval
 from sglang_hooks.contract import PolicyTable, single_depth_table
 from sims.profile import Profile
+from sims.server import SimulatedServer
 from sims.workload import Scenario
 
 # closed_loop.json's names the simulator has no counterpart for, and why
@@ -24,6 +30,41 @@ NOT_SIMULATED = {
 
 class NotSimulated(Exception):
     """A policy the simulator cannot run; the message says why."""
+
+
+@dataclass(frozen=True)
+class PolicyRun:
+    tok_per_s: float  # over the scenario after its warm-up
+    phases: list[float]  # over each of the trace's phases, in order
+
+
+def phase_bounds(scenario: Scenario) -> list[float]:
+    """The phases' start times (the clients' cuts) and the scenario's end."""
+    return [*scenario.workload.cut_at, scenario.duration_s]
+
+
+def run_static(profile: Profile, scenario: Scenario, seed: int, **kwargs: Any) -> PolicyRun:
+    """`controller.evaluation.evaluate.run_static`, the server read at each phase's end too
+    (the same run: advancing in parts serves the same requests)."""
+    server = SimulatedServer(profile, scenario.workload, seed=seed, **kwargs)
+    server.advance_to(scenario.warmup_s)
+    start = last = server.stats()
+    phases = []
+    for end in phase_bounds(scenario)[1:]:
+        server.advance_to(end)
+        now = server.stats()
+        phases.append(now.tok_per_s_since(last))
+        last = now
+    return PolicyRun(last.tok_per_s_since(start), phases)
+
+
+def phase_means(trace: Sequence[tuple[float, float]], bounds: Sequence[float]) -> list[float]:
+    """Per phase, the mean of a per-tick tok/s trace over the ticks ending inside it."""
+    out = []
+    for lo, hi in pairwise(bounds):
+        inside = [v for t, v in trace if lo < t <= hi]
+        out.append(sum(inside) / len(inside) if inside else 0.0)
+    return out
 
 
 def static_depth(name: str) -> int | None:
@@ -39,7 +80,8 @@ def _captured(profile: Profile, table: PolicyTable, what: str) -> None:
                            f"capture (captured: {profile.captured_depths})")  # fmt: skip
 
 
-def run_policy(name: str, profile: Profile, scenario: Scenario, seed: int, bench: Path) -> float:
+def run_policy(name: str, profile: Profile, scenario: Scenario, seed: int, bench: Path
+               ) -> PolicyRun:  # fmt: skip
     """Output tok/s per simulated second of policy `name` (closed_loop.json's name)."""
     logging.getLogger("specctl").setLevel(logging.ERROR)  # the daemon's lines, not the report
     if name in NOT_SIMULATED:
@@ -64,8 +106,9 @@ def run_policy(name: str, profile: Profile, scenario: Scenario, seed: int, bench
     if name in ("daemon", "daemon-from-bench"):
         seed_bench = bench if name == "daemon-from-bench" else None
         try:
-            return run_daemon_eval(profile, scenario, seed, seed_bench=seed_bench
-                                   ).achieved_tok_per_s  # fmt: skip
+            run = run_daemon_eval(profile, scenario, seed, seed_bench=seed_bench)
         except BenchSeedError as err:
             raise SimTraceError(str(err)) from None
+        return PolicyRun(run.achieved_tok_per_s,
+                         phase_means(run.tok_trace, phase_bounds(scenario)))  # fmt: skip
     raise NotSimulated("not a policy of the trace step this simulator knows")

@@ -3,8 +3,11 @@ the issue's two checks (the same ranking; tok/s within 5% per policy)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import fmean
+
+from benchmarks.gpu.seeded.trace import Phase
 
 TOLERANCE = 0.05  # "tok/s within 5% per policy"
 
@@ -88,4 +91,23 @@ def render(table: list[Row], header: list[str]) -> str:
               f"{'met' if rank.met else 'not met'} (worst: {rank.worst})",
               f"- tok/s within {TOLERANCE:.0%} per policy: {'met' if close.met else 'not met'} "
               f"(worst: {close.worst})"]  # fmt: skip
+    return "\n".join(lines)
+
+
+def render_phases(phases: Sequence[Phase], real: dict[str, list[float]],
+                  sim: dict[str, list[float]]) -> str:  # fmt: skip
+    """Per policy and phase, the real tok/s (mean of its repeats), the simulated one and their
+    ratio: where the simulator parts from the server."""
+    names = [f"{p.seconds:g} s, {p.concurrency} on {p.dataset}" for p in phases]
+    lines = ["Per phase, real / simulated tok/s (simulated over real):", "",
+             "| policy | " + " | ".join(names) + " |",
+             "| --- |" + " ---: |" * len(names)]  # fmt: skip
+    for policy, values in real.items():
+        cells = []
+        for i, value in enumerate(values):
+            got = sim.get(policy)
+            cells.append(f"{value:,.0f} / -" if not got else
+                         f"{value:,.0f} / {got[i]:,.0f} ({got[i] / value:.2f})" if value > 0
+                         else f"0 / {got[i]:,.0f}")  # fmt: skip
+        lines.append(f"| {policy} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -5,6 +5,7 @@ loopback, the real `specctl daemon` as a subprocess, the real SQLite store)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -88,14 +89,19 @@ def test_every_policy_then_compare(sim_server_factory, tmp_path, capsys):
     assert (results / "compare.png").stat().st_size > 10_000
     capsys.readouterr()
 
+    # the daemon runs on the trace's cores unless given its own
+    assert daemon["daemon_cpus"] == sorted(os.sched_getaffinity(0))
     # a warm start copies the store given, and leaves the original alone
     before = (results / "daemon.sqlite").read_bytes()
+    own = min(os.sched_getaffinity(0))
     args = ["run", "--policy", "daemon", "--url", spec.base_url, "--phases", "2:2:a",
             "--out", str(tmp_path / "warm"), "--admin-key", "k", "--daemon-store",
-            str(results / "daemon.sqlite"), "--dataset", data[0]]  # fmt: skip
+            str(results / "daemon.sqlite"), "--dataset", data[0],
+            "--daemon-cpus", str(own)]  # fmt: skip
     assert trace.main(args) == 0
     warm = json.loads((tmp_path / "warm" / "daemon.json").read_text())
     assert warm["daemon"]["warm_start_store"] == str(results / "daemon.sqlite")
+    assert warm["daemon_cpus"] == [own]
     assert (results / "daemon.sqlite").read_bytes() == before
 
 
@@ -110,6 +116,9 @@ def test_errors_name_the_option(sim_server_factory, tmp_path, capsys):
     assert trace.main([*base, "--policy", "plain", "--phases", "1:1:a",
                        "--dataset", "a.jsonl"]) == 2  # fmt: skip
     assert "write NAME=FILE" in capsys.readouterr().err
+    assert trace.main([*base, "--policy", "daemon", "--phases", "1:1:a", "--dataset",
+                       data, "--daemon-cpus", "99999"]) == 2  # fmt: skip
+    assert "--daemon-cpus" in capsys.readouterr().err
     assert trace.main(["compare", str(tmp_path / "empty")]) == 2
     assert "no trace results" in capsys.readouterr().err
 

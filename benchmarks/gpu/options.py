@@ -158,6 +158,8 @@ class Options:
                            "bench --out` folder; default: the run's bench step's)", "trace")
     trace_phases: str = opt("10:2:a,12:16:a,15:128:a,15:4:b,20:128:b,10:4:b",
                             "the trace: seconds:streams:dataset, ...", "trace")
+    trace_daemon_cpus: str = opt("", "CPU cores for the trace's daemons, like 11 (default: "
+                                 "the bench's, which the load processes use)", "trace")
     trace_datasets: str = opt("", "NAME=FILE,... for the trace's dataset names (default: the "
                               "seeded families a and b; without them, the run's prompts under "
                               "every name)", "trace")
@@ -371,7 +373,7 @@ def validate(opts: Options) -> None:
     if opts.target is not None and opts.models == "seeded":
         raise OptionError("--models seeded builds its own folders: drop --target/--draft, or "
                           "pass the seeded folders as --target/--draft without --models")
-    for name in ("spec_cpus", "plain_cpus", "bench_cpus"):
+    for name in ("spec_cpus", "plain_cpus", "bench_cpus", "trace_daemon_cpus"):
         if getattr(opts, name):
             try:
                 parse_cpu_list(getattr(opts, name), name.replace("_", "-"))

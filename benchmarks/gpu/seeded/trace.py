@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -47,6 +48,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.gpu.cpus import CpuListError, parse_cpu_list, pinned_argv
 from benchmarks.gpu.daemon_run import daemon_config, read_pushes, write_config
 from benchmarks.gpu.seeded.compare import CompareError, compare
 from controller.bench.load_processes import LoadProcesses
@@ -276,6 +278,9 @@ class RunSpec:
     table_from: Path | None = None  # policy table: a bench (folder or bench.json), a policy file
     seed_bench: Path | None = None  # policy daemon: the bench its store starts from
     client_processes: int = 1  # load processes for phases of at least this many streams
+    # policy daemon: the CPU cores its process runs on ("": the trace's own), so that its
+    # fits do not share cores with the load processes
+    daemon_cpus: str = ""
 
     @property
     def label(self) -> str:
@@ -307,7 +312,9 @@ def _start_daemon(
     log = spec.out / f"{spec.label}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "controller.cli", "daemon", "--config", str(config)],
+            pinned_argv(spec.daemon_cpus,
+                        [sys.executable, "-m", "controller.cli", "daemon", "--config",
+                         str(config)]),
             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True,
         )  # fmt: skip
@@ -387,6 +394,8 @@ def run_policy(spec: RunSpec) -> dict[str, Any]:
             if daemon.poll() is not None:
                 raise TraceError(f"specctl daemon exited at start (status {daemon.returncode}); "
                                  f"see {log}")  # fmt: skip
+            with contextlib.suppress(OSError):  # the cores it runs on, as the kernel has them
+                result["daemon_cpus"] = sorted(os.sched_getaffinity(daemon.pid))
         print(f"trace: {len(spec.phases)} phases, {total:g} s, policy {spec.policy}", flush=True)
         with contextlib.ExitStack() as stack:
             pools = {name: stack.enter_context(LoadProcesses(spec.client_processes,
@@ -456,6 +465,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--name", default=None,
                      help="names this run's files (NAME.json; the daemon's NAME.sqlite, .yaml, "
                      ".log) and its row in compare; default: the policy, e.g. static-3")
+    run.add_argument("--daemon-cpus", default="",
+                     help="daemon: the CPU cores its process runs on, like 11 (default: this "
+                     "process's)")
     run.add_argument("--client-processes", type=int, default=4,
                      help="load processes that carry each phase of at least this many streams "
                      "(1: every phase in this process)")
@@ -468,11 +480,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.client_processes < 1:
             raise TraceError(f"--client-processes {args.client_processes}: give 1 or more")
+        if args.daemon_cpus:
+            parse_cpu_list(args.daemon_cpus, "daemon-cpus")
         phases = parse_phases(args.phases) if args.phases else default_trace(args.seconds)
         run_policy(RunSpec(args.policy, args.url, phases, _datasets(args.dataset), args.out,
                            args.admin_key, args.daemon_store, args.name, args.table_from,
-                           args.seed_bench, args.client_processes))  # fmt: skip
-    except (TraceError, ServerError, CompareError) as err:
+                           args.seed_bench, args.client_processes, args.daemon_cpus))  # fmt: skip
+    except (TraceError, ServerError, CompareError, CpuListError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     return 0

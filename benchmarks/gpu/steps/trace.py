@@ -162,7 +162,9 @@ def run(run: Run) -> dict[str, Any]:
                 "--name", label, "--url", url, "--admin-key", run.admin_key,
                 *[a for k, v in files.items() for a in ("--dataset", f"{k}={v}")],
                 "--phases", o.trace_phases, "--client-processes", str(o.client_processes),
-                "--out", str(out), *extra]
+                "--out", str(out), *extra,
+                *(["--daemon-cpus", o.trace_daemon_cpus]
+                  if policy == "daemon" and o.trace_daemon_cpus else [])]
         done = run_logged(pinned_argv(o.bench_cpus, argv), out / f"{label}.txt",
                           run.cap(seconds + 90))
         entry: dict[str, Any] = {"policy": name, "repeat": repeat,

@@ -159,6 +159,11 @@ def test_every_step_through_the_entry_over_two_commands(tmp_path, capsys):
     assert all(r["tpot_p99_ms"] > 0 and r["ttft_p99_ms"] > 0 for r in closed["runs"])
     assert ["pushes" in r for r in closed["runs"]] == [False, True, False, False, True, False]
     assert closed["runs"][0]["final_table"] == "1+: d3"
+    # the done-when with the trace's own noise: the daemon against the bench's table
+    (verdict,) = closed["criterion"]
+    assert verdict["daemon"] == "daemon-from-bench" and verdict["against"] == "bench-table"
+    assert verdict["low"] <= verdict["ratio"] <= verdict["high"]
+    assert "| daemon-from-bench | bench-table |" in (run_dir / "trace/criterion.md").read_text()
     # The tiny bench of this run is too short to recommend a table (its levels decide
     # nothing): --trace-bench gives a real one, whose table (1+: d3) the stand-in captured.
     bench_table = json.loads((run_dir / "trace/bench-table-r1.json").read_text())

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from benchmarks.gpu import servers
 from benchmarks.gpu.context import Run, StepError
 from benchmarks.gpu.cpus import pinned_argv
 from benchmarks.gpu.options import trace_datasets
+from benchmarks.gpu.seeded import criterion
 from benchmarks.gpu.seeded.compare import CompareError, compare
 from benchmarks.gpu.seeded.trace import parse_phases
 from benchmarks.gpu.subproc import run_logged
@@ -122,6 +124,12 @@ def closed_loop(run: Run, result: dict[str, Any], out: Path) -> dict[str, Any]:
            "runs": [{"policy": CLOSED_LOOP_NAMES.get(base_label(e["policy"]), e["policy"]),
                      **{k: v for k, v in e.items() if k != "policy"}}
                     for e in result["policies"].values()]}
+    try:  # the done-when of the closed loop, with the trace's own noise
+        doc["criterion"] = [{**asdict(c), "verdict": c.verdict}
+                            for c in criterion.comparisons(policies)]
+        (out / "criterion.md").write_text(criterion.render(policies) + "\n")
+    except criterion.CriterionError as err:
+        doc["criterion"] = str(err)
     (out / "closed_loop.json").write_text(json.dumps(doc, indent=1) + "\n")
     return doc
 

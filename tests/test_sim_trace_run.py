@@ -213,3 +213,25 @@ def test_the_scenario_file_runs_in_specctl_sim_evaluate(run_dir):
     assert report["achieved_tok_per_s"] * clock == pytest.approx(sim["daemon-from-bench"][0],
                                                                  abs=0.1)  # fmt: skip
     assert report["seed_bench"] == str(run_dir / "bench")
+
+
+def test_the_trace_s_output_lengths_are_a_range_only_where_they_spread_evenly(tmp_path):
+    """As `specctl sim fit` frames a bench: the asked lengths' range where their mean sits in
+    its middle, else their mean (a skewed spread is not uniform); a fixed length as is."""
+    from sims.workload import FixedLength, UniformLength
+
+    def folder(name: str, low: int, high: int, mean: float) -> Path:
+        out = tmp_path / name
+        out.mkdir()
+        phase = {"prompt_tokens_mean": 40.0, "max_tokens_min": low, "max_tokens_max": high,
+                 "max_tokens_mean": mean, "completed": 10}  # fmt: skip
+        (out / "static-3.json").write_text(json.dumps({"trace": [], "phases": [phase]}))
+        return out
+
+    even = trace_lengths(folder("even", 64, 192, 130.0))
+    skewed = trace_lengths(folder("skewed", 64, 192, 90.0))
+    fixed = trace_lengths(folder("fixed", 128, 128, 128.0))
+    assert even is not None and skewed is not None and fixed is not None
+    assert even[1] == UniformLength(low=64, high=192)
+    assert skewed[1] == FixedLength(value=90)
+    assert fixed == (FixedLength(value=40), FixedLength(value=128))

@@ -15,7 +15,7 @@ import numpy as np
 from benchmarks.gpu.seeded.trace import Phase, TraceError, parse_phases
 from benchmarks.gpu.steps.trace import CLOSED_LOOP_NAMES, base_label
 from sims.fit.bench_file import BenchFileError, BenchRun, load_bench
-from sims.fit.framing import output_range
+from sims.fit.framing import UNIFORM_MIDDLE, output_range
 from sims.workload import FixedLength, LengthDist, UniformLength
 
 HARNESS = "python -m benchmarks.gpu"
@@ -197,6 +197,7 @@ def trace_lengths(folder: Path) -> tuple[LengthDist, LengthDist] | None:
     or None where they did not record them (a run older than that)."""
     prompts: list[tuple[float, float]] = []  # (mean, weight)
     asked: list[tuple[int, int]] = []
+    outputs: list[tuple[float, float]] = []  # (mean asked, weight)
     for path in sorted(folder.glob("*.json")):
         try:
             doc = json.loads(path.read_text())
@@ -210,10 +211,19 @@ def trace_lengths(folder: Path) -> tuple[LengthDist, LengthDist] | None:
             if ph.get("prompt_tokens_mean") is not None:
                 prompts.append((float(ph["prompt_tokens_mean"]), weight))
             asked.append((int(ph["max_tokens_min"]), int(ph["max_tokens_max"])))
+            if ph.get("max_tokens_mean") is not None:
+                outputs.append((float(ph["max_tokens_mean"]), weight))
     if not prompts or not asked:
         return None
     prompt = max(1, round(sum(m * w for m, w in prompts) / sum(w for _, w in prompts)))
     low, high = min(lo for lo, _ in asked), max(hi for _, hi in asked)
-    output: LengthDist = (FixedLength(value=low) if low == high
-                          else UniformLength(low=low, high=high))  # fmt: skip
+    mean = sum(m * w for m, w in outputs) / sum(w for _, w in outputs) if outputs \
+        else (low + high) / 2
+    # as `specctl sim fit` frames a bench (sims.fit.framing.output_range): a range only where
+    # the lengths spread about evenly over it, else their mean
+    output: LengthDist = (
+        FixedLength(value=low) if low == high
+        else UniformLength(low=low, high=high)
+        if abs(mean - (low + high) / 2) <= UNIFORM_MIDDLE * (high - low)
+        else FixedLength(value=max(1, round(mean))))  # fmt: skip
     return FixedLength(value=prompt), output

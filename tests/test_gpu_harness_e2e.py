@@ -216,3 +216,26 @@ def test_a_later_setup_reuses_a_server_only_if_its_launch_is_the_same(tmp_path, 
         assert now["plain"]["pid"] != first["plain"]["pid"] and now["plain"]["env"] == {}
     finally:
         harness.main(["stop", "--run-dir", str(run_dir)])
+
+
+@pytest.mark.slow
+def test_the_speculative_server_alone_benches_without_the_plain_one(tmp_path, capsys):
+    """`--start-order spec`: setup starts one server (real `specctl sim serve`); the bench
+    runs its depths without the plain server's series; a step that needs the plain server
+    fails and names the start order that starts it."""
+    run_dir = tmp_path / "run"
+    (spec_port,) = free_ports(1)
+    base = ["--run-dir", str(run_dir), "--backend", "sim", "--tiny", "--sim-speedup", "20",
+            "--spec-port", str(spec_port), "--start-order", "spec"]  # fmt: skip
+    try:
+        assert harness.main(["setup", "bench", *base]) == 0
+        assert list(_state(run_dir)["servers"]) == ["spec"]
+        bench = json.loads((run_dir / "bench/bench.json").read_text())
+        assert bench["no_spec_url"] is None
+        series = {r["series"] for r in bench["results"]}
+        assert "d0" in series and "no-spec" not in series  # the tiny preset's depths only
+        assert harness.main(["parity", "--run-dir", str(run_dir)]) == 1
+        error = _state(run_dir)["steps"]["parity"]["error"]
+        assert "no plain server" in error and "--start-order spec,plain" in error
+    finally:
+        harness.main(["stop", "--run-dir", str(run_dir)])

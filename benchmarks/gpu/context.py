@@ -69,8 +69,10 @@ class Run:
     def url(self, role: str) -> str:
         url = self.state.url(role)
         if url is None:
-            raise StepError(f"no {role} server in {self.state.path}: run the `setup` step "
-                            "(--start-order spec starts the speculative server alone)")
+            fix = " with --start-order spec,plain (the default; spec starts no plain server)" \
+                if role == servers.PLAIN else ""
+            raise StepError(f"no {role} server in {self.state.path}: this step needs it; run "
+                            f"the `setup` step{fix}")
         return url
 
     def require_servers(self, *roles: str) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from controller.daemon.config import parse_config
 from controller.daemon.loop import Controller
 from controller.daemon.own_metrics import DaemonMetrics
-from controller.daemon.push_gate import decide_push, missing_probes, probe_share, waits_for_dwell
+from controller.daemon.push_gate import decide_push, missing_probes, probe_share
 from controller.daemon.reaction import acceptance_surprise, decode_time_histogram, novel_share
 from controller.daemon.runner import run_simulated
 from controller.daemon.store import Store
@@ -202,15 +202,3 @@ def test_a_flash_crowd_gets_a_reaction_within_one_scrape(tmp_path):
     assert reactions and reactions[0].t <= 260, [(p.t, p.reason[-80:]) for p in pushes]
     ctl.close()
     store.close()
-
-
-def test_within_the_dwell_a_reaction_pushes_only_a_predicted_gain():
-    """A reaction waives the dwell for a gain; a push for probes, fewer probes or cheaper
-    probes waits it out (it would replace the reaction's decisions too); outside a reaction
-    every push waits; past the dwell, or before any push, nothing waits."""
-    assert not waits_for_dwell("gain", True, 1.0, 6.0)
-    for rule in ("evidence", "fewer_probes", "cheaper_probes"):
-        assert waits_for_dwell(rule, True, 1.0, 6.0)
-        assert not waits_for_dwell(rule, True, 6.0, 6.0)
-    assert waits_for_dwell("gain", False, 5.9, 6.0)
-    assert not waits_for_dwell("evidence", True, None, 6.0)

@@ -203,8 +203,7 @@ class GuardrailConfig(_Strict):
     react_window_s: Annotated[float, Field(ge=0.0)] = Field(
         120.0,
         description="After the load or acceptance moves, refit and decide after every scrape "
-        "for this long, without the dwell time for a predicted gain (a push for probes waits "
-        "out min_dwell_s; 0: never react, scheduled decisions only)",
+        "for this long, without the dwell time (0: never react, scheduled decisions only)",
     )
     react_acceptance_z: PosFloat = Field(
         3.0,

@@ -37,7 +37,7 @@ from controller.daemon.push import (
     send_table,
     verify_table,
 )
-from controller.daemon.push_gate import decide_push, waits_for_dwell
+from controller.daemon.push_gate import decide_push
 from controller.daemon.reaction import acceptance_surprise, decode_time_histogram, novel_share
 from controller.daemon.scrape import ScrapeError, build_samples, counter_deltas
 from controller.daemon.sources import CounterSource, MetricsPageSource, PrometheusSource
@@ -516,10 +516,6 @@ class Controller:
             return None
         if not gate.push:
             log.debug("%s: not pushing: %s", st.name, gate.why)
-            return None
-        since = None if st.last_push_t is None else now - st.last_push_t
-        if waits_for_dwell(gate.rule, urgent, since, g.min_dwell_s):
-            log.debug("%s: not pushing within the dwell: %s", st.name, gate.why)
             return None
         version = max(st.pushed_version, live.table.version if live.table else 0) + 1
         table = PolicyTable.build(table.tiers, version=version)

@@ -171,16 +171,3 @@ def decide_push(
             "cheaper_probes",
         )
     return GateDecision(False, gain, (), f"predicted {shown} < push_min_gain {min_gain:.1%}")
-
-
-def waits_for_dwell(
-    rule: str, urgent: bool, since_last_push_s: float | None, min_dwell_s: float
-) -> bool:
-    """Whether a push the gate let through (`rule`) must wait: within `min_dwell_s` of the
-    last push, only a reaction's (`urgent`) predicted gain goes at once. A table pushed for its
-    probes replaces the decisions too: on a real server, such pushes a second after a
-    reaction undid it while the model still swung on the first samples after a change of
-    acceptance (docs/measurements.md#daemon-real-trace-2)."""
-    if since_last_push_s is None or since_last_push_s >= min_dwell_s:
-        return False
-    return not (urgent and rule in ("gain", "takeover"))

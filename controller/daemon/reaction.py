@@ -12,10 +12,9 @@ changes make it too slow, and each is visible in a single scrape:
   direction.
 
 Either starts a *reaction*: for `react_window_s` the daemon refits and decides after every
-scrape, without the dwell time for a predicted gain, so that the first interval of evidence at
-the new load and every one after it reach a table at once (the learner's change-point test
-needs a few intervals after a change of acceptance before it cuts the old evidence). A table
-pushed only for its probes still waits out the dwell: it replaces the reaction's decisions too.
+scrape, without the dwell time, so that the first interval of evidence at the new load and
+every one after it reach a table at once (the learner's change-point test needs a few intervals
+after a change of acceptance before it cuts the old evidence).
 """
 
 from __future__ import annotations

@@ -351,6 +351,11 @@ class Profile(_Strict):
                 raise ValueError(f"shapes: {err}") from None
             if name != label(shape):
                 raise ValueError(f"shapes: write {name!r} as {label(shape)}")
+            # every shape, plain too: a fit's terms may take its cost below zero
+            cap = self.scheduler.max_running_requests_spec
+            if float(np.min(self.shape_iteration_ms(name, np.arange(1, cap + 1)))) <= 0:
+                raise ValueError(f"shapes.{name}: its iteration costs 0 ms or less at some batch "
+                                 f"up to {cap}; raise fixed_ms or us_per_position")
             if shape is None:
                 if cost.accept_length:
                     raise ValueError("shapes.plain: a plain server accepts nothing; drop "
@@ -366,10 +371,6 @@ class Profile(_Strict):
                 raise ValueError(f"shapes.{name}.accept_length: phases "
                                  f"{sorted(cost.accept_length)}; every shape needs the same "
                                  f"phases ({sorted(phases)})")
-            cap = self.scheduler.max_running_requests_spec
-            if float(np.min(self.shape_iteration_ms(name, np.arange(1, cap + 1)))) <= 0:
-                raise ValueError(f"shapes.{name}: its iteration costs 0 ms or less at some batch "
-                                 f"up to {cap}; raise fixed_ms or us_per_position")
 
     @property
     def shape_phases(self) -> list[str]:

@@ -105,6 +105,7 @@ def test_a_depth_only_profile_refuses_a_shape_question() -> None:
      "every shape needs the same phases"),
     ({"plain": {"accept_length": {"a": 1.0}}}, "a plain server accepts nothing"),
     ({"3x1x4": {"accept_length": {"a": 3.0}, "fixed_ms": -9.0}}, "costs 0 ms or less"),
+    ({"plain": {"fixed_ms": -99.0}}, r"shapes\.plain: its iteration costs 0 ms or less"),
 ])  # fmt: skip
 def test_a_profile_s_shapes_are_checked(tmp_path: Path, shapes: dict[str, object],
                                         message: str) -> None:  # fmt: skip

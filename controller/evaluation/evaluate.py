@@ -23,7 +23,7 @@ import logging
 import math
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -201,12 +201,20 @@ def _loss_at(oracle: OracleCurves, mix: dict[str, float], table: PolicyTable, ba
 # ----------------------------------------------------------------------------- static runs
 
 
-def achieved_tok_per_s(server: SimulatedServer, scenario: Scenario) -> float:
-    """Run a server through the scenario; output tok/s after the warm-up."""
+def achieved_tok_per_s(
+    server: SimulatedServer, scenario: Scenario, marks: Sequence[float] = ()
+) -> tuple[float, list[float]]:
+    """Run a server through the scenario; output tok/s after the warm-up, and over each window
+    between the warm-up, each of `marks` (times inside the run, rising) and the run's end."""
     server.advance_to(scenario.warmup_s)
-    start = server.stats()
-    server.advance_to(scenario.duration_s)
-    return server.stats().tok_per_s_since(start)
+    start = last = server.stats()
+    windows = []
+    for end in [*marks, scenario.duration_s]:
+        server.advance_to(end)  # advancing in parts serves the same requests
+        now = server.stats()
+        windows.append(now.tok_per_s_since(last))
+        last = now
+    return last.tok_per_s_since(start), windows
 
 
 def static_policies(profile: Profile) -> dict[str, Callable[[], dict[str, Any]]]:
@@ -234,8 +242,15 @@ def two_tier_table(full_depth: int, threshold: int) -> PolicyTable:
 
 
 def run_static(profile: Profile, scenario: Scenario, seed: int, **kwargs: Any) -> float:
+    return run_static_windows(profile, scenario, seed, (), **kwargs)[0]
+
+
+def run_static_windows(
+    profile: Profile, scenario: Scenario, seed: int, marks: Sequence[float], **kwargs: Any
+) -> tuple[float, list[float]]:
+    """`run_static`, and the tok/s of each window `achieved_tok_per_s` cuts at `marks`."""
     server = SimulatedServer(profile, scenario.workload, seed=seed, **kwargs)
-    return achieved_tok_per_s(server, scenario)
+    return achieved_tok_per_s(server, scenario, marks)
 
 
 def oracle_tok_per_s(profile: Profile, scenario: Scenario, seed: int) -> float:

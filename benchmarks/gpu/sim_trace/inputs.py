@@ -75,19 +75,27 @@ def read_trace(run_dir: Path) -> RealTrace:
     return RealTrace(folder, doc, phases, runs, files)
 
 
+def run_files(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """The trace step's file of each run in `folder` (LABEL.json: its trace and phases); what
+    is not one (closed_loop.json, trace.json, an unreadable file) is passed over."""
+    out = []
+    for path in sorted(folder.glob("*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue
+        if isinstance(doc, dict) and "trace" in doc and isinstance(doc.get("phases"), list):
+            out.append((path, doc))
+    return out
+
+
 def real_phases(trace: RealTrace) -> dict[str, list[float]]:
     """Per closed_loop.json policy, each phase's tok/s, mean of its repeats, from the file of
     each run the trace step wrote beside it (RUN/trace/LABEL.json); {} where none has them."""
     # a run's label is its policy's with ':' as '-' (static-1-r2); the cold daemon's `daemon`
     by_label = {base_label(CLOSED_LOOP_INVERSE.get(n, n)): n for n in trace.policies}
     found: dict[str, list[list[float]]] = {}
-    for path in sorted(trace.folder.glob("*.json")):
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            continue  # not a run's file; the comparison goes without it
-        if not isinstance(doc, dict) or not isinstance(doc.get("phases"), list):
-            continue
+    for path, doc in run_files(trace.folder):
         name = by_label.get(re.sub(r"-r\d+$", "", str(doc.get("name") or path.stem)))
         rows = [r.get("tok_per_s") if isinstance(r, dict) else None for r in doc["phases"]]
         if name is not None and len(rows) == len(trace.phases) and all(
@@ -198,13 +206,8 @@ def trace_lengths(folder: Path) -> tuple[LengthDist, LengthDist] | None:
     prompts: list[tuple[float, float]] = []  # (mean, weight)
     asked: list[tuple[int, int]] = []
     outputs: list[tuple[float, float]] = []  # (mean asked, weight)
-    for path in sorted(folder.glob("*.json")):
-        try:
-            doc = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-            continue
-        phases = doc.get("phases") if isinstance(doc, dict) and "trace" in doc else None
-        for ph in phases if isinstance(phases, list) else []:
+    for _, doc in run_files(folder):
+        for ph in doc["phases"]:
             if not isinstance(ph, dict) or ph.get("max_tokens_min") is None:
                 continue
             weight = float(ph.get("completed") or 0) + 1.0

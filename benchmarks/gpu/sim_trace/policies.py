@@ -15,10 +15,9 @@ from typing import Any
 from benchmarks.gpu.seeded.trace import TraceError, table_from
 from benchmarks.gpu.sim_trace.inputs import SimTraceError
 from controller.daemon.bench_seed import BenchSeedError
-from controller.evaluation.evaluate import run_daemon_eval
+from controller.evaluation.evaluate import run_daemon_eval, run_static_windows
 from sglang_hooks.contract import PolicyTable, single_depth_table
 from sims.profile import Profile
-from sims.server import SimulatedServer
 from sims.workload import Scenario
 
 # closed_loop.json's names the simulator has no counterpart for, and why
@@ -44,18 +43,11 @@ def phase_bounds(scenario: Scenario) -> list[float]:
 
 
 def run_static(profile: Profile, scenario: Scenario, seed: int, **kwargs: Any) -> PolicyRun:
-    """`controller.evaluation.evaluate.run_static`, the server read at each phase's end too
-    (the same run: advancing in parts serves the same requests)."""
-    server = SimulatedServer(profile, scenario.workload, seed=seed, **kwargs)
-    server.advance_to(scenario.warmup_s)
-    start = last = server.stats()
-    phases = []
-    for end in phase_bounds(scenario)[1:]:
-        server.advance_to(end)
-        now = server.stats()
-        phases.append(now.tok_per_s_since(last))
-        last = now
-    return PolicyRun(last.tok_per_s_since(start), phases)
+    """A static policy's run, read at each phase's end too (the first phase starts with the
+    scored part, after the daemon's idle lead)."""
+    marks = [t for t in scenario.workload.cut_at if t > scenario.warmup_s]
+    total, phases = run_static_windows(profile, scenario, seed, marks, **kwargs)
+    return PolicyRun(total, phases)
 
 
 def phase_means(trace: Sequence[tuple[float, float]], bounds: Sequence[float]) -> list[float]:

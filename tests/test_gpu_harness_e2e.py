@@ -220,16 +220,21 @@ def test_a_later_setup_reuses_a_server_only_if_its_launch_is_the_same(tmp_path, 
 
 @pytest.mark.slow
 def test_the_speculative_server_alone_benches_without_the_plain_one(tmp_path, capsys):
-    """`--start-order spec`: setup starts one server (real `specctl sim serve`); the bench
-    runs its depths without the plain server's series; a step that needs the plain server
-    fails and names the start order that starts it."""
+    """`--start-order spec`: setup starts one server (real `specctl sim serve`), and stops
+    the plain server an earlier setup started; the bench runs its depths without the plain
+    server's series; a step that needs the plain server fails and names the start order that
+    starts it."""
     run_dir = tmp_path / "run"
-    (spec_port,) = free_ports(1)
+    spec_port, plain_port = free_ports(2)
     base = ["--run-dir", str(run_dir), "--backend", "sim", "--tiny", "--sim-speedup", "20",
-            "--spec-port", str(spec_port), "--start-order", "spec"]  # fmt: skip
+            "--spec-port", str(spec_port), "--plain-port", str(plain_port)]  # fmt: skip
     try:
+        assert harness.main(["setup", *base]) == 0
+        plain_pid = int(_state(run_dir)["servers"]["plain"]["pid"])
+        base += ["--start-order", "spec"]
         assert harness.main(["setup", "bench", *base]) == 0
         assert list(_state(run_dir)["servers"]) == ["spec"]
+        assert not pid_alive(plain_pid)
         bench = json.loads((run_dir / "bench/bench.json").read_text())
         assert bench["no_spec_url"] is None
         series = {r["series"] for r in bench["results"]}

@@ -107,7 +107,16 @@ def server_options(run: Run) -> servers.ServerOptions:
 
 def start_servers(run: Run) -> dict[str, Any]:
     result: dict[str, Any] = {}
-    for plan in servers.plans(run.models(), server_options(run), run.dir / "logs"):
+    plans = servers.plans(run.models(), server_options(run), run.dir / "logs")
+    # A server an earlier setup started that this start order leaves out (spec,plain, then
+    # spec) is stopped: its GPU memory is the card's share the other asks for.
+    for role in [r for r in run.state.servers if r not in {p.role for p in plans}]:
+        entry = run.state.servers.pop(role)
+        if pid_alive(int(entry["pid"])):
+            run.say(f"  {role}: stopping it, left out of --start-order {run.opts.start_order} "
+                    f"(pid {entry['pid']}): {servers.stop(int(entry['pid']))}")
+        run.state.save()
+    for plan in plans:
         known = run.state.servers.get(plan.role)
         if (known and known.get("argv") == plan.argv and known.get("env", {}) == plan.env
                 and pid_alive(int(known["pid"])) and servers.healthy(plan.url)):

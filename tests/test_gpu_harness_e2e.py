@@ -67,10 +67,11 @@ def test_every_step_through_the_entry_over_two_commands(tmp_path, capsys):
         "--smoke-seconds", "0.5", "--greedy-prompts", "2", "--greedy-tokens", "16",
         "--switches", "20", "--switch-probe-every", "10", "--switch-load", "2",
         "--switch-interval", "0.01", "--bench-concurrency", "2", "--bench-depths", "0,3",
-        "--level-seconds", "0.5", "--warmup-seconds", "0.1", "--client-processes", "1",
+        "--bench-families", "b", "--level-seconds", "0.5", "--warmup-seconds", "0.1",
+        "--client-processes", "1",
         "--output-tokens", "16", "--parity-streams", "1,4", "--parity-series", "2",
         "--output-spread", "8:24", "--fresh-prompts", "200",
-        "--trace-policies", "bench-table daemon-from-bench plain", "--trace-repeats", "2",
+        "--trace-policies", "static:3 bench-table daemon-from-bench plain", "--trace-repeats", "2",
         "--trace-bench", str(REAL_BENCH),
         "--trace-phases", "1:2:a,1:4:b",
         "--daemon-seconds", "8", "--daemon-segment", "2",
@@ -123,6 +124,11 @@ def test_every_step_through_the_entry_over_two_commands(tmp_path, capsys):
     bench = steps["bench"]["result"]
     assert bench["levels"] == bench["levels_planned"] == 3 and bench["folder"] == "bench"
     assert set(bench["tok_per_s"]) == {"d0 c=2", "d3 c=2", "no-spec c=2"}
+    # --bench-families b: the same levels on family b, into their own folder
+    family_b = bench["families"]["b"]
+    assert family_b["folder"] == "bench_b" and family_b["dataset"] == str(fam["b"])
+    assert set(family_b["tok_per_s"]) == set(bench["tok_per_s"])
+    assert json.loads((run_dir / "bench_b/bench.json").read_text())["results"]
 
     # parity: the warm pass once, three series in two commands, the order alternating
     parity = steps["parity"]["result"]
@@ -141,33 +147,39 @@ def test_every_step_through_the_entry_over_two_commands(tmp_path, capsys):
     assert "d0 against the plain server over 3 bench runs" in (
         run_dir / "parity/parity.txt").read_text()
 
-    # the trace: each policy twice, the second repeat in reverse order, from the run's bench
+    # the trace: each policy twice, the second repeat in reverse order, from the run's bench;
+    # the bench's table is static:3's (1+: d3), so bench-table is not run again
     trace = steps["trace"]["result"]
     assert list(trace["policies"]) == [
-        "bench-table-r1", "daemon-from-bench-r1", "plain-r1",
-        "plain-r2", "daemon-from-bench-r2", "bench-table-r2"]  # fmt: skip
+        "static-3-r1", "daemon-from-bench-r1", "plain-r1",
+        "plain-r2", "daemon-from-bench-r2", "static-3-r2"]  # fmt: skip
+    assert trace["same_runs"] == {"bench-table": "static:3"}
     assert all(p["tok_per_s"] > 0 for p in trace["policies"].values())
     assert "| plain-r2 |" in (run_dir / "trace/compare.md").read_text()
     closed = json.loads((run_dir / "trace/closed_loop.json").read_text())
-    assert set(closed["policies"]) == {"bench-table", "daemon-from-bench", "plain"}
+    assert set(closed["policies"]) == {"static:3", "bench-table", "daemon-from-bench", "plain"}
+    assert closed["policies"]["bench-table"] == closed["policies"]["static:3"]
+    assert closed["same_runs"] == {"bench-table": "static:3"}
     assert closed["policies"]["plain"] == [trace["policies"]["plain-r1"]["tok_per_s"],
                                            trace["policies"]["plain-r2"]["tok_per_s"]]
     assert closed["trace"] == "trace.json" and (run_dir / "trace/trace.json").is_file()
     # every run in order, with its latency figures; the daemon's with its pushes
     assert [r["policy"] for r in closed["runs"]] == [
-        "bench-table", "daemon-from-bench", "plain", "plain", "daemon-from-bench", "bench-table"]
+        "static:3", "daemon-from-bench", "plain", "plain", "daemon-from-bench", "static:3"]
     assert all(r["tpot_p99_ms"] > 0 and r["ttft_p99_ms"] > 0 for r in closed["runs"])
     assert ["pushes" in r for r in closed["runs"]] == [False, True, False, False, True, False]
     assert closed["runs"][0]["final_table"] == "1+: d3"
-    # the done-when with the trace's own noise: the daemon against the bench's table
-    (verdict,) = closed["criterion"]
-    assert verdict["daemon"] == "daemon-from-bench" and verdict["against"] == "bench-table"
-    assert verdict["low"] <= verdict["ratio"] <= verdict["high"]
-    assert "| daemon-from-bench | bench-table |" in (run_dir / "trace/criterion.md").read_text()
-    # The tiny bench of this run is too short to recommend a table (its levels decide
-    # nothing): --trace-bench gives a real one, whose table (1+: d3) the stand-in captured.
-    bench_table = json.loads((run_dir / "trace/bench-table-r1.json").read_text())
-    assert bench_table["table"] == "1+: d3"
+    # the done-when with the trace's own noise: the daemon against the best static and the
+    # bench's table, which share their runs (counted once in the spread)
+    best, frozen = closed["criterion"]
+    assert best["daemon"] == frozen["daemon"] == "daemon-from-bench"
+    assert best["against"] == "static:3 (best static)" and frozen["against"] == "bench-table"
+    assert frozen["ratio"] == best["ratio"] and frozen["low"] == best["low"]
+    assert best["low"] <= best["ratio"] <= best["high"]
+    criterion_md = (run_dir / "trace/criterion.md").read_text()
+    assert "| daemon-from-bench | bench-table |" in criterion_md
+    assert "bench-table's runs are static:3's" in criterion_md
+    assert not (run_dir / "trace/bench-table-r1.json").exists()
     seeded = json.loads((run_dir / "trace/daemon-from-bench-r2.json").read_text())
     assert seeded["daemon"]["seed_bench"] == str(REAL_BENCH)
     assert steps["daemon"]["result"]["samples_stored"] > 0

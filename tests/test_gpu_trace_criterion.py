@@ -55,3 +55,22 @@ def test_the_command_prints_the_table_or_one_error_line(tmp_path, capsys):
     bad.write_text(json.dumps({"policies": {"daemon": "fast"}}))
     assert criterion.main([str(bad)]) == 2
     assert "tok/s per run" in capsys.readouterr().err
+
+
+def test_a_policy_sharing_another_s_runs_counts_once_in_the_spread(tmp_path, capsys):
+    """bench-table that pushed static:3's very table lists static:3's runs: the comparison
+    against it is made, but the spread and its degrees of freedom count those runs once."""
+    own = {"static:3": [100.0, 104.0], "daemon": [103.0, 105.0]}
+    shared = {**own, "bench-table": [100.0, 104.0]}
+    assert criterion.pooled_spread(shared, {"bench-table"}) == criterion.pooled_spread(own)
+    assert criterion.pooled_spread(shared)[1] == 3  # counted twice without it
+    found = {c.against: c for c in criterion.comparisons(shared, {"bench-table"})}
+    assert found["bench-table"].ratio == found["static:3 (best static)"].ratio
+    path = tmp_path / "closed_loop.json"
+    path.write_text(json.dumps({"policies": shared, "same_runs": {"bench-table": "static:3"}}))
+    assert criterion.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "2 degrees of freedom" in out and "bench-table's runs are static:3's" in out
+    path.write_text(json.dumps({"policies": own, "same_runs": {"bench-table": "static:9"}}))
+    assert criterion.main([str(path)]) == 2
+    assert "'same_runs'" in capsys.readouterr().err

@@ -131,6 +131,10 @@ class Options:
     bench_concurrency: str = opt("1,4,16,64,128", "streams of each bench level", "bench")
     bench_depths: str | None = opt(None, "depths the bench forces (default: --depths)",
                                    "bench")
+    bench_families: str = opt("", "prompt families benched after the run's dataset, each "
+                              "into bench_NAME/ (e.g. b: --trace-datasets' b, else the seeded "
+                              "family b); the trace's bench policies still start from bench/",
+                              "bench")
     # parity
     parity_series: int = opt(3, "paired series of depth 0 and the plain server this command "
                              "adds (the verdict pools every series of the run)", "parity")

@@ -7,7 +7,8 @@ static depth's or shape's, the bench's frozen table's (at or above each) and SGL
 choice's (3% above): the ratio of the means and a 95% interval, the difference of the means'
 interval over the other policy's mean. The interval comes from the run-to-run spread pooled
 over every policy with repeats, as a trace's runs share one server and one load (two runs of
-one policy alone leave one degree of freedom). A comparison is met
+one policy alone leave one degree of freedom); a policy listed in `same_runs` (its runs are
+another's) counts once. A comparison is met
 when the whole interval clears the bar, not met when the whole interval falls short, and
 inside the noise otherwise: then more runs, not a reading of the means, would decide it.
 """
@@ -18,7 +19,7 @@ import argparse
 import json
 import math
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import fmean
@@ -53,11 +54,14 @@ class Comparison:
         return "inside the noise"
 
 
-def pooled_spread(policies: Mapping[str, Sequence[float]]) -> tuple[float, int]:
-    """The runs' standard deviation pooled over the policies, and its degrees of freedom."""
+def pooled_spread(policies: Mapping[str, Sequence[float]],
+                  same_runs: Collection[str] = ()) -> tuple[float, int]:
+    """The runs' standard deviation pooled over the policies, and its degrees of freedom;
+    `same_runs` names policies whose runs are another policy's, left out so that no run
+    counts twice."""
     squares, df = 0.0, 0
-    for runs in policies.values():
-        if len(runs) > 1:
+    for name, runs in policies.items():
+        if len(runs) > 1 and name not in same_runs:
             mean = fmean(runs)
             squares += sum((r - mean) ** 2 for r in runs)
             df += len(runs) - 1
@@ -67,8 +71,9 @@ def pooled_spread(policies: Mapping[str, Sequence[float]]) -> tuple[float, int]:
     return math.sqrt(squares / df), df
 
 
-def comparisons(policies: Mapping[str, Sequence[float]]) -> list[Comparison]:
-    sd, df = pooled_spread(policies)
+def comparisons(policies: Mapping[str, Sequence[float]],
+                same_runs: Collection[str] = ()) -> list[Comparison]:
+    sd, df = pooled_spread(policies, same_runs)
     t = float(stats.t.ppf(0.975, df))
     statics = {n: fmean(r) for n, r in policies.items() if n.startswith("static:") and r}
     out = []
@@ -87,20 +92,25 @@ def comparisons(policies: Mapping[str, Sequence[float]]) -> list[Comparison]:
     return out
 
 
-def render(policies: Mapping[str, Sequence[float]]) -> str:
-    sd, df = pooled_spread(policies)
-    grand = fmean(r for runs in policies.values() for r in runs)
+def render(policies: Mapping[str, Sequence[float]], same_runs: Mapping[str, str] | None = None
+           ) -> str:  # fmt: skip
+    same = same_runs or {}
+    sd, df = pooled_spread(policies, same)
+    grand = fmean(r for name, runs in policies.items() if name not in same for r in runs)
     lines = [f"Run-to-run spread pooled over the policies: sd {sd:,.0f} tok/s ({sd / grand:.1%} "
              f"of the mean run), {df} degrees of freedom.", "",
              "| daemon | against | bar | ratio of means | 95% interval | verdict |",
              "| --- | --- | ---: | ---: | --- | --- |"]  # fmt: skip
-    for c in comparisons(policies):
+    for c in comparisons(policies, same):
         lines.append(f"| {c.daemon} | {c.against} | {1 + c.margin:.2f} | {c.ratio:.3f} | "
                      f"{c.low:.3f}-{c.high:.3f} | {c.verdict} |")
+    lines += ["", *(f"{alias}'s runs are {source}'s (the same table): counted once in the "
+                    "spread." for alias, source in same.items())] if same else []
     return "\n".join(lines)
 
 
-def read_policies(path: Path) -> dict[str, list[float]]:
+def read_policies(path: Path) -> tuple[dict[str, list[float]], dict[str, str]]:
+    """closed_loop.json's tok/s per run of each policy, and its `same_runs`."""
     try:
         doc = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -111,7 +121,13 @@ def read_policies(path: Path) -> dict[str, list[float]]:
             isinstance(v, list) and all(isinstance(x, int | float) for x in v)
             for v in policies.values()):
         raise CriterionError(f"{path}: 'policies' is not {{name: [tok/s per run]}}")
-    return {str(k): [float(x) for x in v] for k, v in policies.items()}
+    same = doc.get("same_runs") or {}
+    if not isinstance(same, dict) or not all(isinstance(v, str) and v in policies
+                                             for v in same.values()):
+        raise CriterionError(f"{path}: 'same_runs' is not {{policy: policy whose runs it "
+                             "shares}}")  # fmt: skip
+    return ({str(k): [float(x) for x in v] for k, v in policies.items()},
+            {str(k): str(v) for k, v in same.items()})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("closed_loop", type=Path, help="a trace step's closed_loop.json")
     args = parser.parse_args(argv)
     try:
-        print(render(read_policies(args.closed_loop)))
+        print(render(*read_policies(args.closed_loop)))
     except CriterionError as err:
         print(f"criterion: {err}", file=sys.stderr)
         return 2

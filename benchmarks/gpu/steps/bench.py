@@ -1,6 +1,8 @@
 """`bench`: `specctl bench` over the bench depths with the plain server beside, into bench/
-(a later bench of the run into bench_2/, ...), and how every step runs `specctl bench` (one
-command line, pinned to --bench-cpus, with a timeout).
+(a later bench of the run into bench_2/, ...), then, with --bench-families, one more bench per
+named seeded family into bench_NAME/ (what each depth does on prompts the first bench never
+sent); and how every step runs `specctl bench` (one command line, pinned to --bench-cpus, with
+a timeout).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import Any
 from benchmarks.gpu import servers
 from benchmarks.gpu.context import Run, StepError
 from benchmarks.gpu.cpus import pinned_argv
-from benchmarks.gpu.options import int_list
+from benchmarks.gpu.options import int_list, trace_datasets
 from benchmarks.gpu.subproc import Finished, run_logged
 
 DRAIN_S = 40.0  # a level's wait for the server to finish what it holds, at most
@@ -73,10 +75,40 @@ def levels_summary(data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def family_files(run: Run) -> dict[str, Path]:
+    """The prompt file of each --bench-families name (the trace's dataset of that name, else
+    the seeded family), checked before any bench starts."""
+    names = [n.strip() for n in run.opts.bench_families.split(",") if n.strip()]
+    families = {**run.families(),
+                **{k: Path(v) for k, v in trace_datasets(run.opts.trace_datasets).items()}}
+    missing = [n for n in names if n not in families]
+    if missing:
+        raise StepError(f"--bench-families: no family {missing[0]!r} in this run (it has: "
+                        f"{', '.join(sorted(families)) or 'none'}); name one of the seeded "
+                        "families or of --trace-datasets")
+    return {n: families[n] for n in names}
+
+
 def run(run: Run) -> dict[str, Any]:
     # The plain server's series where the run started one (--start-order spec: none).
     plain = [servers.PLAIN] if run.state.url(servers.PLAIN) is not None else []
     run.require_servers(servers.SPEC, *plain)
+    more = family_files(run)
+    result = bench_once(run, plain, run.dataset(), fresh_folder(run.dir / "bench"))
+    failed = [] if result["returncode"] == 0 else [result["folder"]]
+    for name, path in more.items():
+        run.say(f"  family {name} ({path.name}):")
+        family = bench_once(run, plain, path, fresh_folder(run.dir / f"bench_{name}"))
+        result.setdefault("families", {})[name] = family
+        failed += [] if family["returncode"] == 0 else [family["folder"]]
+    if failed:
+        raise StepError(f"bench: {', '.join(failed)} cut short (see its .txt log); the levels "
+                        "measured by then are kept", result)
+    return result
+
+
+def bench_once(run: Run, plain: list[str], dataset: Path | None, out: Path) -> dict[str, Any]:
+    """One `specctl bench` of the run's depths and levels on `dataset`, into `out`."""
     o = run.opts
     depths = o.bench_depths or o.depths
     levels = len(int_list(o.bench_concurrency, "bench-concurrency")) * (
@@ -84,17 +116,16 @@ def run(run: Run) -> dict[str, Any]:
     extra = [*(["--no-spec-url", run.url(servers.PLAIN)] if plain else []),
              "--concurrency", o.bench_concurrency,
              "--depths", depths, "--output-tokens", str(o.output_tokens), "--freeze-gc"]
-    dataset = run.dataset()
     if dataset is not None:
         extra += ["--dataset", str(dataset)]
-    out = fresh_folder(run.dir / "bench")
     run.say(f"  {levels} levels of {o.level_seconds:g} s after {o.warmup_seconds:g} s of "
             f"warm-up each, into {out.name}/")
     done, data = run_bench(run, bench_argv(run, out, extra), levels,
                            out.with_name(out.name + ".txt"))
     if data is None:
-        raise StepError(f"bench wrote no bench.json: {done.describe()}")
-    result = {"folder": out.name, "returncode": done.returncode,
+        raise StepError(f"bench wrote no bench.json into {out.name}/: {done.describe()}")
+    result = {"folder": out.name, "dataset": str(dataset) if dataset else None,
+              "returncode": done.returncode,
               "seconds": round(done.seconds, 1), "levels_planned": levels,
               **levels_summary(data),
               "crossovers": data.get("crossovers"),
@@ -105,6 +136,6 @@ def run(run: Run) -> dict[str, Any]:
                 f"{', '.join(result['levels_without_finished_requests'])}: raise "
                 "--level-seconds or lower --output-tokens")
     if done.returncode != 0:
-        raise StepError(f"bench: {done.describe()}; {result['levels']} of {levels} levels "
-                        "measured (see bench.txt)", result)
+        run.say(f"  bench {out.name}: {done.describe()}; {result['levels']} of {levels} "
+                "levels measured")
     return result

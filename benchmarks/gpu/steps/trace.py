@@ -12,8 +12,10 @@ With --trace-repeats N every policy runs N times, the order reversed in every ot
 (A B C, C B A, ...) so that none always goes first; a repeat's files end in -rK. Then `trace
 compare` puts every run of trace/ side by side (compare.md, compare.json, compare.png), and
 closed_loop.json lists each policy's tok/s per repeat with the GPU and the trace (trace.json
-beside it). The trace's dataset names (a, b) are the seeded pair's prompt families, or
---trace-datasets.
+beside it). Where the bench recommended a one-tier table of depth D and static:D is in the list,
+bench-table is not run again: the two push the same table, so static:D's runs are bench-table's
+too (closed_loop.json lists them under both names and says so in `same_runs`). The trace's
+dataset names (a, b) are the seeded pair's prompt families, or --trace-datasets.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from benchmarks.gpu.cpus import pinned_argv
 from benchmarks.gpu.options import trace_datasets
 from benchmarks.gpu.seeded import criterion
 from benchmarks.gpu.seeded.compare import CompareError, compare
-from benchmarks.gpu.seeded.trace import parse_phases
+from benchmarks.gpu.seeded.trace import TraceError, parse_phases, table_from
 from benchmarks.gpu.subproc import run_logged
 
 COLD, WARM = "daemon-cold", "daemon-warm"
@@ -93,6 +95,21 @@ def policy_run(name: str, run: Run, out: Path, suffix: str = ""
     return name, run.url(servers.SPEC), label, []
 
 
+def same_as_static(run: Run, policies: list[str]) -> str | None:
+    """The static:D policy of the list that pushes the very table bench-table would (the
+    bench recommended one tier of depth D), else None."""
+    if BENCH_TABLE not in policies:
+        return None
+    try:
+        table = table_from(run_bench(run))
+    except (StepError, TraceError):
+        return None  # bench-table's own run reports why it cannot run
+    depths = {t.depth for t in table.tiers}
+    probes = any(t.explore_share > 0 for t in table.tiers)
+    name = f"static:{depths.pop()}" if len(depths) == 1 and not probes else None
+    return name if name in policies else None
+
+
 def schedule(policies: list[str], repeats: int) -> list[tuple[int, str]]:
     """(repeat, policy) in run order: the policies' order reversed in every other repeat."""
     out = []
@@ -111,6 +128,10 @@ def closed_loop(run: Run, result: dict[str, Any], out: Path) -> dict[str, Any]:
         if name is not None and entry.get("tok_per_s") is not None:
             key = CLOSED_LOOP_NAMES.get(base_label(name), name)
             policies.setdefault(key, []).append(entry["tok_per_s"])
+    same = result.get("same_runs") or {}
+    for alias, source in same.items():
+        if source in policies:
+            policies[alias] = list(policies[source])
     # the prompt file behind each dataset name: its stem names the family the acceptance
     # step measured (what the simulated trace replays it with, benchmarks/gpu/sim_trace)
     (out / "trace.json").write_text(json.dumps(
@@ -120,14 +141,16 @@ def closed_loop(run: Run, result: dict[str, Any], out: Path) -> dict[str, Any]:
            "repeats": run.opts.trace_repeats, "order": [f"{n} (repeat {r})"
                                                      for r, n in result["order"]],
            "policies": policies,
+           # a policy whose runs are another's (bench-table pushing static:D's very table)
+           **({"same_runs": same} if same else {}),
            # every run: its latency figures, the daemon's applied pushes, the table it ended on
            "runs": [{"policy": CLOSED_LOOP_NAMES.get(base_label(e["policy"]), e["policy"]),
                      **{k: v for k, v in e.items() if k != "policy"}}
                     for e in result["policies"].values()]}
     try:  # the done-when of the closed loop, with the trace's own noise
         doc["criterion"] = [{**asdict(c), "verdict": c.verdict}
-                            for c in criterion.comparisons(policies)]
-        (out / "criterion.md").write_text(criterion.render(policies) + "\n")
+                            for c in criterion.comparisons(policies, same)]
+        (out / "criterion.md").write_text(criterion.render(policies, same) + "\n")
     except criterion.CriterionError as err:
         doc["criterion"] = str(err)
     (out / "closed_loop.json").write_text(json.dumps(doc, indent=1) + "\n")
@@ -148,9 +171,16 @@ def run(run: Run) -> dict[str, Any]:
         raise StepError(f"the trace uses dataset {missing[0]!r}, which {where} lack: name "
                         "a file for it in --trace-datasets NAME=FILE,...")
     seconds = sum(p.seconds for p in phases)
-    order = schedule(o.trace_policies.split(), o.trace_repeats)
+    names = o.trace_policies.split()
     result: dict[str, Any] = {"phases": o.trace_phases, "prompts_from": where, "policies": {},
                               "order": [], "files": {k: str(v) for k, v in files.items()}}
+    static = same_as_static(run, names)
+    if static is not None:
+        names.remove(BENCH_TABLE)
+        result["same_runs"] = {BENCH_TABLE: static}
+        run.say(f"  {BENCH_TABLE}: the bench recommended {static}'s one-tier table, so "
+                f"{static}'s runs are {BENCH_TABLE}'s too")
+    order = schedule(names, o.trace_repeats)
     failures: list[str] = []
     for repeat, name in order:
         if run.time_left() < seconds + 60:

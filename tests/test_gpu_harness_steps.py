@@ -145,6 +145,15 @@ def test_trace_policies_map_to_runs_and_the_warm_daemon_needs_the_cold_ones_stor
         "daemon", SPEC_URL, "daemon-warm", ["--daemon-store", str(out / "daemon-cold.sqlite")])
 
 
+def test_a_daemon_trace_starts_on_the_bench_s_cores_and_the_daemon_s():
+    """The trace run pins its daemon to --trace-daemon-cpus: a process can pin a child only
+    to cores it may use itself, so the run starts on both sets (it keeps its load processes
+    off the daemon's cores itself)."""
+    assert trace.trace_cpus("12-15", "11") == "12-15,11"
+    assert trace.trace_cpus("12-15", "") == "12-15"
+    assert trace.trace_cpus("", "11") == ""  # unpinned: every core, the daemon's included
+
+
 def test_without_families_the_trace_runs_the_runs_prompts_under_every_name(tmp_path):
     run = _run(tmp_path, prompt_tokens=16)
     files, where = trace.datasets(run, {"a", "b"})

@@ -94,6 +94,7 @@ def test_every_policy_then_compare(sim_server_factory, tmp_path, capsys):
     # a warm start copies the store given, and leaves the original alone
     before = (results / "daemon.sqlite").read_bytes()
     own = min(os.sched_getaffinity(0))
+    before_cpus = os.sched_getaffinity(0)
     args = ["run", "--policy", "daemon", "--url", spec.base_url, "--phases", "2:2:a",
             "--out", str(tmp_path / "warm"), "--admin-key", "k", "--daemon-store",
             str(results / "daemon.sqlite"), "--dataset", data[0],
@@ -102,6 +103,10 @@ def test_every_policy_then_compare(sim_server_factory, tmp_path, capsys):
     warm = json.loads((tmp_path / "warm" / "daemon.json").read_text())
     assert warm["daemon"]["warm_start_store"] == str(results / "daemon.sqlite")
     assert warm["daemon_cpus"] == [own]
+    # the load processes ran on the trace's other cores; the trace's own set is back after
+    others = sorted(before_cpus - {own})
+    assert warm.get("load_cpus") == (others or None)
+    assert os.sched_getaffinity(0) == before_cpus
     assert (results / "daemon.sqlite").read_bytes() == before
 
 

@@ -349,6 +349,7 @@ def run_policy(spec: RunSpec) -> dict[str, Any]:
     server = None if kind == "plain" else ServerClient(spec.url, admin_key)
     before: PolicyTable | None = None
     daemon: subprocess.Popen[bytes] | None = None
+    own_cpus = frozenset(os.sched_getaffinity(0))
     t0 = time.time()
     try:
         if server is not None:
@@ -396,6 +397,11 @@ def run_policy(spec: RunSpec) -> dict[str, Any]:
                                  f"see {log}")  # fmt: skip
             with contextlib.suppress(OSError):  # the cores it runs on, as the kernel has them
                 result["daemon_cpus"] = sorted(os.sched_getaffinity(daemon.pid))
+            if spec.daemon_cpus:  # the load processes, started next, keep off its cores
+                rest = own_cpus - parse_cpu_list(spec.daemon_cpus, "daemon-cpus")
+                if rest:
+                    os.sched_setaffinity(0, rest)
+                    result["load_cpus"] = sorted(rest)
         print(f"trace: {len(spec.phases)} phases, {total:g} s, policy {spec.policy}", flush=True)
         with contextlib.ExitStack() as stack:
             pools = {name: stack.enter_context(LoadProcesses(spec.client_processes,
@@ -412,6 +418,7 @@ def run_policy(spec: RunSpec) -> dict[str, Any]:
         if server is not None:
             result["final_table"] = server.state().describe()
     finally:
+        os.sched_setaffinity(0, own_cpus)
         if daemon is not None:
             code = _stop_daemon(daemon)
             pushes = [p for p in read_pushes(spec.out / f"{spec.label}.sqlite") if p["t"] >= t0 - 1]

@@ -110,6 +110,13 @@ def same_as_static(run: Run, policies: list[str]) -> str | None:
     return name if name in policies else None
 
 
+def trace_cpus(bench_cpus: str, daemon_cpus: str) -> str:
+    """The cores a trace run starts on: the bench's, and the daemon's where it has its own
+    (a process can only pin a child to cores it may use itself; the run then keeps its load
+    processes off the daemon's cores)."""
+    return f"{bench_cpus},{daemon_cpus}" if bench_cpus and daemon_cpus else bench_cpus
+
+
 def schedule(policies: list[str], repeats: int) -> list[tuple[int, str]]:
     """(repeat, policy) in run order: the policies' order reversed in every other repeat."""
     out = []
@@ -203,8 +210,9 @@ def run(run: Run) -> dict[str, Any]:
                 "--out", str(out), *extra,
                 *(["--daemon-cpus", o.trace_daemon_cpus]
                   if policy == "daemon" and o.trace_daemon_cpus else [])]
-        done = run_logged(pinned_argv(o.bench_cpus, argv), out / f"{label}.txt",
-                          run.cap(seconds + 90))
+        done = run_logged(pinned_argv(trace_cpus(o.bench_cpus, o.trace_daemon_cpus
+                                                 if policy == "daemon" else ""), argv),
+                          out / f"{label}.txt", run.cap(seconds + 90))
         entry: dict[str, Any] = {"policy": name, "repeat": repeat,
                                  "returncode": done.returncode, "seconds": round(done.seconds, 1)}
         written = out / f"{label}.json"

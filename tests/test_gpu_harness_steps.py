@@ -154,6 +154,51 @@ def test_a_daemon_trace_starts_on_the_bench_s_cores_and_the_daemon_s():
     assert trace.trace_cpus("", "11") == ""  # unpinned: every core, the daemon's included
 
 
+def test_a_run_s_label_names_its_policy_and_repeat():
+    assert trace.policy_of("static-1-r2") == ("static:1", 2)
+    assert trace.policy_of("daemon-from-bench") == ("daemon-from-bench", 1)
+    assert trace.policy_of("daemon-cold-r3") == ("daemon", 3)
+    assert trace.policy_of("sglang-r1") == ("sglang", 1)
+    assert trace.policy_of("daemon-warm") == ("daemon-warm", 1)
+
+
+def test_closed_loop_json_reports_every_run_of_the_trace_split_over_commands(tmp_path):
+    """A trace step cut short and resumed by a second command: closed_loop.json lists the runs
+    of both (in the order they ran), keeps the first command's shared runs, and leaves out runs
+    of another trace in the same folder. The run documents are written here in the format
+    `trace run` writes (benchmarks/gpu/seeded/trace.py); the real ones come from a GPU run."""
+    run = _run(tmp_path, trace_phases="1:2:a,1:4:b")
+    out = run.dir / "trace"
+    out.mkdir(parents=True)
+    phases = [{"name": "p1-2-a", "seconds": 1.0, "concurrency": 2, "dataset": "a"},
+              {"name": "p2-4-b", "seconds": 1.0, "concurrency": 4, "dataset": "b"}]
+
+    def write(label: str, started: float, tok_per_s: float, trace_phases: object = phases,
+              daemon: bool = False) -> None:
+        total = {"tok_per_s": tok_per_s, "tpot_p50_ms": 5.0, "tpot_p90_ms": 6.0,
+                 "tpot_p99_ms": 7.0, "ttft_p99_ms": 9.0}
+        doc = {"policy": "daemon" if daemon else label.rsplit("-r", 1)[0].replace("-", ":"),
+               "name": label, "trace": trace_phases, "trace_started_unix": started,
+               "phases": [], "total": total, "final_table": "1+: d1",
+               **({"daemon": {"push_count": 4}} if daemon else {})}
+        (out / f"{label}.json").write_text(json.dumps(doc))
+
+    write("static-1-r1", 10.0, 100.0)
+    write("static-1-r2", 40.0, 104.0)
+    write("daemon-from-bench-r1", 20.0, 103.0, daemon=True)
+    write("daemon-from-bench-r2", 30.0, 105.0, daemon=True)
+    write("static-3-r1", 5.0, 90.0, trace_phases=phases[:1])  # another trace's run
+    (out / "closed_loop.json").write_text(json.dumps({"same_runs": {"bench-table": "static:1"}}))
+    doc = trace.closed_loop(run, {"prompts_from": "--trace-datasets"}, out)
+    assert doc["policies"] == {"static:1": [100.0, 104.0], "daemon-from-bench": [103.0, 105.0],
+                               "bench-table": [100.0, 104.0]}
+    assert doc["order"] == ["static:1 (repeat 1)", "daemon-from-bench (repeat 1)",
+                            "daemon-from-bench (repeat 2)", "static:1 (repeat 2)"]
+    assert [r.get("pushes") for r in doc["runs"]] == [None, 4, 4, None]
+    assert doc["same_runs"] == {"bench-table": "static:1"} and doc["repeats"] == 2
+    assert {c["against"] for c in doc["criterion"]} == {"static:1 (best static)", "bench-table"}
+
+
 def test_without_families_the_trace_runs_the_runs_prompts_under_every_name(tmp_path):
     run = _run(tmp_path, prompt_tokens=16)
     files, where = trace.datasets(run, {"a", "b"})

@@ -31,7 +31,7 @@ from benchmarks.gpu.context import Run, StepError
 from benchmarks.gpu.cpus import pinned_argv
 from benchmarks.gpu.options import trace_datasets
 from benchmarks.gpu.seeded import criterion
-from benchmarks.gpu.seeded.compare import CompareError, compare
+from benchmarks.gpu.seeded.compare import CompareError, compare, load_results
 from benchmarks.gpu.seeded.trace import TraceError, parse_phases, table_from
 from benchmarks.gpu.subproc import run_logged
 
@@ -125,35 +125,69 @@ def schedule(policies: list[str], repeats: int) -> list[tuple[int, str]]:
     return out
 
 
+def run_files(out: Path, phases: str) -> list[dict[str, Any]]:
+    """Every run of this trace (these phases) in trace/, in the order they ran: a trace step
+    split over several commands (a --budget cut, a resumed run) reports them all."""
+    try:
+        runs = load_results(out)
+    except CompareError:
+        return []
+    want = [asdict(p) for p in parse_phases(phases)]
+    return sorted((r for r in runs if r.get("trace") == want),
+                  key=lambda r: float(r.get("trace_started_unix") or 0.0))
+
+
+def policy_of(label: str) -> tuple[str, int]:
+    """The --trace-policies name and the repeat of a run's label: static-1-r2 -> (static:1,
+    2), daemon-cold -> (daemon, 1)."""
+    base, _, repeat = label.rpartition("-r")
+    if not (base and repeat.isdigit()):
+        base, repeat = label, "1"
+    name = "daemon" if base == COLD else (
+        "static:" + base.removeprefix("static-") if base.startswith("static-") else base)
+    return name, int(repeat)
+
+
 def closed_loop(run: Run, result: dict[str, Any], out: Path) -> dict[str, Any]:
-    """closed_loop.json: each policy's whole-trace tok/s per repeat, the GPU, the trace."""
+    """closed_loop.json: each policy's whole-trace tok/s per repeat, the GPU, the trace, from
+    every run of the trace in `out`."""
     gpus = (run.state.data.get("machine") or {}).get("gpus") or []
     gpu = ", ".join(sorted({str(g.get("name")) for g in gpus if isinstance(g, dict)})) or None
     policies: dict[str, list[float]] = {}
-    for entry in result["policies"].values():
-        name = entry.get("policy")
-        if name is not None and entry.get("tok_per_s") is not None:
-            key = CLOSED_LOOP_NAMES.get(base_label(name), name)
-            policies.setdefault(key, []).append(entry["tok_per_s"])
-    same = result.get("same_runs") or {}
+    runs: list[dict[str, Any]] = []
+    for doc in run_files(out, run.opts.trace_phases):
+        label = str(doc.get("name") or doc["policy"])
+        name, repeat = policy_of(label)
+        key = CLOSED_LOOP_NAMES.get(base_label(name), name)
+        total = doc.get("total") or {}
+        if total.get("tok_per_s") is None:
+            continue
+        policies.setdefault(key, []).append(total["tok_per_s"])
+        runs.append({"policy": key, "repeat": repeat, "name": label,
+                     **{k: total.get(k) for k in ("tok_per_s", "tpot_p50_ms", "tpot_p90_ms",
+                                                  "tpot_p99_ms", "ttft_p99_ms")},
+                     "final_table": doc.get("final_table"),
+                     **({"pushes": doc["daemon"]["push_count"]} if doc.get("daemon") else {})})
+    earlier = out / "closed_loop.json"  # what an earlier command of this trace found
+    shared = {**(json.loads(earlier.read_text()).get("same_runs") or {} if earlier.is_file()
+                 else {}), **(result.get("same_runs") or {})}
+    same = {alias: source for alias, source in shared.items()
+            if source in policies and alias not in policies}
     for alias, source in same.items():
-        if source in policies:
-            policies[alias] = list(policies[source])
+        policies[alias] = list(policies[source])
     # the prompt file behind each dataset name: its stem names the family the acceptance
     # step measured (what the simulated trace replays it with, benchmarks/gpu/sim_trace)
     (out / "trace.json").write_text(json.dumps(
         {"phases": run.opts.trace_phases, "datasets": result["prompts_from"],
          "files": result.get("files", {})}, indent=1) + "\n")
     doc = {"gpu": gpu, "trace": "trace.json", "phases": run.opts.trace_phases,
-           "repeats": run.opts.trace_repeats, "order": [f"{n} (repeat {r})"
-                                                     for r, n in result["order"]],
+           "repeats": max((r["repeat"] for r in runs), default=0),
+           "order": [f"{r['policy']} (repeat {r['repeat']})" for r in runs],
            "policies": policies,
            # a policy whose runs are another's (bench-table pushing static:D's very table)
            **({"same_runs": same} if same else {}),
            # every run: its latency figures, the daemon's applied pushes, the table it ended on
-           "runs": [{"policy": CLOSED_LOOP_NAMES.get(base_label(e["policy"]), e["policy"]),
-                     **{k: v for k, v in e.items() if k != "policy"}}
-                    for e in result["policies"].values()]}
+           "runs": runs}
     try:  # the done-when of the closed loop, with the trace's own noise
         doc["criterion"] = [{**asdict(c), "verdict": c.verdict}
                             for c in criterion.comparisons(policies, same)]

@@ -54,8 +54,9 @@ def test_every_policy_then_compare(sim_server_factory, tmp_path, capsys):
         client.push(live)
     data = [_dataset(tmp_path / "a.jsonl", "the model"), _dataset(tmp_path / "b.jsonl", "a batch")]
     results = tmp_path / "results"
-    for policy, url in (("static:3", spec.base_url), ("sglang", spec.base_url),
-                        ("daemon", spec.base_url), ("plain", plain.base_url)):
+    for policy, url in (("static:3", spec.base_url), ("static:3+scrape", spec.base_url),
+                        ("sglang", spec.base_url), ("daemon", spec.base_url),
+                        ("plain", plain.base_url)):
         args = ["run", "--policy", policy, "--url", url, "--phases", PHASES, "--out", str(results),
                 "--admin-key", "k"]  # fmt: skip
         for d in data:
@@ -70,6 +71,15 @@ def test_every_policy_then_compare(sim_server_factory, tmp_path, capsys):
         assert static["total"][key] > 0
         assert all(p[key] > 0 for p in static["phases"])
     assert static["phases"][1]["tpot_p50_ms"] > static["phases"][0]["tpot_p50_ms"]  # load costs
+    assert "metrics_reads" not in static
+    # static:3 again, /metrics read once a second as the trace's daemon does: each read's time
+    # and size (the real stand-in server's page)
+    scraped = json.loads((results / "static-3+scrape.json").read_text())
+    reads = scraped["metrics_reads"]
+    assert scraped["final_table"] == "1+: d3" and reads["interval_s"] == 1.0
+    assert reads["reads"] >= 2 and reads["errors"] == 0
+    assert 0 < reads["ms_p50"] <= reads["ms_p99"] <= reads["ms_max"]
+    assert reads["bytes_mean"] > 1000
     released = json.loads((results / "sglang.json").read_text())
     assert released["final_table"] == "released (SGLang's own choice)"
     daemon = json.loads((results / "daemon.json").read_text())
@@ -83,9 +93,10 @@ def test_every_policy_then_compare(sim_server_factory, tmp_path, capsys):
 
     assert trace.main(["compare", str(results)]) == 0
     table = (results / "compare.md").read_text()
-    assert table.count("\n") == 2 + 4  # header, rule, one row per policy
+    assert table.count("\n") == 2 + 5  # header, rule, one row per policy
     summary = json.loads((results / "compare.json").read_text())
-    assert set(summary["policies"]) == {"static:3", "sglang", "daemon", "plain"}
+    assert set(summary["policies"]) == {"static:3", "static:3+scrape", "sglang", "daemon",
+                                        "plain"}
     assert (results / "compare.png").stat().st_size > 10_000
     capsys.readouterr()
 
@@ -116,6 +127,9 @@ def test_errors_name_the_option(sim_server_factory, tmp_path, capsys):
     base = ["run", "--url", spec.base_url, "--out", str(tmp_path / "r"), "--admin-key", "k"]
     assert trace.main([*base, "--policy", "static:9", "--phases", "1:1:a", "--dataset", data]) == 2
     assert "depth 9 was not captured" in capsys.readouterr().err
+    assert trace.main([*base, "--policy", "sglang+scrape", "--phases", "1:1:a", "--dataset",
+                       data]) == 2  # fmt: skip
+    assert "+scrape goes with a static depth" in capsys.readouterr().err
     assert trace.main([*base, "--policy", "static:1", "--phases", "1:1:b", "--dataset", data]) == 2
     assert "--dataset NAME=FILE" in capsys.readouterr().err
     assert trace.main([*base, "--policy", "plain", "--phases", "1:1:a",

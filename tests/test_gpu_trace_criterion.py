@@ -27,6 +27,10 @@ def test_a_gain_larger_than_the_noise_is_met_a_loss_not_met_a_small_one_inside()
     half = float(stats.t.ppf(0.975, df)) * sd
     assert best.low == pytest.approx((121 - half) / 101)
     assert "sglang-adaptive" not in found  # a policy the trace did not run is no bar
+    # static:D+scrape measures the scrapes' cost: never the best static, however fast
+    scraped = criterion.comparisons({**noisy, "static:1+scrape": [200.0, 202.0],
+                                     "daemon": [120.0, 122.0]})
+    assert "static:1 (best static)" in {c.against for c in scraped}
     worse = criterion.comparisons({**noisy, "daemon": [80.0, 82.0]})
     assert {c.verdict for c in worse} == {"not met"}
     close = criterion.comparisons({**noisy, "daemon": [101.0, 102.0]})

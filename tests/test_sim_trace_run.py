@@ -235,3 +235,12 @@ def test_the_trace_s_output_lengths_are_a_range_only_where_they_spread_evenly(tm
     assert even[1] == UniformLength(low=64, high=192)
     assert skewed[1] == FixedLength(value=90)
     assert fixed == (FixedLength(value=40), FixedLength(value=128))
+
+
+def test_a_scrape_measurement_is_not_simulated_and_says_why():
+    """static:D+scrape measures what reading /metrics costs the real server: the simulator
+    has no counterpart, and says so before it needs a profile or a scenario."""
+    from benchmarks.gpu.sim_trace.policies import NotSimulated, run_policy
+
+    with pytest.raises(NotSimulated, match="reading /metrics"):
+        run_policy("static:3+scrape", None, None, 0, Path("bench"))  # type: ignore[arg-type]

@@ -23,6 +23,8 @@ from benchmarks.gpu.subproc import Finished, run_logged
 from controller.bench.loadgen import ClosedLoop, StopRule, make_client, run_level
 from controller.bench.prompts import Prompt
 
+SCRAPE_INTERVAL_S = 1.0  # the trace daemon's scrapes of /metrics (the default is 5 s)
+
 
 def daemon_config(url: str, admin_key: str, store: Path, duration_s: float,
                   seed_bench: Path | None = None) -> dict[str, Any]:
@@ -35,8 +37,9 @@ def daemon_config(url: str, admin_key: str, store: Path, duration_s: float,
         target["seed_bench"] = str(seed_bench)
     return {
         "targets": [target],
-        "schedule": {"clock": "wall", "duration_s": duration_s, "scrape_interval_s": 1.0,
-                     "fit_interval_s": 3.0, "decide_interval_s": 3.0, "backoff_max_s": 10.0},
+        "schedule": {"clock": "wall", "duration_s": duration_s,
+                     "scrape_interval_s": SCRAPE_INTERVAL_S, "fit_interval_s": 3.0,
+                     "decide_interval_s": 3.0, "backoff_max_s": 10.0},
         "guardrails": {"min_dwell_s": 6.0, "rollback_window_s": 5.0,
                        # takeover_max_wait_s stays at its default: the first fit takes over
                        "rollback_min_iterations": 50, "refused_backoff_s": 10.0},

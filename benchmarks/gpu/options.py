@@ -152,7 +152,8 @@ class Options:
                           "parity_TAG), e.g. after a restart with other settings", "parity")
     # trace
     trace_policies: str = opt("static:3 sglang daemon plain", "policies run one after "
-                              "another: static:D, sglang, daemon (learns from nothing), "
+                              "another: static:D, static:D+scrape (static:D while /metrics is "
+                              "read as the daemon does), sglang, daemon (learns from nothing), "
                               "daemon-warm (from the daemon run's store), bench-table (the "
                               "bench's recommended table, kept), daemon-from-bench (the daemon "
                               "from that bench), plain", "trace")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from statistics import fmean
 from scipy import stats
 
 DAEMONS = ("daemon-from-bench", "daemon")
+STATIC = re.compile(r"static:\d+")
 # (against, margin): the bars of a daemon's mean; "best static" is the best static:* mean
 BARS = (("best static", 0.0), ("bench-table", 0.0), ("sglang-adaptive", 0.03))
 
@@ -75,7 +77,8 @@ def comparisons(policies: Mapping[str, Sequence[float]],
                 same_runs: Collection[str] = ()) -> list[Comparison]:
     sd, df = pooled_spread(policies, same_runs)
     t = float(stats.t.ppf(0.975, df))
-    statics = {n: fmean(r) for n, r in policies.items() if n.startswith("static:") and r}
+    # static:D alone: static:D+scrape is a measurement of the scrapes, not a choice of depth
+    statics = {n: fmean(r) for n, r in policies.items() if STATIC.fullmatch(n) and r}
     out = []
     for daemon in (d for d in DAEMONS if policies.get(d)):
         runs = policies[daemon]

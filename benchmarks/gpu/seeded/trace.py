@@ -12,6 +12,9 @@ drifts from family a to family b, and back), or
 
 - `plain`: `--url` is a server without speculation; nothing is pushed.
 - `static:D`: a one-tier table of depth D is pushed for the whole trace.
+- `static:D+scrape`: the same, while a thread reads /metrics as often as the trace's daemon
+  scrapes it (benchmarks/gpu/seeded/scrape_load.py): what the scrapes alone cost the server,
+  and how long it takes to render the page under load (`metrics_reads` in the result).
 - `sglang`: control is released (`specctl_tiers: 0`): SGLang's own adaptive choice of steps.
 - `table`: the table of `--table-from PATH` is pushed once and kept for the whole trace: the
   table a `specctl bench` recommended (its `--out` folder or bench.json), or a policy file's
@@ -49,8 +52,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.gpu.cpus import CpuListError, parse_cpu_list, pinned_argv
-from benchmarks.gpu.daemon_run import daemon_config, read_pushes, write_config
+from benchmarks.gpu.daemon_run import (
+    SCRAPE_INTERVAL_S,
+    daemon_config,
+    read_pushes,
+    write_config,
+)
 from benchmarks.gpu.seeded.compare import CompareError, compare
+from benchmarks.gpu.seeded.scrape_load import MetricsReader, split_policy
 from controller.bench.load_processes import LoadProcesses
 from controller.bench.loadgen import ClosedLoop, LevelLoad, StopRule, make_client, run_level
 from controller.bench.prompts import DatasetError, Prompt, load_dataset
@@ -128,8 +137,8 @@ def parse_policy(text: str) -> tuple[str, int | None]:
             depth = -1
         if depth >= 0:
             return "static", depth
-    raise TraceError(f"--policy {text!r}: use daemon, sglang, plain, table or static:D (e.g. "
-                     "static:3)")
+    raise TraceError(f"--policy {text!r}: use daemon, sglang, plain, table, static:D or "
+                     "static:D+scrape (e.g. static:3)")
 
 
 def table_from(path: Path) -> PolicyTable:
@@ -333,7 +342,11 @@ def _stop_daemon(proc: subprocess.Popen[bytes]) -> int | None:
 
 
 def run_policy(spec: RunSpec) -> dict[str, Any]:
-    kind, depth = parse_policy(spec.policy)
+    base, scraping = split_policy(spec.policy)
+    kind, depth = parse_policy(base)
+    if scraping and kind != "static":
+        raise TraceError(f"--policy {spec.policy!r}: +scrape goes with a static depth, e.g. "
+                         "static:3+scrape (the daemon scrapes for itself)")
     missing = sorted({p.dataset for p in spec.phases} - set(spec.datasets))
     if missing:
         raise TraceError(f"the trace uses dataset(s) {missing}: give --dataset NAME=FILE for each")
@@ -409,10 +422,14 @@ def run_policy(spec: RunSpec) -> dict[str, Any]:
                      for name in sorted(split_phases(spec.phases, spec.client_processes))}
             for pool in pools.values():
                 pool.start()
+            reader = stack.enter_context(MetricsReader(spec.url, SCRAPE_INTERVAL_S)) \
+                if scraping else None
             t0 = time.time()  # the load processes are up: the trace's time starts here
             result["trace_started_unix"] = round(t0, 3)
             loads, rows = asyncio.run(_run_phases(spec.url, spec.phases, prompts, model, server,
                                                   pools))
+        if reader is not None:
+            result["metrics_reads"] = reader.summary()
         result["phases"] = rows
         result["total"] = summarize_trace(loads)
         if server is not None:
@@ -455,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the trace under one policy")
-    run.add_argument("--policy", required=True, help="daemon, sglang, plain, table or static:D")
+    run.add_argument("--policy", required=True, help="daemon, sglang, plain, table, static:D or "
+                     "static:D+scrape")
     run.add_argument("--url", required=True)
     run.add_argument("--dataset", action="append", default=[], metavar="NAME=FILE")
     run.add_argument("--seconds", type=float, default=48.0, help="length of the default trace")

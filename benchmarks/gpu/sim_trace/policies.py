@@ -78,6 +78,9 @@ def run_policy(name: str, profile: Profile, scenario: Scenario, seed: int, bench
     logging.getLogger("specctl").setLevel(logging.ERROR)  # the daemon's lines, not the report
     if name in NOT_SIMULATED:
         raise NotSimulated(NOT_SIMULATED[name])
+    if name.endswith("+scrape"):
+        raise NotSimulated("it measures what reading /metrics costs the server, which the "
+                           "simulator does not model")
     depth = static_depth(name)
     if depth is not None:
         table = single_depth_table(depth)

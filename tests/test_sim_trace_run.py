@@ -5,6 +5,7 @@ trace replayed under every policy, the comparison; and each missing input as one
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from statistics import fmean
 
 import pytest
 import yaml
+from scipy import stats
 
 from benchmarks.gpu.sim_trace import cli
 from benchmarks.gpu.sim_trace.inputs import trace_lengths
@@ -244,3 +246,28 @@ def test_a_scrape_measurement_is_not_simulated_and_says_why():
 
     with pytest.raises(NotSimulated, match="reading /metrics"):
         run_policy("static:3+scrape", None, None, 0, Path("bench"))  # type: ignore[arg-type]
+
+
+def test_the_report_reads_the_five_percent_check_against_the_real_runs_own_noise():
+    """Two runs a policy that spread by 8% leave each real mean uncertain by more than 5%: the
+    report says whether each simulated figure lies inside that interval, counting runs a
+    policy shares with another (same_runs) once."""
+    from benchmarks.gpu.sim_trace import report
+
+    real = {"static:1": [100.0, 108.0], "static:3": [90.0, 96.0], "bench-table": [90.0, 96.0]}
+    sim = {"static:1": [98.0], "static:3": [87.0], "bench-table": [87.0]}
+    table = report.rows(real, sim, {})
+    assert not report.tolerance_check(table).met  # static:3 at 0.935
+    found = report.noise_check(table, real, {"bench-table"})
+    assert found is not None
+    check, spread = found
+    sd = math.sqrt((16 + 16 + 9 + 9) / 2)  # static:1 and static:3 once each: 2 degrees
+    half = stats.t.ppf(0.975, 2) * sd / math.sqrt(2)
+    assert check.met and f"sd {sd:,.0f} tok/s" in spread and "2 degrees of freedom" in spread
+    assert f"+-{half / 104:.1%} to +-{half / 93:.1%}" in spread
+    text = report.render(table, ["# x"], real, {"bench-table"})
+    assert "- tok/s inside the real mean's 95% interval per policy: met" in text
+    tight = {"static:1": [100.0, 100.2], "static:3": [93.0, 93.2]}
+    missed, _ = report.noise_check(report.rows(tight, sim, {}), tight) or (None, "")
+    assert missed is not None and not missed.met and missed.worst.startswith("static:3")
+    assert report.noise_check(table, {"static:1": [100.0], "static:3": [93.0]}) is None

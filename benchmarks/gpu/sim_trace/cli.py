@@ -219,7 +219,8 @@ def run(args: argparse.Namespace) -> str:
     if clock != 1.0:
         header.append(f"- the run's servers were `specctl sim serve` at {clock:g}x wall time: "
                       "the simulated tok/s are per wall second, as the trace's")
-    text = report.render(report.rows(trace.policies, sim, notes), header)
+    text = report.render(report.rows(trace.policies, sim, notes), header, trace.policies,
+                         trace.same_runs)
     real_phases = inputs.real_phases(trace)
     if real_phases:
         text += "\n\n" + report.render_phases(trace.phases, real_phases, simulated.phases)

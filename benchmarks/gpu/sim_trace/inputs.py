@@ -35,6 +35,7 @@ class RealTrace:
     phases: list[Phase]
     policies: dict[str, list[float]]  # closed_loop.json's names -> tok/s per repeat
     files: dict[str, str]  # dataset name -> the prompt file the trace sent (older runs: none)
+    same_runs: dict[str, str]  # a policy whose runs are another's (closed_loop.json's same_runs)
 
 
 def _json(path: Path, fix: str) -> Any:
@@ -72,7 +73,9 @@ def read_trace(run_dir: Path) -> RealTrace:
         described = _json(meta, "rerun the trace step")
         if isinstance(described, dict) and isinstance(described.get("files"), dict):
             files = {str(k): str(v) for k, v in described["files"].items()}
-    return RealTrace(folder, doc, phases, runs, files)
+    same = doc.get("same_runs") if isinstance(doc.get("same_runs"), dict) else {}
+    return RealTrace(folder, doc, phases, runs, files,
+                     {str(k): str(v) for k, v in same.items() if v in runs})
 
 
 def run_files(folder: Path) -> list[tuple[Path, dict[str, Any]]]:

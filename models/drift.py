@@ -17,7 +17,11 @@ requests whose difficulty persists across intervals). A split counts when that z
 `z_threshold` and the rates differ by at least `min_shift` of the accept length (smaller shifts
 do not move a table). Splits are searched left to right (binary segmentation of the right
 part): the result is the start of the last segment, the time since which acceptance has been
-stationary.
+stationary (`t`: the depth's last interval before the split). A depth that did not run for a
+while (the table moved away from it, or the load did) says only that the change came somewhere
+in that gap, up to the scrape before its first interval after the split (`gap_end`); the other
+depths' evidence from the gap may be the old workload's or the new one's, and the learner
+judges it depth by depth (`Learner.fit`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ class ChangePoint:
     before: float  # accepted drafts per request-step before / after
     after: float
     z: float
+    # the scrape before the depth's first interval after the change: the change came in
+    # (t, gap_end]; None (a state stored before it existed): t
+    gap_end: float | None = None
 
 
 def interval_series(
@@ -97,6 +104,7 @@ def last_change(
     min_shift: float,
 ) -> ChangePoint | None:
     """The latest acceptance change over all depths (None: stationary over the history)."""
+    scrapes = np.unique(t_end)  # every interval end of any depth: the scrapes
     found: ChangePoint | None = None
     for d in depths:
         if d == 0:
@@ -109,7 +117,10 @@ def last_change(
                 break
             k, z, before, after = split
             start += k
-            cp = ChangePoint(float(times[start - 1]), d, before, after, z)
+            # the gap: up to the scrape before this depth's first interval after the split
+            i = int(np.searchsorted(scrapes, times[start], side="left"))
+            cp = ChangePoint(float(times[start - 1]), d, before, after, z,
+                             gap_end=float(max(scrapes[i - 1], times[start - 1])))
             if found is None or cp.t > found.t:
                 found = cp
     return found

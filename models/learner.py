@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from models.acceptance import AcceptanceModel
 from models.drift import ChangePoint, last_change
 from models.evidence import Cells, aggregate, sample_arrays
-from models.level_shift import rescale_to_now
+from models.level_shift import level_at, rescale_to_now
 from models.samples import Sample
 from models.step_model import RooflineStepModel, roofline_features
 from models.tiers import Run, crossovers, hysteresis_for, merge_small_gain_runs, runs_of
@@ -306,7 +306,7 @@ class Learner:
         )
         current = arrays
         if self.change is not None:
-            keep = arrays["t_end"] > self.change.t
+            keep = (arrays["t_end"] > self.change.t) & ~self._old_in_gap(arrays, self.change)
             current = {k: v[keep] for k, v in arrays.items()}
             if now - self.change.t < c.acceptance_settle_s:
                 current = self._level_adjusted(current, now)
@@ -321,6 +321,39 @@ class Learner:
         self._max_batch_seen = float(step_cells.mean_batch.max()) if len(step_cells) else 0.0
         self._first_t = float(arrays["t_end"].min()) if len(arrays["t_end"]) else None
         self.fitted_at = now
+
+    def _old_in_gap(self, arrays: dict[str, np.ndarray], change: ChangePoint) -> np.ndarray:
+        """Samples of other depths between the change's two bounds whose acceptance is still
+        the old workload's. Each such depth's gap evidence, pooled, as a chain level q, against
+        its own level before the change and that level moved by the shift the detecting depth
+        showed: nearer the first, it predates the change. Left in, a depth that ran only in the
+        gap would be judged on the workload that is gone (a table benched on one prompt family
+        keeps depth 3's accept length on it while a crowd of another family runs on depth 1).
+        A depth with no evidence before the change cannot be judged, and keeps its gap."""
+        old = np.zeros(arrays["t_end"].shape, bool)
+        if change.gap_end is None or change.gap_end <= change.t:
+            return old
+        rho = self.config.acceptance_prior_decay
+        shift = float(level_at(np.asarray(change.after), change.depth, rho)
+                      - level_at(np.asarray(change.before), change.depth, rho))
+        gap = (arrays["t_end"] > change.t) & (arrays["t_end"] <= change.gap_end)
+        before = arrays["t_end"] <= change.t
+
+        def level(mask: np.ndarray, depth: int) -> float | None:
+            steps = float(arrays["request_steps"][mask].sum())
+            if steps <= 0:
+                return None
+            rate = float((arrays["tokens"][mask] - arrays["request_steps"][mask]).sum()) / steps
+            return float(level_at(np.asarray(rate), depth, rho))
+
+        for d in np.unique(arrays["depth"][gap]):
+            if d == 0 or d == change.depth:
+                continue
+            mine = arrays["depth"] == d
+            then, now = level(before & mine, int(d)), level(gap & mine, int(d))
+            if then is not None and now is not None and abs(now - then) < abs(now - then - shift):
+                old |= gap & mine
+        return old
 
     def _level_adjusted(self, arrays: dict[str, np.ndarray], now: float) -> dict[str, np.ndarray]:
         """Post-change evidence of the depths that are not running, rescaled to the acceptance

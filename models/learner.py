@@ -329,13 +329,14 @@ class Learner:
         showed: nearer the first, it predates the change. Left in, a depth that ran only in the
         gap would be judged on the workload that is gone (a table benched on one prompt family
         keeps depth 3's accept length on it while a crowd of another family runs on depth 1).
-        A depth with no evidence before the change cannot be judged, and keeps its gap."""
+        A depth with no evidence before the change is held to the detecting depth's own two
+        levels instead (a coarser test: the chain's decay is the prior's, not the depth's)."""
         old = np.zeros(arrays["t_end"].shape, bool)
         if change.gap_end is None or change.gap_end <= change.t:
             return old
         rho = self.config.acceptance_prior_decay
-        shift = float(level_at(np.asarray(change.after), change.depth, rho)
-                      - level_at(np.asarray(change.before), change.depth, rho))
+        level_before = float(level_at(np.asarray(change.before), change.depth, rho))
+        shift = float(level_at(np.asarray(change.after), change.depth, rho)) - level_before
         gap = (arrays["t_end"] > change.t) & (arrays["t_end"] <= change.gap_end)
         before = arrays["t_end"] <= change.t
 
@@ -351,7 +352,8 @@ class Learner:
                 continue
             mine = arrays["depth"] == d
             then, now = level(before & mine, int(d)), level(gap & mine, int(d))
-            if then is not None and now is not None and abs(now - then) < abs(now - then - shift):
+            then = level_before if then is None else then
+            if now is not None and abs(now - then) < abs(now - then - shift):
                 old |= gap & mine
         return old
 

@@ -373,3 +373,40 @@ def test_a_tier_running_off_probes_at_the_cap_while_a_change_settles() -> None:
     assert settling and all(t.explore_share == pytest.approx(cap) for t in settling)
     later = off_tiers(now + LearnerConfig().acceptance_settle_s + 60.0)
     assert later and all(t.explore_share < cap for t in later)
+
+
+def _interval(t: float, depth: int, batch: int, accept: float) -> Sample:
+    """One second of decode at `depth` and `batch` with accept length `accept`."""
+    iterations = 100.0
+    steps = iterations * batch
+    return Sample("g", "t", t, 1.0, depth, bs_bucket(batch), iterations, steps, steps * accept,
+                  0.02 * iterations)  # fmt: skip
+
+
+def test_a_depth_s_evidence_from_before_the_change_reached_the_running_depth_is_not_kept():
+    """A table benched on family a runs depth 1 at 256 streams, then depth 3 at 4 streams of
+    a, then depth 1 under a crowd of family b. Depth 1 sees the change only at its first
+    interval on b, so its change point lies before depth 3's seconds on a: those must not count
+    as depth 3's accept length now (they did, and the table pushed depth 3 for the crowd). The
+    same seconds on the new family are kept."""
+    a_then = [_interval(float(t), 1, 256, 1.82) for t in range(1, 41)]
+    b_now = [_interval(float(t), 1, 256, 1.52) for t in range(49, 61)]
+    stale = [_interval(float(t), 3, 4, 3.04) for t in range(41, 49)]
+    learner = Learner(DEPTHS)
+    learner.fit(a_then + stale + b_now, now=60.0)
+    change = learner.change
+    assert change is not None and change.depth == 1 and change.t == 40.0
+    assert change.gap_end == 48.0  # the scrape before depth 1's first interval on b
+    chain = learner.acceptance.mean_length(3)
+    assert chain < 2.2  # the chain prior, moved by depth 1's fresh counters (b's is ~1.9)
+    # depth 3 before the change too: its level there is a's, and so is the gap's
+    early = [_interval(float(t), 3, 4, 3.04) for t in range(1, 41, 4)]
+    with_history = Learner(DEPTHS)
+    with_history.fit(a_then + early + stale + b_now, now=60.0)
+    assert with_history.acceptance.mean_length(3) < 2.2
+    # the gap's depth-3 seconds on the new family are the new workload's: kept, and they count
+    fresh = [_interval(float(t), 3, 4, 1.93) for t in range(41, 49)]
+    kept = Learner(DEPTHS)
+    kept.fit(a_then + early + fresh + b_now, now=60.0)
+    assert kept.acceptance.request_steps_[3] > 0
+    assert kept.acceptance.mean_length(3) == pytest.approx(1.93, abs=0.1)

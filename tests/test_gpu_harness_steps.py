@@ -188,7 +188,8 @@ def test_closed_loop_json_reports_every_run_of_the_trace_split_over_commands(tmp
     write("daemon-from-bench-r1", 20.0, 103.0, daemon=True)
     write("daemon-from-bench-r2", 30.0, 105.0, daemon=True)
     write("static-3-r1", 5.0, 90.0, trace_phases=phases[:1])  # another trace's run
-    (out / "closed_loop.json").write_text(json.dumps({"same_runs": {"bench-table": "static:1"}}))
+    (out / "closed_loop.json").write_text(json.dumps({"phases": "1:2:a,1:4:b",
+                                                      "same_runs": {"bench-table": "static:1"}}))
     doc = trace.closed_loop(run, {"prompts_from": "--trace-datasets"}, out)
     assert doc["policies"] == {"static:1": [100.0, 104.0], "daemon-from-bench": [103.0, 105.0],
                                "bench-table": [100.0, 104.0]}
@@ -197,6 +198,10 @@ def test_closed_loop_json_reports_every_run_of_the_trace_split_over_commands(tmp
     assert [r.get("pushes") for r in doc["runs"]] == [None, 4, 4, None]
     assert doc["same_runs"] == {"bench-table": "static:1"} and doc["repeats"] == 2
     assert {c["against"] for c in doc["criterion"]} == {"static:1 (best static)", "bench-table"}
+    # an earlier trace of other phases in the folder: its shared runs are not this one's
+    (out / "closed_loop.json").write_text(json.dumps({"phases": "9:2:a",
+                                                      "same_runs": {"bench-table": "static:1"}}))
+    assert "bench-table" not in trace.closed_loop(run, {"prompts_from": "x"}, out)["policies"]
 
 
 def test_without_families_the_trace_runs_the_runs_prompts_under_every_name(tmp_path):

@@ -62,8 +62,9 @@ class MetricsReader:
                 self.sizes.append(len(response.content))
             except httpx.HTTPError as err:
                 self.errors.append(f"{type(err).__name__}: {err}"[:200])
-            due += self._interval
-            self._stop.wait(max(0.0, due - time.monotonic()))
+            # the next read one interval on; a read that overran it is not made up for
+            due = max(due + self._interval, time.monotonic())
+            self._stop.wait(due - time.monotonic())
 
     def summary(self) -> dict[str, Any]:
         """Reads made, their time (ms: median, p99, max) and size (bytes, mean), errors."""

@@ -168,8 +168,9 @@ def closed_loop(run: Run, result: dict[str, Any], out: Path) -> dict[str, Any]:
                                                   "tpot_p99_ms", "ttft_p99_ms")},
                      "final_table": doc.get("final_table"),
                      **({"pushes": doc["daemon"]["push_count"]} if doc.get("daemon") else {})})
-    earlier = out / "closed_loop.json"  # what an earlier command of this trace found
-    shared = {**(json.loads(earlier.read_text()).get("same_runs") or {} if earlier.is_file()
+    earlier_file = out / "closed_loop.json"  # what an earlier command of this trace found
+    earlier = json.loads(earlier_file.read_text()) if earlier_file.is_file() else {}
+    shared = {**(earlier.get("same_runs") or {} if earlier.get("phases") == run.opts.trace_phases
                  else {}), **(result.get("same_runs") or {})}
     same = {alias: source for alias, source in shared.items()
             if source in policies and alias not in policies}

@@ -5,7 +5,6 @@ the file and the step (or option) that provides it."""
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,13 +12,12 @@ from typing import Any
 import numpy as np
 
 from benchmarks.gpu.seeded.trace import Phase, TraceError, parse_phases
-from benchmarks.gpu.steps.trace import CLOSED_LOOP_NAMES, base_label
+from benchmarks.gpu.steps.trace import closed_loop_name
 from sims.fit.bench_file import BenchFileError, BenchRun, load_bench
 from sims.fit.framing import UNIFORM_MIDDLE, output_range
 from sims.workload import FixedLength, LengthDist, UniformLength
 
 HARNESS = "python -m benchmarks.gpu"
-CLOSED_LOOP_INVERSE = {v: k for k, v in CLOSED_LOOP_NAMES.items()}
 
 
 class SimTraceError(RuntimeError):
@@ -95,13 +93,11 @@ def run_files(folder: Path) -> list[tuple[Path, dict[str, Any]]]:
 def real_phases(trace: RealTrace) -> dict[str, list[float]]:
     """Per closed_loop.json policy, each phase's tok/s, mean of its repeats, from the file of
     each run the trace step wrote beside it (RUN/trace/LABEL.json); {} where none has them."""
-    # a run's label is its policy's with ':' as '-' (static-1-r2); the cold daemon's `daemon`
-    by_label = {base_label(CLOSED_LOOP_INVERSE.get(n, n)): n for n in trace.policies}
     found: dict[str, list[list[float]]] = {}
     for path, doc in run_files(trace.folder):
-        name = by_label.get(re.sub(r"-r\d+$", "", str(doc.get("name") or path.stem)))
+        name, _ = closed_loop_name(str(doc.get("name") or path.stem))
         rows = [r.get("tok_per_s") if isinstance(r, dict) else None for r in doc["phases"]]
-        if name is not None and len(rows) == len(trace.phases) and all(
+        if name in trace.policies and len(rows) == len(trace.phases) and all(
                 isinstance(v, int | float) for v in rows):
             found.setdefault(name, []).append([float(v) for v in rows])  # type: ignore[arg-type]
     return {n: [sum(col) / len(col) for col in zip(*r, strict=True)] for n, r in found.items()}

@@ -148,6 +148,13 @@ def policy_of(label: str) -> tuple[str, int]:
     return name, int(repeat)
 
 
+def closed_loop_name(label: str) -> tuple[str, int]:
+    """closed_loop.json's name of a run's label, and its repeat: static-1-r2 -> (static:1,
+    2), sglang-r1 -> (sglang-adaptive, 1), daemon-cold -> (daemon, 1)."""
+    name, repeat = policy_of(label)
+    return CLOSED_LOOP_NAMES.get(base_label(name), name), repeat
+
+
 def closed_loop(run: Run, result: dict[str, Any], out: Path) -> dict[str, Any]:
     """closed_loop.json: each policy's whole-trace tok/s per repeat, the GPU, the trace, from
     every run of the trace in `out`."""
@@ -157,8 +164,7 @@ def closed_loop(run: Run, result: dict[str, Any], out: Path) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     for doc in run_files(out, run.opts.trace_phases):
         label = str(doc.get("name") or doc["policy"])
-        name, repeat = policy_of(label)
-        key = CLOSED_LOOP_NAMES.get(base_label(name), name)
+        key, repeat = closed_loop_name(label)
         total = doc.get("total") or {}
         if total.get("tok_per_s") is None:
             continue

@@ -10,7 +10,7 @@ import numpy as np
 from scipy.optimize import brentq
 
 from sglang_hooks.contract import OFF_PATH_SGLANG, OFF_PATH_SPECCTL
-from sims.fit.bench_file import BenchRun, Level
+from sims.fit.bench_file import BenchRun, Level, ServerFacts
 from sims.fit.params import LOOP_KEYS, STEP_KEYS
 from sims.fit.replay import PHASE, LevelShape
 from sims.profile import Profile
@@ -181,6 +181,15 @@ def recv_interval(runs: Sequence[BenchRun]) -> int | None:
     return seen.pop() if seen else None
 
 
+def stated_limits(facts: ServerFacts, recv: int | None) -> dict[str, int]:
+    """The scheduler limits a server states outright (its KV pool, prefill budget, context
+    length) and its request-polling interval `recv`, where they are known."""
+    stated = (("max_total_tokens", facts.max_total_tokens),
+              ("max_prefill_tokens", facts.max_prefill_tokens),
+              ("context_length", facts.context_length), ("recv_interval", recv))  # fmt: skip
+    return {key: value for key, value in stated if value is not None}
+
+
 def frame(
     base: Profile,
     runs: Sequence[BenchRun],
@@ -215,14 +224,7 @@ def frame(
     sched["max_running_requests_spec"] = spec.cap
     if first.no_spec is not None:
         sched["max_running_requests_nospec"] = first.no_spec.cap
-    for key, value in (
-        ("max_total_tokens", spec.max_total_tokens),
-        ("max_prefill_tokens", spec.max_prefill_tokens),
-        ("context_length", spec.context_length),
-        ("recv_interval", recv_interval(runs)),
-    ):
-        if value is not None:
-            sched[key] = value
+    sched.update(stated_limits(spec, recv_interval(runs)))
     data = base.model_dump()
     extend = data["draft"]["extend_at_depth0"] = extend_at_depth0(runs, base, off_path)
     data["draft"]["prefill_at_depth0"] = prefill_at_depth0(runs, base, extend)

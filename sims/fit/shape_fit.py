@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sims.draft_shape import PLAIN, parse_shape
-from sims.fit.framing import FitError
+from sims.fit.framing import FitError, stated_limits
 from sims.fit.replay import LevelShape, Replayed, replay
 from sims.fit.shape_folder import ShapeBench, ShapeLevel
 from sims.profile import Profile, ShapeCost
@@ -156,12 +156,7 @@ def _framed(bench: ShapeBench, base: Profile, name: str, fitted: Sequence[ShapeL
         "max_running_requests_spec": max(caps),
         "max_running_requests_nospec": plain.cap if plain else sched.max_running_requests_nospec,
     }
-    for key, value in (("max_total_tokens", first.max_total_tokens),
-                       ("max_prefill_tokens", first.max_prefill_tokens),
-                       ("context_length", first.context_length),
-                       ("recv_interval", first.recv_interval)):  # fmt: skip
-        if value is not None:
-            update[key] = value
+    update.update(stated_limits(first, first.recv_interval))
     shapes = {s: ShapeCost(fixed_ms=0.0, us_per_position=0.0, accept_length=lengths.get(s, {}))
               for s in bench.shapes}
     data = base.model_dump()

@@ -1,7 +1,7 @@
 """`specctl bench --client-processes N` and the client-bound flag, over loopback against the
 served simulator: a level split across worker processes counts every request the server served
-and agrees with the same level run in one process; levels whose client ran at the client-bound
-share are flagged, explained and left out. The simulator serves from the test's own process, so
+as one process does; levels whose client ran at the client-bound share are flagged, explained
+and left out. The simulator serves from the test's own process, so
 the one-process client's CPU share counts the server's work too (another reason to split)."""
 
 from __future__ import annotations
@@ -191,37 +191,41 @@ def test_split_arrivals_are_the_arrivals_of_one_process(sim_server) -> None:
     assert 0.6 * len(sent_one) <= len(sent_two) <= 1.5 * len(sent_one)
 
 
-def test_the_sweep_splits_every_level_and_agrees_with_one_process(sim_server_factory, tmp_path):  # type: ignore[no-untyped-def]
-    """The same sweep with one and with two client processes, on a simulator slow enough that
-    neither client is the limit: throughput and latency agree within 35%, where losing or
-    double-counting one process's share would be off by a factor of two (the windows are 3 s).
-    Not closer: the simulated servers run on the wall clock in this test's process, so a
-    one-process load shares their interpreter and a split one does not, and on a busy
-    two-core machine the plain server's 4-stream level read 917 tok/s in one sweep and 1,213
-    in the other. The one-stream level, too small to split, runs in the bench's own process."""
-    spec = sim_server_factory(admin_key=KEY, speedup=5)
-    nospec = sim_server_factory(speedup=5, speculative=False)
-    args = ["bench", "--url", spec.base_url, "--admin-key", KEY, "--depths", "3",
-            "--concurrency", "1,2,4", "--no-spec-url", nospec.base_url,
+def test_the_split_sweep_counts_what_the_server_served(sim_server_factory, tmp_path):  # type: ignore[no-untyped-def]
+    """The same sweep with one and with two client processes: in both, the requests the bench
+    counts are at most the requests each server finished during the sweep and at least 0.65 of
+    them. The rest are those begun in each level's warm-up (about 0.8 counted in runs here, one
+    or two processes alike); losing one process's share of the split levels would count about
+    0.45, and counting it twice would pass what the server finished. The check is held to the
+    server's own count rather than to the other sweep's tok/s: the simulated servers run on the
+    wall clock in this test's process, and on a busy two-core machine the plain server's
+    4-stream level read 392 tok/s in one sweep and 775 in the other. The one-stream level, too
+    small to split, runs in the bench's own process."""
+    servers = {"d3": sim_server_factory(admin_key=KEY, speedup=5),
+               "no-spec": sim_server_factory(speedup=5, speculative=False)}  # fmt: skip
+    args = ["bench", "--url", servers["d3"].base_url, "--admin-key", KEY, "--depths", "3",
+            "--concurrency", "1,2,4", "--no-spec-url", servers["no-spec"].base_url,
             "--duration-per-level", "3", "--warmup-per-level", "0.5",
             "--output-tokens", str(OUTPUT_TOKENS), "--prompt-tokens", "32"]  # fmt: skip
     runner = CliRunner()
-    one = runner.invoke(app, [*args, "--out", str(tmp_path / "one")])
-    assert one.exit_code == 0, one.output
-    submitted = spec.server.stats().submitted_requests
-    two = runner.invoke(app, [*args, "--client-processes", "2", "--out", str(tmp_path / "two")])
-    assert two.exit_code == 0, two.output
-    assert "load split across 2 client processes" in flat(two.output)
-    assert spec.server.stats().submitted_requests > submitted
-    a, b = rows_of(tmp_path / "one"), rows_of(tmp_path / "two")
+    rows: dict[str, dict[tuple[str, str], dict[str, str]]] = {}
+    for run, extra in (("one", []), ("two", ["--client-processes", "2"])):
+        before = {name: sim.server.stats().completed_requests for name, sim in servers.items()}
+        res = runner.invoke(app, [*args, *extra, "--out", str(tmp_path / run)])
+        assert res.exit_code == 0, res.output
+        rows[run] = rows_of(tmp_path / run)
+        for name, sim in servers.items():
+            served = sim.server.stats().completed_requests - before[name]
+            counted = sum(int(r["requests"]) for (s, _), r in rows[run].items() if s == name)
+            assert 0.65 * served <= counted <= served, (run, name, counted, served)
+        if run == "two":
+            assert "load split across 2 client processes" in flat(res.output)
+    a, b = rows["one"], rows["two"]
     assert list(a) == list(b) == [(s, c) for s in ("d3", "no-spec") for c in ("1", "2", "4")]
     for key in a:
         split = "1" if key[1] == "1" else "2"
         assert a[key]["client_processes"] == "1" and b[key]["client_processes"] == split
         assert int(b[key]["errors"]) == 0 and int(b[key]["requests"]) >= 5
-        for field in ("output_tok_per_s", "tpot_p50_ms"):
-            x, y = float(a[key][field]), float(b[key][field])
-            assert y == pytest.approx(x, rel=0.35), (key, field, x, y)
         # The busiest process carries about half of two processes' CPU time: at least half,
         # up to the CSV's rounding of both figures to 3 decimals.
         share = float(b[key]["client_cpu_share"])

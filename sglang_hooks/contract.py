@@ -7,11 +7,14 @@ time, and its hot path (`TierSelector.select`) runs once per decode iteration.
 
 Policy table
     Ordered batch-size tiers. Tier i covers batch sizes [min_batch_i, min_batch_{i+1}) and runs
-    `depth` draft steps (0 = drafting off). Tier i is *entered* from below at min_batch_i and
-    *left* downwards only when the batch falls below min_batch_i - hysteresis_i, so a batch
-    oscillating around a threshold does not flap. `explore_share` is the probability that one
-    iteration in this tier runs one of `explore_depths` instead, so that the controller can
-    compare depths at the same load.
+    `depth` draft steps (0 = drafting off): a chain, or with `topk` > 1 a draft tree of that many
+    steps verifying `draft_tokens` positions (the shape STEPSxTOPKxDRAFT,
+    sglang_hooks/draft_shape.py). Tier i is *entered* from below at min_batch_i and *left*
+    downwards only when the batch falls below min_batch_i - hysteresis_i, so a batch oscillating
+    around a threshold does not flap. `explore_share` is the probability that one iteration in
+    this tier runs one of `explore_depths` (chains) or `explore_trees` instead, so that the
+    controller can compare shapes at the same load. A table without trees is written, pushed
+    and fingerprinted exactly as before trees existed.
 
 Admin RPC
     SGLang's `POST /set_internal_state` body is `{"server_args": {key: number}}`: SGLang 0.5.23
@@ -38,6 +41,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from sglang_hooks.draft_shape import DraftShape, Shape, ShapeError, chain, label, parse_shape
+
 CONTRACT_VERSION = 1
 
 # ----------------------------------------------------------------------------- errors
@@ -60,24 +65,47 @@ class PolicyError(ValueError):
 MAX_TIERS = 16
 MAX_DEPTH = 15
 MAX_EXPLORE_SHARE = 0.5  # beyond this, "exploration" is a second policy, not a probe
+MAX_TOPK = 15
+MAX_EXPLORE_TREES = 4  # tree probes per tier; each costs a CUDA-graph set on the server
 
 
 @dataclass(frozen=True)
 class Tier:
     min_batch: int
-    depth: int
+    depth: int  # draft steps; 0: drafting off
     hysteresis: int = 0
     explore_share: float = 0.0
     explore_depths: tuple[int, ...] = ()
+    topk: int = 1  # above 1: a draft tree of `depth` steps
+    draft_tokens: int | None = None  # a tree's verify width; a chain's is always depth + 1
+    explore_trees: tuple[DraftShape, ...] = ()
+
+    @property
+    def shape(self) -> Shape:
+        """What the tier runs: its chain (None when off) or its tree."""
+        if self.topk == 1:
+            return chain(self.depth)
+        return DraftShape(self.depth, self.topk, self.draft_tokens or 0)
+
+    @property
+    def explore_shapes(self) -> tuple[Shape, ...]:
+        """The tier's probes, chains first."""
+        return (*(chain(d) for d in self.explore_depths), *self.explore_trees)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "min_batch": self.min_batch,
             "depth": self.depth,
             "hysteresis": self.hysteresis,
             "explore_share": self.explore_share,
             "explore_depths": list(self.explore_depths),
         }
+        # Only trees add keys, so a chain table's form and fingerprint are what they were.
+        if self.topk != 1:
+            out["topk"], out["draft_tokens"] = self.topk, self.draft_tokens
+        if self.explore_trees:
+            out["explore_trees"] = [t.label for t in self.explore_trees]
+        return out
 
 
 @dataclass(frozen=True)
@@ -93,8 +121,9 @@ class PolicyTable:
         tiers: Sequence[Tier],
         version: int = 0,
         captured_depths: Iterable[int] | None = None,
+        captured_trees: Iterable[DraftShape] = (),
     ) -> PolicyTable:
-        validate_tiers(tiers, captured_depths)
+        validate_tiers(tiers, captured_depths, captured_trees)
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise PolicyError("version", f"must be a non-negative integer, got {version!r}")
         return PolicyTable(
@@ -105,11 +134,22 @@ class PolicyTable:
 
     @property
     def depths(self) -> frozenset[int]:
-        """Every depth this table may run, exploration included."""
+        """Every chain depth this table may run, exploration included (trees: `trees`)."""
         out: set[int] = set()
         for t in self.tiers:
-            out.add(t.depth)
+            if t.topk == 1:
+                out.add(t.depth)
             out.update(t.explore_depths)
+        return frozenset(out)
+
+    @property
+    def trees(self) -> frozenset[DraftShape]:
+        """Every draft tree this table may run, exploration included."""
+        out: set[DraftShape] = set()
+        for t in self.tiers:
+            if t.topk > 1 and t.shape is not None:
+                out.add(t.shape)
+            out.update(t.explore_trees)
         return frozenset(out)
 
     def depth_for(self, batch_size: int) -> int:
@@ -138,21 +178,28 @@ class PolicyTable:
         them only to give their batch sizes different probe shares); "(probes)" marks a span
         in which some iterations explore other depths.
         """
-        spans: list[tuple[int, int, bool]] = []  # (min_batch, depth, probes)
+        spans: list[tuple[int, str, bool]] = []  # (min_batch, what it runs, probes)
         for t in self.tiers:
             probes = t.explore_share > 0.0
-            if spans and spans[-1][1] == t.depth:
-                lo, depth, seen = spans[-1]
-                spans[-1] = (lo, depth, seen or probes)
+            runs = tier_label(t)
+            if spans and spans[-1][1] == runs:
+                lo, _, seen = spans[-1]
+                spans[-1] = (lo, runs, seen or probes)
             else:
-                spans.append((t.min_batch, t.depth, probes))
+                spans.append((t.min_batch, runs, probes))
         parts = []
-        for i, (lo, depth, probes) in enumerate(spans):
+        for i, (lo, runs, probes) in enumerate(spans):
             hi = spans[i + 1][0] - 1 if i + 1 < len(spans) else None
             span = f"{lo}+" if hi is None else f"{lo}-{hi}"
-            label = "off" if depth == 0 else f"d{depth}"
-            parts.append(f"{span}: {label}" + (" (probes)" if probes else ""))
+            parts.append(f"{span}: {runs}" + (" (probes)" if probes else ""))
         return " | ".join(parts)
+
+
+def tier_label(tier: Tier) -> str:
+    """`off`, `d3` for a chain, the shape `3x4x16` for a tree."""
+    if tier.topk > 1:
+        return label(tier.shape)
+    return "off" if tier.depth == 0 else f"d{tier.depth}"
 
 
 def single_depth_table(depth: int, version: int = 0) -> PolicyTable:
@@ -164,13 +211,19 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def validate_tiers(tiers: Sequence[Tier], captured_depths: Iterable[int] | None = None) -> None:
-    """Raise PolicyError naming the first bad field, e.g. `tiers[2].depth`."""
+def validate_tiers(
+    tiers: Sequence[Tier],
+    captured_depths: Iterable[int] | None = None,
+    captured_trees: Iterable[DraftShape] = (),
+) -> None:
+    """Raise PolicyError naming the first bad field, e.g. `tiers[2].depth`. With
+    `captured_depths` (the server is known) a tree must also be among `captured_trees`."""
     if not tiers:
         raise PolicyError("tiers", "at least one tier is required (min_batch 1)")
     if len(tiers) > MAX_TIERS:
         raise PolicyError("tiers", f"at most {MAX_TIERS} tiers, got {len(tiers)}")
     captured = None if captured_depths is None else sorted(set(captured_depths))
+    trees = None if captured_depths is None else sorted(set(captured_trees), key=label)
     prev_min = 0
     for i, t in enumerate(tiers):
         where = f"tiers[{i}]"
@@ -187,7 +240,19 @@ def validate_tiers(tiers: Sequence[Tier], captured_depths: Iterable[int] | None 
                 f"tiers must be sorted by strictly increasing min_batch; "
                 f"{t.min_batch} follows {prev_min}",
             )
-        _check_depth(f"{where}.depth", t.depth, captured)
+        if not _is_int(t.topk) or not 1 <= t.topk <= MAX_TOPK:
+            raise PolicyError(
+                f"{where}.topk", f"must be an integer in [1, {MAX_TOPK}], got {t.topk!r}"
+            )
+        if t.topk == 1:
+            _check_depth(f"{where}.depth", t.depth, captured)
+            if t.draft_tokens is not None:
+                raise PolicyError(
+                    f"{where}.draft_tokens",
+                    "a chain (topk 1) verifies depth + 1 tokens; drop draft_tokens",
+                )
+        else:
+            _check_tree(where, t.depth, t.topk, t.draft_tokens, trees)
         if not _is_int(t.hysteresis) or t.hysteresis < 0:
             raise PolicyError(
                 f"{where}.hysteresis", f"must be an integer >= 0, got {t.hysteresis!r}"
@@ -211,20 +276,65 @@ def validate_tiers(tiers: Sequence[Tier], captured_depths: Iterable[int] | None 
                 f"{where}.explore_share",
                 f"must be a probability in [0, {MAX_EXPLORE_SHARE}], got {share!r}",
             )
-        if share > 0 and not t.explore_depths:
+        if share > 0 and not t.explore_depths and not t.explore_trees:
             raise PolicyError(
                 f"{where}.explore_depths", "explore_share > 0 needs at least one explore depth"
             )
         for j, d in enumerate(t.explore_depths):
             _check_depth(f"{where}.explore_depths[{j}]", d, captured)
-            if d == t.depth:
+            if t.topk == 1 and d == t.depth:
                 raise PolicyError(
                     f"{where}.explore_depths[{j}]",
                     f"depth {d} is the tier's own depth; list only alternatives",
                 )
         if len(set(t.explore_depths)) != len(t.explore_depths):
             raise PolicyError(f"{where}.explore_depths", "depths must not repeat")
+        _check_explore_trees(where, t, trees)
         prev_min = t.min_batch
+
+
+def _check_explore_trees(where: str, t: Tier, captured: list[DraftShape] | None) -> None:
+    if len(t.explore_trees) > MAX_EXPLORE_TREES:
+        raise PolicyError(f"{where}.explore_trees", f"at most {MAX_EXPLORE_TREES} trees")
+    for j, tree in enumerate(t.explore_trees):
+        at = f"{where}.explore_trees[{j}]"
+        if not isinstance(tree, DraftShape) or tree.topk == 1:
+            raise PolicyError(
+                at, "must be a tree STEPSxTOPKxDRAFT with topk > 1; list chains in explore_depths"
+            )
+        _check_tree(at, tree.steps, tree.topk, tree.draft_tokens, captured)
+        if tree == t.shape:
+            raise PolicyError(at, f"{tree.label} is the tier's own shape; list only alternatives")
+    if len(set(t.explore_trees)) != len(t.explore_trees):
+        raise PolicyError(f"{where}.explore_trees", "trees must not repeat")
+
+
+def _check_tree(
+    where: str, steps: Any, topk: int, draft: Any, captured: list[DraftShape] | None
+) -> None:
+    """A tree tier (`where` is `tiers[i]`) or a tree probe (`tiers[i].explore_trees[j]`)."""
+    own = where.endswith("]") and "." not in where
+    if not _is_int(steps) or not 1 <= steps <= MAX_DEPTH:
+        raise PolicyError(
+            f"{where}.depth" if own else where,
+            f"a tree needs 1 to {MAX_DEPTH} steps, got {steps!r}",
+        )
+    if not _is_int(draft):
+        raise PolicyError(
+            f"{where}.draft_tokens" if own else where,
+            f"a tree (topk {topk}) needs draft_tokens, got {draft!r}",
+        )
+    try:
+        tree = parse_shape(f"{steps}x{topk}x{draft}")
+    except ShapeError as err:
+        raise PolicyError(f"{where}.draft_tokens" if own else where, str(err)) from None
+    if captured is not None and tree not in captured:
+        have = ", ".join(label(t) for t in captured) or "none"
+        raise PolicyError(
+            where,
+            f"tree {label(tree)} was not captured by the server (captured trees: {have}); "
+            "use a captured shape",
+        )
 
 
 def _check_depth(where: str, depth: Any, captured: list[int] | None) -> None:
@@ -238,8 +348,13 @@ def _check_depth(where: str, depth: Any, captured: list[int] | None) -> None:
         )
 
 
-def parse_table(data: Any, captured_depths: Iterable[int] | None = None) -> PolicyTable:
-    """Build a table from its JSON/YAML form: {"version": n, "tiers": [{...}, ...]}."""
+def parse_table(
+    data: Any,
+    captured_depths: Iterable[int] | None = None,
+    captured_trees: Iterable[DraftShape] = (),
+) -> PolicyTable:
+    """Build a table from its JSON/YAML form: {"version": n, "tiers": [{...}, ...]}. A tree
+    tier adds `topk` and `draft_tokens`; tree probes are `explore_trees: ["3x4x16", ...]`."""
     if not isinstance(data, Mapping):
         raise PolicyError("table", f"must be a mapping with 'tiers', got {type(data).__name__}")
     unknown = set(data) - {"version", "tiers"}
@@ -249,7 +364,8 @@ def parse_table(data: Any, captured_depths: Iterable[int] | None = None) -> Poli
     if not isinstance(raw_tiers, list):
         raise PolicyError("tiers", "must be a list of tiers")
     tiers = []
-    allowed = {"min_batch", "depth", "hysteresis", "explore_share", "explore_depths"}
+    allowed = {"min_batch", "depth", "hysteresis", "explore_share", "explore_depths", "topk",
+               "draft_tokens", "explore_trees"}  # fmt: skip
     for i, raw in enumerate(raw_tiers):
         if not isinstance(raw, Mapping):
             raise PolicyError(f"tiers[{i}]", "must be a mapping")
@@ -265,6 +381,9 @@ def parse_table(data: Any, captured_depths: Iterable[int] | None = None) -> Poli
         explore_depths = raw.get("explore_depths", [])
         if not isinstance(explore_depths, list):
             raise PolicyError(f"tiers[{i}].explore_depths", "must be a list of depths")
+        topk, draft = raw.get("topk", 1), raw.get("draft_tokens")
+        if topk == 1 and draft is not None and draft == raw["depth"] + 1:
+            draft = None  # a chain written out in full
         tiers.append(
             Tier(
                 min_batch=raw["min_batch"],
@@ -272,9 +391,33 @@ def parse_table(data: Any, captured_depths: Iterable[int] | None = None) -> Poli
                 hysteresis=raw.get("hysteresis", 0),
                 explore_share=raw.get("explore_share", 0.0),
                 explore_depths=tuple(explore_depths),
+                topk=topk,
+                draft_tokens=draft,
+                explore_trees=_parse_trees(i, raw.get("explore_trees", [])),
             )
         )
-    return PolicyTable.build(tiers, version=data.get("version", 0), captured_depths=captured_depths)
+    return PolicyTable.build(
+        tiers,
+        version=data.get("version", 0),
+        captured_depths=captured_depths,
+        captured_trees=captured_trees,
+    )
+
+
+def _parse_trees(tier: int, raw: Any) -> tuple[DraftShape, ...]:
+    where = f"tiers[{tier}].explore_trees"
+    if not isinstance(raw, list) or not all(isinstance(x, str) for x in raw):
+        raise PolicyError(where, 'must be a list of shapes like ["3x4x16"]')
+    out = []
+    for j, text in enumerate(raw):
+        try:
+            tree = parse_shape(text)
+        except ShapeError as err:
+            raise PolicyError(f"{where}[{j}]", str(err)) from None
+        if tree is None or tree.topk == 1:
+            raise PolicyError(f"{where}[{j}]", f"{text} is no tree; list chains in explore_depths")
+        out.append(tree)
+    return tuple(out)
 
 
 # ----------------------------------------------------------------------------- lookup
@@ -335,6 +478,11 @@ RPC_PREFIX = "specctl_"
 RPC_VERSION_KEY = "specctl_version"
 RPC_TIER_COUNT_KEY = "specctl_tiers"  # 0 releases control back to SGLang's own choice
 _TIER_FIELDS = ("min_batch", "depth", "hysteresis", "explore_share", "explore_mask")
+# Sent only for trees, so a chain table's body is what it was before trees: a tree tier's
+# `topk` and `draft`, and its tree probes as a count and `x{j}_steps/topk/draft`.
+_TREE_FIELDS = ("topk", "draft")
+_PROBE_COUNT = "explore_trees"
+_PROBE_FIELDS = ("steps", "topk", "draft")
 SERVER_INFO_KEY = "specctl"  # key inside /server_info internal_states[i]
 
 
@@ -356,6 +504,15 @@ def encode_table(table: PolicyTable | None) -> dict[str, int | float]:
         out[_tier_key(i, "hysteresis")] = t.hysteresis
         out[_tier_key(i, "explore_share")] = float(t.explore_share)
         out[_tier_key(i, "explore_mask")] = sum(1 << d for d in t.explore_depths)
+        if t.topk != 1:
+            out[_tier_key(i, "topk")] = t.topk
+            out[_tier_key(i, "draft")] = t.draft_tokens or 0
+        if t.explore_trees:
+            out[_tier_key(i, _PROBE_COUNT)] = len(t.explore_trees)
+        for j, tree in enumerate(t.explore_trees):
+            out[_tier_key(i, f"x{j}_steps")] = tree.steps
+            out[_tier_key(i, f"x{j}_topk")] = tree.topk
+            out[_tier_key(i, f"x{j}_draft")] = tree.draft_tokens
     return out
 
 
@@ -393,7 +550,9 @@ def _rpc_number(keys: Mapping[str, Any], key: str, integer: bool) -> int | float
 
 
 def decode_table(
-    server_args: Mapping[str, Any], captured_depths: Iterable[int] | None = None
+    server_args: Mapping[str, Any],
+    captured_depths: Iterable[int] | None = None,
+    captured_trees: Iterable[DraftShape] = (),
 ) -> PolicyTable | None:
     """Inverse of `encode_table`; None means "release control". Raises PolicyError."""
     if not isinstance(server_args, Mapping):
@@ -408,9 +567,16 @@ def decode_table(
         return None
     if not 0 < count <= MAX_TIERS:
         raise PolicyError(RPC_TIER_COUNT_KEY, f"must be in [0, {MAX_TIERS}], got {count}")
+    probes = [_probe_count(ours, i) for i in range(count)]
     expected = {RPC_VERSION_KEY, RPC_TIER_COUNT_KEY} | {
         _tier_key(i, f) for i in range(count) for f in _TIER_FIELDS
     }
+    for i in range(count):
+        if any(_tier_key(i, f) in ours for f in _TREE_FIELDS):
+            expected |= {_tier_key(i, f) for f in _TREE_FIELDS}
+        if probes[i]:
+            expected.add(_tier_key(i, _PROBE_COUNT))
+        expected |= {_tier_key(i, f"x{j}_{f}") for j in range(probes[i]) for f in _PROBE_FIELDS}
     unknown = sorted(set(ours) - expected)
     if unknown:
         raise PolicyError(unknown[0], f"unknown key for a {count}-tier table")
@@ -419,6 +585,14 @@ def decode_table(
         mask = int(_rpc_number(ours, _tier_key(i, "explore_mask"), integer=True))
         if mask < 0 or mask >= 1 << (MAX_DEPTH + 1):
             raise PolicyError(_tier_key(i, "explore_mask"), f"bitmask out of range: {mask}")
+        tree = _tier_key(i, "topk") in ours or _tier_key(i, "draft") in ours
+        trees = []
+        for j in range(probes[i]):
+            steps, topk, draft = (
+                int(_rpc_number(ours, _tier_key(i, f"x{j}_{f}"), integer=True))
+                for f in _PROBE_FIELDS
+            )
+            trees.append(DraftShape(steps, topk, draft))
         tiers.append(
             Tier(
                 min_batch=int(_rpc_number(ours, _tier_key(i, "min_batch"), integer=True)),
@@ -426,21 +600,44 @@ def decode_table(
                 hysteresis=int(_rpc_number(ours, _tier_key(i, "hysteresis"), integer=True)),
                 explore_share=float(_rpc_number(ours, _tier_key(i, "explore_share"), False)),
                 explore_depths=tuple(d for d in range(MAX_DEPTH + 1) if mask >> d & 1),
+                topk=int(_rpc_number(ours, _tier_key(i, "topk"), integer=True)) if tree else 1,
+                draft_tokens=(
+                    int(_rpc_number(ours, _tier_key(i, "draft"), integer=True)) if tree else None
+                ),
+                explore_trees=tuple(trees),
             )
         )
     try:
-        return PolicyTable.build(tiers, version=version, captured_depths=captured_depths)
+        return PolicyTable.build(
+            tiers,
+            version=version,
+            captured_depths=captured_depths,
+            captured_trees=captured_trees,
+        )
     except PolicyError as err:
         # Name the wire key the sender actually set, not only the logical field.
         raise PolicyError(_wire_field(err.field), err.message) from None
 
 
+def _probe_count(ours: Mapping[str, Any], tier: int) -> int:
+    key = _tier_key(tier, _PROBE_COUNT)
+    if key not in ours:
+        return 0
+    count = int(_rpc_number(ours, key, integer=True))
+    if not 0 <= count <= MAX_EXPLORE_TREES:
+        raise PolicyError(key, f"must be in [0, {MAX_EXPLORE_TREES}], got {count}")
+    return count
+
+
 def _wire_field(logical: str) -> str:
-    # "tiers[2].explore_depths[0]" -> "specctl_t2_explore_mask"
+    # "tiers[2].explore_depths[0]" -> "specctl_t2_explore_mask",
+    # "tiers[1].explore_trees[0]" -> "specctl_t1_x0_steps", "tiers[0].draft_tokens" -> "..._draft"
     if logical.startswith("tiers[") and "]." in logical:
         index, rest = logical[len("tiers[") :].split("].", 1)
         name = rest.split("[", 1)[0]
-        name = "explore_mask" if name == "explore_depths" else name
+        if name == "explore_trees" and "[" in rest:
+            return _tier_key(int(index), f"x{rest.split('[', 1)[1].split(']', 1)[0]}_steps")
+        name = {"explore_depths": "explore_mask", "draft_tokens": "draft"}.get(name, name)
         return _tier_key(int(index), name)
     return {"version": RPC_VERSION_KEY, "tiers": RPC_TIER_COUNT_KEY}.get(logical, logical)
 
@@ -489,12 +686,14 @@ def server_state(
     source: str,
     last_rejection: str | None = None,
     applied_iteration: int | None = None,
+    captured_trees: Iterable[DraftShape] = (),
 ) -> dict[str, Any]:
     """What a server reports under `/server_info` -> internal_states[i]["specctl"].
 
     `source` is one of "none" (SGLang's own adaptive choice), "startup" (frozen policy file),
     "push" (admin RPC). `last_rejection` is the reason the most recent push was refused.
     """
+    trees = sorted(t.label for t in set(captured_trees))
     return {
         "contract_version": CONTRACT_VERSION,
         "source": source,
@@ -503,7 +702,24 @@ def server_state(
         "captured_depths": sorted(set(captured_depths)),
         "last_rejection": last_rejection,
         "applied_iteration": applied_iteration,
+        # Draft trees a table may name; absent on a server that captured none.
+        **({"captured_trees": trees} if trees else {}),
     }
+
+
+def state_trees(state: Mapping[str, Any]) -> tuple[DraftShape, ...]:
+    """The draft trees a server's `server_state` reports it captured (none if it names none).
+    Raises PolicyError on a name that is not a tree."""
+    out = []
+    for text in state.get("captured_trees") or ():
+        try:
+            tree = parse_shape(str(text))
+        except ShapeError as err:
+            raise PolicyError("captured_trees", str(err)) from None
+        if tree is None or tree.topk == 1:
+            raise PolicyError("captured_trees", f"{text} is not a tree")
+        out.append(tree)
+    return tuple(out)
 
 
 def read_server_state(server_info: Mapping[str, Any]) -> list[dict[str, Any]]:

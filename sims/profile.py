@@ -52,7 +52,7 @@ from typing import Annotated, Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from sims.draft_shape import PLAIN, ShapeError, label, parse_shape
+from sglang_hooks.draft_shape import PLAIN, ShapeError, label, parse_shape
 from sims.named_yaml import builtin_names, load_named_yaml
 
 PROFILES_DIR = Path(__file__).parent / "profiles"

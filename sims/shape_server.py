@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sims.draft_shape import parse_shape
+from sglang_hooks.draft_shape import parse_shape
 from sims.fit.framing import acceptance_rates
 from sims.profile import AcceptanceModel, Profile
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.table import Table
 
-from sims.draft_shape import PLAIN
+from sglang_hooks.draft_shape import PLAIN
 from sims.policies import FixedDepthPolicy
 from sims.profile import Profile
 from sims.shape_server import shape_server

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("sglang_hooks", "sims", "models", "controller")
 
 CONTRACT = "sglang_hooks.contract"
+SHAPES = "sglang_hooks.draft_shape"  # the shape notation the contract's tree tiers use
 PLUGIN = "sglang_hooks"
 SIMS = "sims"
 MODELS = "models"
@@ -30,14 +31,15 @@ CONTROLLER = "controller"  # the package itself: holds no code, may import nothi
 
 # unit -> the units it may import besides itself; a module belongs to its longest prefix here.
 MAY_IMPORT: dict[str, set[str]] = {
-    CONTRACT: set(),
-    PLUGIN: {CONTRACT},
-    SIMS: {CONTRACT},
-    MODELS: {CONTRACT},
-    DAEMON: {CONTRACT, MODELS, SIMS},
-    BENCH: {CONTRACT, DAEMON},
-    EVALUATION: {CONTRACT, MODELS, SIMS, DAEMON},
-    CLI: {CONTRACT, PLUGIN, MODELS, SIMS, DAEMON, BENCH, EVALUATION},
+    SHAPES: set(),
+    CONTRACT: {SHAPES},
+    PLUGIN: {CONTRACT, SHAPES},
+    SIMS: {CONTRACT, SHAPES},
+    MODELS: {CONTRACT, SHAPES},
+    DAEMON: {CONTRACT, SHAPES, MODELS, SIMS},
+    BENCH: {CONTRACT, SHAPES, DAEMON},
+    EVALUATION: {CONTRACT, SHAPES, MODELS, SIMS, DAEMON},
+    CLI: {CONTRACT, SHAPES, PLUGIN, MODELS, SIMS, DAEMON, BENCH, EVALUATION},
     CONTROLLER: set(),
 }
 
@@ -234,7 +236,9 @@ def test_sglang_side_loads_no_cli_framework(module: str) -> None:
     assert not loaded & PLUGIN_FORBIDDEN, f"{module} imports {sorted(loaded & PLUGIN_FORBIDDEN)}"
 
 
-def test_contract_imports_only_the_standard_library() -> None:
-    tops = {imported.split(".")[0] for imported, _ in _imported_names(CONTRACT, MODULES[CONTRACT])}
+@pytest.mark.parametrize("module", [CONTRACT, SHAPES])
+def test_contract_imports_only_the_standard_library(module: str) -> None:
+    imported = {name for name, _ in _imported_names(module, MODULES[module])}
+    tops = {name.split(".")[0] for name in imported if _project_module(name) != SHAPES}
     outside = sorted(tops - set(sys.stdlib_module_names) - {"__future__"})
-    assert not outside, f"{CONTRACT} imports {outside}: it is loaded inside SGLang's scheduler"
+    assert not outside, f"{module} imports {outside}: it is loaded inside SGLang's scheduler"

@@ -29,7 +29,9 @@ from sglang_hooks.contract import (
     parse_table,
     push_body,
     read_server_state,
+    state_trees,
 )
+from sglang_hooks.draft_shape import DraftShape
 
 ADMIN_KEY_ENV = "SPECCTL_ADMIN_KEY"
 # The API key's variable: the plugin's smoke check (sglang_hooks/smoke.py) reads the same one.
@@ -73,6 +75,7 @@ class ServerState:
     source: str
     last_rejection: str | None
     ranks: int
+    captured_trees: tuple[DraftShape, ...] = ()  # draft trees a table may name
     # The plugin's extras: an inactive plugin refuses every push (None: not reported).
     inactive_reason: str | None = None
     # What depth 0 runs (rank 0's `off_path`: the path and its pieces; None: not reported).
@@ -236,6 +239,7 @@ class ServerClient:
                 f"{sorted(map(str, versions))}; a push is still being applied, try again"
             )
         try:
+            trees = state_trees(first)
             table = None if first.get("table") is None else parse_table(first["table"])
         except PolicyError as err:
             raise ServerError(f"{self.url} reports an invalid table: {err}") from None
@@ -243,6 +247,7 @@ class ServerClient:
             table=table,
             version=int(first.get("version") or 0),
             captured_depths=tuple(sorted(first.get("captured_depths") or ())),
+            captured_trees=trees,
             source=str(first.get("source", "?")),
             last_rejection=first.get("last_rejection"),
             ranks=len(ranks),

@@ -99,15 +99,21 @@ def _time(t: float) -> dt.datetime:
 def check(path: Path, url: str | None, console: Console, api_key: str | None = None) -> None:
     from controller.bench.server_client import ServerClient
     from controller.daemon.policy_file import load
+    from sglang_hooks.draft_shape import DraftShape
 
-    captured = None
+    captured: tuple[int, ...] | None = None
+    trees: tuple[DraftShape, ...] = ()
     if url is not None:
         with ServerClient(url, api_key=api_key) as server:
-            captured = server.state().captured_depths
-    policy = load(path, captured_depths=captured)
+            state = server.state()
+            captured, trees = state.captured_depths, state.captured_trees
+    policy = load(path, captured_depths=captured, captured_trees=trees)
     console.print(f"[green]ok[/green] {path}: {policy.table.describe()} ({_version(policy.table)})")
     if captured is not None:
-        console.print(f"every depth is captured by {url} (captured: {list(captured)})")
+        shapes = f"captured: {list(captured)}" + (
+            f", trees {[t.label for t in trees]}" if trees else ""
+        )
+        console.print(f"every depth is captured by {url} ({shapes})")
     prov = policy.provenance
     if prov.group or prov.samples is not None:
         console.print(

@@ -15,7 +15,7 @@ from controller.cli.sim import _fits, _profile, finite_positive, sim_app
 
 def _shape_list(text: str, known: list[str]) -> list[str]:
     """The shapes `--shapes` names, each checked against the notation and the profile."""
-    from sims.draft_shape import ShapeError, label, parse_shapes
+    from sglang_hooks.draft_shape import ShapeError, label, parse_shapes
 
     try:
         names = [label(s) for s in parse_shapes(text)]

@@ -50,6 +50,7 @@ class ServerStatus:
     version: int | None = None
     fingerprint: str | None = None  # of the live table: versions can repeat, this cannot
     captured_depths: list[int] = field(default_factory=list)
+    captured_trees: list[str] = field(default_factory=list)  # shape labels, e.g. 3x4x16
     last_rejection: str | None = None
     active: bool | None = None  # whether the plugin steers this server (None: not read)
     inactive_reason: str | None = None  # why it does not
@@ -178,6 +179,7 @@ def _read_state_and_scrape(st: ServerStatus, client: ServerClient) -> Scrape | N
     st.source, st.version = state.source, state.version
     st.fingerprint = None if state.table is None else state.table.fingerprint
     st.captured_depths = list(state.captured_depths)
+    st.captured_trees = [t.label for t in state.captured_trees]
     st.last_rejection, st.ranks = state.last_rejection, state.ranks
     st.active, st.inactive_reason = state.inactive_reason is None, state.inactive_reason
     st.off_path, st.off_path_text = state.off_path, state.describe_off_path()
@@ -229,7 +231,8 @@ def server_panel(st: ServerStatus) -> Panel:
         f"source     {st.source}, version {st.version}"
         + ("" if st.fingerprint is None else f" #{st.fingerprint}")
         + f", {st.ranks} DP rank(s), "
-        f"captured depths {st.captured_depths}",
+        f"captured depths {st.captured_depths}"
+        + (f", trees {st.captured_trees}" if st.captured_trees else ""),
         f"now        {now_line(st)}",
     ]
     if st.off_path_text:

@@ -40,6 +40,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from sglang_hooks.contract import PolicyError, PolicyTable, parse_table
+from sglang_hooks.draft_shape import DraftShape
 
 FORMAT = "specctl-policy/1"
 TOP_LEVEL_KEYS = ("format", "table", "provenance")
@@ -89,7 +90,11 @@ class PolicyFile(BaseModel):
     provenance: Provenance = Field(default_factory=Provenance)
 
 
-def load(path: str | Path, captured_depths: Iterable[int] | None = None) -> PolicyFile:
+def load(
+    path: str | Path,
+    captured_depths: Iterable[int] | None = None,
+    captured_trees: Iterable[DraftShape] = (),
+) -> PolicyFile:
     """Read and validate a policy file; raise PolicyFileError naming the field."""
     p = Path(path)
     try:
@@ -98,10 +103,15 @@ def load(path: str | Path, captured_depths: Iterable[int] | None = None) -> Poli
         raise PolicyFileError(p, "", "no such file") from None
     except OSError as err:
         raise PolicyFileError(p, "", f"cannot read: {err.strerror or err}") from None
-    return loads(text, p, captured_depths)
+    return loads(text, p, captured_depths, captured_trees)
 
 
-def loads(text: str, path: Path, captured_depths: Iterable[int] | None = None) -> PolicyFile:
+def loads(
+    text: str,
+    path: Path,
+    captured_depths: Iterable[int] | None = None,
+    captured_trees: Iterable[DraftShape] = (),
+) -> PolicyFile:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -124,7 +134,7 @@ def loads(text: str, path: Path, captured_depths: Iterable[int] | None = None) -
     if "table" not in data:
         raise PolicyFileError(path, "table", "missing: a policy file needs a 'table'")
     try:
-        table = parse_table(data["table"], captured_depths=captured_depths)
+        table = parse_table(data["table"], captured_depths, captured_trees)
     except PolicyError as err:
         field = "table" if err.field == "table" else f"table.{err.field}"
         raise PolicyFileError(path, field, err.message) from None

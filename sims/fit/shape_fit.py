@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from sims.draft_shape import PLAIN, parse_shape
+from sglang_hooks.draft_shape import PLAIN, parse_shape
 from sims.fit.framing import FitError, stated_limits
 from sims.fit.replay import LevelShape, Replayed, replay
 from sims.fit.shape_folder import ShapeBench, ShapeLevel

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from sims.draft_shape import PLAIN, ShapeError, label, parse_shape
+from sglang_hooks.draft_shape import PLAIN, ShapeError, label, parse_shape
 from sims.fit.bench_file import NO_SPEC, BenchFileError, Level, ServerFacts, read_facts, read_level
 
 SERVER_INFO = "server_info.json"

@@ -4,8 +4,8 @@ A chain is topk 1 with steps + 1 draft tokens (specctl's depth d is the chain d 
 tree has topk above 1 and verifies `draft_tokens` positions per request per step, picked from
 the topk + (steps - 1) x topk^2 candidates the drafting scores. `plain` is no speculation.
 
-Standard library only: the GPU harness (benchmarks/gpu/draft_shapes.py) reads shapes with it
-on the device machine, the simulator's profiles name their shapes with it.
+Standard library only: the policy contract (a tier may name a tree), the GPU harness
+(benchmarks/gpu/draft_shapes.py) and the simulator's profiles read shapes with it.
 """
 
 from __future__ import annotations
@@ -40,11 +40,52 @@ class DraftShape:
                 "--speculative-num-draft-tokens", str(self.draft_tokens)]  # fmt: skip
 
 
-Shape = DraftShape | None  # None: the plain server
+Shape = DraftShape | None  # None: the plain server, or a tier's drafting off
 
 
 def label(shape: Shape) -> str:
     return PLAIN if shape is None else shape.label
+
+
+def chain(depth: int) -> Shape:
+    """specctl's depth as a shape: `dx1x(d+1)`, and depth 0 off."""
+    return None if depth == 0 else DraftShape(depth, 1, depth + 1)
+
+
+def dominating(shapes: list[Shape]) -> DraftShape | None:
+    """The listed shape SGLang must start at so that every listed shape fits what it sizes once:
+    the largest top-k (draft-input width), draft tokens (verify width, logits buffer) and steps x
+    top-k (draft slots), the KV reserve per request being `2 * max(steps x topk, draft)`. None
+    when nothing drafts. Raises ShapeError naming the shape to add when no listed one is largest
+    in all three."""
+    drafting = [s for s in shapes if s is not None]
+    if not drafting:
+        return None
+    topk = max(s.topk for s in drafting)
+    draft = max(s.draft_tokens for s in drafting)
+    slots = max(s.steps * s.topk for s in drafting)
+    for s in drafting:
+        if (s.topk, s.draft_tokens, s.steps * s.topk) == (topk, draft, slots):
+            return s
+    listed = ",".join(label(s) for s in shapes)
+    raise ShapeError(f"shapes {listed}: no listed shape has the largest top-k ({topk}), draft "
+                     f"tokens ({draft}) and steps x top-k ({slots}) that SGLang sizes its "
+                     f"buffers and KV reserve by; add {_covering(topk, draft, slots).label}")
+
+
+def _covering(topk: int, draft: int, slots: int) -> DraftShape:
+    # A tree (the chains alone always have a deepest member): the fewest steps that give
+    # steps x topk >= slots and score enough candidates for `draft` tokens.
+    steps = -(-slots // topk)
+    while topk + (steps - 1) * topk * topk + 1 < draft:
+        steps += 1
+    return DraftShape(steps, topk, draft)
+
+
+def kv_slots_per_request(shape: Shape) -> int:
+    """KV slots SGLang keeps per running request for one decode at this shape (page size 1):
+    twice the larger of the draft slots and the verify width."""
+    return 0 if shape is None else 2 * max(shape.steps * shape.topk, shape.draft_tokens)
 
 
 def parse_shape(text: str) -> Shape:

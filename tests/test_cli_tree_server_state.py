@@ -1,0 +1,95 @@
+"""A server that reports captured draft trees, as read by `specctl status` and by
+`specctl freeze --check --url`: the trees are listed, a policy file that names a captured tree
+passes, one that names another is refused with the field and the captured trees.
+
+The server is a stand-in: a real loopback HTTP server answering `/server_info` with the
+contract's own `server_state` (trees captured) and `/metrics` with real Prometheus text. No
+server captures trees yet (neither the plugin nor the simulator), so no real one can answer."""
+
+from __future__ import annotations
+
+import http.server
+import importlib
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from controller.cli import COMMAND_MODULES, app
+from sglang_hooks.contract import parse_table, server_state
+from sglang_hooks.draft_shape import DraftShape
+
+for _module in COMMAND_MODULES:
+    importlib.import_module(_module)
+
+TABLE = parse_table({"version": 3, "tiers": [
+    {"min_batch": 1, "depth": 3, "topk": 4, "draft_tokens": 16},
+    {"min_batch": 32, "depth": 3},
+    {"min_batch": 128, "depth": 0}]})  # fmt: skip
+STATE = server_state(TABLE, [0, 3], source="push", captured_trees=[DraftShape(3, 4, 16)])
+METRICS = "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 0\n"
+
+
+class _TreeServer(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        if self.path.startswith("/server_info"):
+            body = json.dumps({"internal_states": [{"specctl": STATE}]}).encode()
+        elif self.path.startswith("/metrics"):
+            body = METRICS.encode()
+        else:
+            self.send_response(404)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def tree_server() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _TreeServer)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_status_lists_the_trees_and_reads_the_tree_table(tree_server: str) -> None:
+    res = CliRunner().invoke(app, ["status", "--url", tree_server, "--json"])
+    assert res.exit_code == 0, res.output
+    (server,) = json.loads(res.output)["servers"]
+    assert server["captured_depths"] == [0, 3] and server["captured_trees"] == ["3x4x16"]
+    res = CliRunner().invoke(app, ["status", "--url", tree_server], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    text = flat(res.output)
+    assert "captured depths [0, 3], trees ['3x4x16']" in text
+    assert "1-31: 3x4x16 | 32-127: d3 | 128+: off" in text
+
+
+def test_freeze_check_holds_a_tree_table_to_the_servers_trees(
+    tree_server: str, tmp_path: Path
+) -> None:
+    good = tmp_path / "good.yaml"
+    good.write_text("table: {tiers: [{min_batch: 1, depth: 3, topk: 4, draft_tokens: 16},"
+                    " {min_batch: 64, depth: 0}]}\n")
+    res = CliRunner().invoke(app, ["freeze", "--check", str(good), "--url", tree_server])
+    assert res.exit_code == 0, res.output
+    assert "(captured: [0, 3], trees ['3x4x16'])" in flat(res.output)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("table: {tiers: [{min_batch: 1, depth: 5, topk: 8, draft_tokens: 32}]}\n")
+    res = CliRunner().invoke(app, ["freeze", "--check", str(bad), "--url", tree_server])
+    assert res.exit_code == 2
+    assert ("table.tiers[0]: tree 5x8x32 was not captured by the server (captured trees: "
+            "3x4x16); use a captured shape") in flat(res.output)

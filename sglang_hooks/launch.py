@@ -38,7 +38,7 @@ def adaptive_config(depths: Sequence[int]) -> dict[str, Any]:
 
 def user_config(sglang_args: Sequence[str]) -> str | None:
     """The user's own --speculative-adaptive-config, if the SGLang arguments carry one."""
-    return _flag_value(sglang_args, "--speculative-adaptive-config")
+    return flag_value(sglang_args, "--speculative-adaptive-config")
 
 
 def config_depths(path: Path) -> tuple[int, ...]:
@@ -67,7 +67,7 @@ def config_depths(path: Path) -> tuple[int, ...]:
 def node_count(sglang_args: Sequence[str]) -> int:
     """SGLang's --nnodes (1 when absent or unreadable: SGLang reports a bad value itself)."""
     try:
-        return max(1, int(_flag_value(sglang_args, "--nnodes") or 1))
+        return max(1, int(flag_value(sglang_args, "--nnodes") or 1))
     except ValueError:
         return 1
 
@@ -77,7 +77,8 @@ def has_flag(args: Sequence[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in args)
 
 
-def _flag_value(args: Sequence[str], flag: str) -> str | None:
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    """The value of `flag` in these arguments (`flag v` or `flag=v`), or None."""
     for i, a in enumerate(args):
         if a == flag and i + 1 < len(args):
             return args[i + 1]
@@ -169,7 +170,7 @@ def plugins_env(current: str | None) -> dict[str, str]:
 def check_num_steps(sglang_args: Sequence[str], depths: Sequence[int]) -> None:
     """SGLang refuses to start when --speculative-num-steps is not a captured depth; say so
     before launching. Raises ValueError naming both flags."""
-    value = _flag_value(sglang_args, "--speculative-num-steps")
+    value = flag_value(sglang_args, "--speculative-num-steps")
     if value is None:
         return
     try:
@@ -183,9 +184,9 @@ def check_num_steps(sglang_args: Sequence[str], depths: Sequence[int]) -> None:
 
 
 def admin_url(sglang_args: Sequence[str]) -> str:
-    host = _flag_value(sglang_args, "--host") or "127.0.0.1"
+    host = flag_value(sglang_args, "--host") or "127.0.0.1"
     host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    port = _flag_value(sglang_args, "--port") or str(DEFAULT_PORT)
+    port = flag_value(sglang_args, "--port") or str(DEFAULT_PORT)
     return f"http://{host}:{port}"
 
 

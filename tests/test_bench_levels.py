@@ -4,15 +4,14 @@ window, the drain before the next level, open-loop arrivals and inter-token late
 from __future__ import annotations
 
 import asyncio
-import http.server
 import random
 import statistics
-import threading
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from loopback_http import QuietHandler, serving
 
 from controller.bench.loadgen import ClosedLoop, OpenLoop, StopRule, make_client, run_level
 from controller.bench.metrics import parse_scrape
@@ -232,31 +231,18 @@ def test_request_gauges_are_read_through_the_window(sim_server) -> None:
     assert statistics.fmean(scrapes.queued) == 0
 
 
-class _SlowMetrics(http.server.BaseHTTPRequestHandler):
+class _SlowMetrics(QuietHandler):
     """A real loopback server whose /metrics answers after `server.delay_s` seconds."""
 
     def do_GET(self) -> None:
         time.sleep(self.server.delay_s)  # type: ignore[attr-defined]
-        body = b"# HELP sglang:num_running_reqs x\n# TYPE sglang:num_running_reqs gauge\n"
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(b"# HELP sglang:num_running_reqs x\n# TYPE sglang:num_running_reqs gauge\n")
 
 
 @pytest.fixture
 def slow_metrics_url() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowMetrics)
-    server.daemon_threads = True
-    server.delay_s = 3.0  # type: ignore[attr-defined]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving(_SlowMetrics, delay_s=3.0) as url:
+        yield url
 
 
 def test_a_scrape_that_does_not_answer_does_not_hold_the_window_open(slow_metrics_url) -> None:

@@ -8,14 +8,13 @@ server captures trees yet (neither the plugin nor the simulator), so no real one
 
 from __future__ import annotations
 
-import http.server
 import importlib
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from loopback_http import QuietHandler, serving
 from typer.testing import CliRunner
 
 from controller.cli import COMMAND_MODULES, app
@@ -33,33 +32,20 @@ STATE = server_state(TABLE, [0, 3], source="push", captured_trees=[DraftShape(3,
 METRICS = "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 0\n"
 
 
-class _TreeServer(http.server.BaseHTTPRequestHandler):
+class _TreeServer(QuietHandler):
     def do_GET(self) -> None:
         if self.path.startswith("/server_info"):
-            body = json.dumps({"internal_states": [{"specctl": STATE}]}).encode()
+            self.reply(json.dumps({"internal_states": [{"specctl": STATE}]}).encode())
         elif self.path.startswith("/metrics"):
-            body = METRICS.encode()
+            self.reply(METRICS.encode())
         else:
-            self.send_response(404)
-            self.end_headers()
-            return
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+            self.reply(b"", status=404)
 
 
 @pytest.fixture
 def tree_server() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _TreeServer)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving(_TreeServer) as url:
+        yield url
 
 
 def flat(text: str) -> str:

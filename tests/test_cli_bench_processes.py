@@ -192,20 +192,22 @@ def test_split_arrivals_are_the_arrivals_of_one_process(sim_server) -> None:
 
 
 def test_the_split_sweep_counts_what_the_server_served(sim_server_factory, tmp_path):  # type: ignore[no-untyped-def]
-    """The same sweep with one and with two client processes: in both, the requests the bench
-    counts are at most the requests each server finished during the sweep and at least 0.65 of
-    them. The rest are those begun in each level's warm-up (about 0.8 counted in runs here, one
-    or two processes alike); losing one process's share of the split levels would count about
-    0.45, and counting it twice would pass what the server finished. The check is held to the
-    server's own count rather than to the other sweep's tok/s: the simulated servers run on the
-    wall clock in this test's process, and on a busy two-core machine the plain server's
-    4-stream level read 392 tok/s in one sweep and 775 in the other. The one-stream level, too
-    small to split, runs in the bench's own process."""
+    """The same sweep with one and with two client processes, without warm-up: in both, the
+    requests the bench counts are what each server finished during the sweep, less at most one
+    request per stream and level at each edge of the window (split levels count from the later
+    process's start; a request open at the cut may still be finished). Measured here: 1 short in
+    one process, 7-10 in two. Losing one process's share of the split levels would miss about
+    45 requests, counting it twice would pass what the server finished. Held to the server's own
+    count, not to the other sweep's tok/s: the simulated servers run on the wall clock in this
+    test's process, and on a busy two-core machine the plain server's 4-stream level read 392
+    tok/s in one sweep and 775 in the other. The one-stream level, too small to split, runs in
+    the bench's own process."""
     servers = {"d3": sim_server_factory(admin_key=KEY, speedup=5),
                "no-spec": sim_server_factory(speedup=5, speculative=False)}  # fmt: skip
+    levels = (1, 2, 4)
     args = ["bench", "--url", servers["d3"].base_url, "--admin-key", KEY, "--depths", "3",
-            "--concurrency", "1,2,4", "--no-spec-url", servers["no-spec"].base_url,
-            "--duration-per-level", "3", "--warmup-per-level", "0.5",
+            "--concurrency", ",".join(map(str, levels)), "--no-spec-url",
+            servers["no-spec"].base_url, "--duration-per-level", "3", "--warmup-per-level", "0",
             "--output-tokens", str(OUTPUT_TOKENS), "--prompt-tokens", "32"]  # fmt: skip
     runner = CliRunner()
     rows: dict[str, dict[tuple[str, str], dict[str, str]]] = {}
@@ -217,7 +219,7 @@ def test_the_split_sweep_counts_what_the_server_served(sim_server_factory, tmp_p
         for name, sim in servers.items():
             served = sim.server.stats().completed_requests - before[name]
             counted = sum(int(r["requests"]) for (s, _), r in rows[run].items() if s == name)
-            assert 0.65 * served <= counted <= served, (run, name, counted, served)
+            assert served - 2 * sum(levels) <= counted <= served, (run, name, counted, served)
         if run == "two":
             assert "load split across 2 client processes" in flat(res.output)
     a, b = rows["one"], rows["two"]

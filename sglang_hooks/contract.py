@@ -195,6 +195,17 @@ class PolicyTable:
         return " | ".join(parts)
 
 
+def shape_tier(min_batch: int, shape: Shape, hysteresis: int = 0) -> Tier:
+    """The tier that runs `shape` from `min_batch` up: a chain as its depth, a tree by its
+    shape, None (plain) as off."""
+    if shape is None:
+        return Tier(min_batch=min_batch, depth=0, hysteresis=hysteresis)
+    if shape.topk == 1:
+        return Tier(min_batch=min_batch, depth=shape.steps, hysteresis=hysteresis)
+    return Tier(min_batch=min_batch, depth=shape.steps, hysteresis=hysteresis, topk=shape.topk,
+                draft_tokens=shape.draft_tokens)  # fmt: skip
+
+
 def tier_label(tier: Tier) -> str:
     """`off`, `d3` for a chain, the shape `3x4x16` for a tree."""
     if tier.topk > 1:

@@ -16,10 +16,12 @@ from typing import Any
 
 from rich.table import Table
 
+from sglang_hooks.contract import PolicyTable
 from sglang_hooks.draft_shape import PLAIN
 from sims.policies import FixedDepthPolicy
 from sims.profile import Profile
 from sims.shape_server import shape_server
+from sims.shape_table import shape_table
 from sims.sweep import Point, SweepSpec, run_point
 from sims.sweep import _point as window_point  # the window between two snapshots, as a point
 
@@ -83,6 +85,14 @@ class ShapeSweepResult:
                 runs.append((s, s, name))
         return " | ".join(f"{a}: {n}" if a == b else f"{a}-{b}: {n}" for a, b, n in runs)
 
+    def table(self, phase: str) -> PolicyTable | None:
+        """The best shape per load as a policy table (None when some load has no best)."""
+        if any(self.best(phase, s) is None for s in self.spec.streams):
+            return None
+        tok = {name: [next(p.tok_per_s for p in self.at(phase, s) if p.shape == name)
+                      for s in self.spec.streams] for name in self.spec.shapes}  # fmt: skip
+        return shape_table(self.spec.streams, tok)
+
     def to_json(self) -> dict[str, Any]:
         spec = self.spec
         return {
@@ -98,6 +108,8 @@ class ShapeSweepResult:
                               "tok_per_s": round(b.tok_per_s, 2) if b else None}
                              for s in spec.streams for b in [self.best(phase, s)]]
                      for phase in spec.phases},
+            "tables": {phase: None if (t := self.table(phase)) is None else t.to_json()
+                       for phase in spec.phases},
         }  # fmt: skip
 
 
@@ -156,7 +168,10 @@ def render_tables(result: ShapeSweepResult) -> list[Table]:
             by_shape = {p.shape: p for p in result.at(phase, s)}
             table.add_row(str(s), *(_cell(by_shape[n], best) for n in spec.shapes),
                           "-" if best is None else best.shape)
-        table.caption = f"best shape per load: {result.best_line(phase)}"
+        policy = result.table(phase)
+        table.caption = f"best shape per load: {result.best_line(phase)}" + (
+            "" if policy is None else f"\nas a table: {policy.describe()}"
+        )
         out.append(table)
     return out
 

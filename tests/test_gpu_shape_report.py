@@ -93,7 +93,13 @@ def test_best_chain_and_tree_per_load_and_where_a_tree_wins(tmp_path: Path) -> N
     assert analysis["families"]["b"] == {
         "levels": [{"streams": 1, "best": "3x1x4", "best_chain": "3x1x4", "best_tree": None,
                     "tree_over_chain": None}],
-        "first_below_plain": {"3x1x4": None, "5x1x6": None, "3x4x16": None, "4x2x8": None}}
+        "first_below_plain": {"3x1x4": None, "5x1x6": None, "3x4x16": None, "4x2x8": None},
+        "table": {"version": 0, "tiers": [{"min_batch": 1, "depth": 3, "hysteresis": 0,
+                                           "explore_share": 0.0, "explore_depths": []}]},
+        "table_line": "1+: d3"}
+    # Family a as tiers: 3x4x16 / 4x2x8 crosses 1 at 3.8 streams, 4x2x8 / 3x1x4 at 11.8.
+    assert a["table_line"] == "1-3: 3x4x16 | 4-11: 4x2x8 | 12+: d3"
+    assert [t["hysteresis"] for t in a["table"]["tiers"]] == [0, 0, 2]
     assert analysis["verdict"] == (
         "a tree beats the best chain by 5% or more at 1 load(s); most: 4x2x8 over 3x1x4 by "
         "+6.0% at 4 streams, family a")

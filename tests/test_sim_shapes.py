@@ -17,6 +17,8 @@ from typer.testing import CliRunner
 
 from controller.bench.level_flags import level_flags
 from controller.cli import load_commands
+from sglang_hooks.contract import parse_table
+from sglang_hooks.draft_shape import parse_shape
 from sims.fit.bench_file import BenchFileError
 from sims.fit.profile_file import write_profile
 from sims.fit.shape_check import ShapeRow, best_shapes, replay_rows, tok_errors
@@ -192,12 +194,16 @@ def test_the_shapes_command_prints_tok_s_and_the_best_shape(profile_file: Path,
         assert name in out
     assert re.search(r"L=3\.[56]\d", out)  # the tree's accept length on family b
     assert "best shape per load: 1: 3x4x16 | 64: 3x1x4" in " ".join(out.split())
+    assert re.search(r"as a table: 1-\d+: 3x4x16 \| \d+\+: d3", " ".join(out.split()))
     assert plot.stat().st_size > 10_000
     code, out = _cli("--profile", str(profile_file), "--phase", "b", "--streams", "1,64",
                      "--duration", "20", "--warmup", "4", "--output-tokens", "128:384",
                      "--shapes", "3x4x16,3x1x4", "--json")  # fmt: skip
     doc = json.loads(out)
     assert [(b["streams"], b["shape"]) for b in doc["best"]["b"]] == [(1, "3x4x16"), (64, "3x1x4")]
+    tree, chain = parse_table(doc["tables"]["b"]).tiers
+    assert tree.shape == parse_shape("3x4x16") and chain.shape == parse_shape("3x1x4")
+    assert 1 < chain.min_batch <= 64
     assert {p["shape"] for p in doc["points"]} == {"3x4x16", "3x1x4"}
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from benchmarks.gpu.draft_shapes import PLAIN, ShapeError, parse_shape
 from controller.bench.level_flags import level_flags
+from sims.shape_table import shape_table
 
 WIDTH = 20  # a table cell
 TREE_MARGIN = 0.05  # a tree must beat the best chain by this share to earn tiers of its own
@@ -110,7 +111,15 @@ def analyse(fig: Figures, order: Sequence[str] | None = None) -> dict[str, Any]:
             under = [s for s in streams if (t := _tok(fig, lb, family, s)) is not None
                      and (p := _tok(fig, PLAIN, family, s)) is not None and t < p]
             below[lb] = under[0] if under else None
-        result["families"][family] = {"levels": levels, "first_below_plain": below}
+        # What a server that captured these shapes would run: the best shape per load as tiers.
+        table = shape_table(streams, {lb: [_tok(fig, lb, family, s) for s in streams]
+                                      for lb in labels})  # fmt: skip
+        result["families"][family] = {
+            "levels": levels,
+            "first_below_plain": below,
+            "table": None if table is None else table.to_json(),
+            "table_line": None if table is None else table.describe(),
+        }
     result["verdict"] = verdict(result)
     return result
 
@@ -169,7 +178,9 @@ def text(fig: Figures, analysis: Mapping[str, Any]) -> str:
                          f"{_num(lv['tree_over_chain'], '.3f')}")
         below = ", ".join(f"{lb} at c={s}" if s else f"{lb} never"
                           for lb, s in part["first_below_plain"].items())
-        lines += [f"  first load below the plain server: {below}", ""]
+        lines.append(f"  first load below the plain server: {below}")
+        lines += [f"  as a table: {part['table_line'] or 'none (a load has no unflagged shape)'}",
+                  ""]
     lines.append("* flagged by the bench (too short: no request that started in the window "
                  "finished in it; too few requests; ...): the window's streamed tok/s, shown "
                  "but left out of the best shapes and the verdict")

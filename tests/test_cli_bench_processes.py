@@ -193,21 +193,21 @@ def test_split_arrivals_are_the_arrivals_of_one_process(sim_server) -> None:
 
 def test_the_split_sweep_counts_what_the_server_served(sim_server_factory, tmp_path):  # type: ignore[no-untyped-def]
     """The same sweep with one and with two client processes, without warm-up: in both, the
-    requests the bench counts are what each server finished during the sweep, less at most one
-    request per stream and level at each edge of the window (split levels count from the later
-    process's start; a request open at the cut may still be finished). Measured here: 1 short in
-    one process, 7-10 in two. Losing one process's share of the split levels would miss about
-    45 requests, counting it twice would pass what the server finished. Held to the server's own
-    count, not to the other sweep's tok/s: the simulated servers run on the wall clock in this
-    test's process, and on a busy two-core machine the plain server's 4-stream level read 392
-    tok/s in one sweep and 775 in the other. The one-stream level, too small to split, runs in
-    the bench's own process."""
+    bench counts at most what each server finished during the sweep, and of what the server
+    finished beyond the one-stream level's requests (that level, too small to split, runs in
+    the bench's own process) at least 0.7. Losing one process's share of the split levels would
+    count at most half. The rest are requests finished outside the window: at its cut, and in
+    a split level before the later process started (measured: 1 short in one process; 7-15
+    of 80-100 in two, more on a busier machine). Held to the server's own count, not to the
+    other sweep's tok/s: the simulated servers run on the wall clock in this test's process,
+    and on a busy two-core machine the plain server's 4-stream level read 392 tok/s in one
+    sweep and 775 in the other."""
     servers = {"d3": sim_server_factory(admin_key=KEY, speedup=5),
                "no-spec": sim_server_factory(speedup=5, speculative=False)}  # fmt: skip
     levels = (1, 2, 4)
     args = ["bench", "--url", servers["d3"].base_url, "--admin-key", KEY, "--depths", "3",
             "--concurrency", ",".join(map(str, levels)), "--no-spec-url",
-            servers["no-spec"].base_url, "--duration-per-level", "3", "--warmup-per-level", "0",
+            servers["no-spec"].base_url, "--duration-per-level", "4", "--warmup-per-level", "0",
             "--output-tokens", str(OUTPUT_TOKENS), "--prompt-tokens", "32"]  # fmt: skip
     runner = CliRunner()
     rows: dict[str, dict[tuple[str, str], dict[str, str]]] = {}
@@ -219,7 +219,9 @@ def test_the_split_sweep_counts_what_the_server_served(sim_server_factory, tmp_p
         for name, sim in servers.items():
             served = sim.server.stats().completed_requests - before[name]
             counted = sum(int(r["requests"]) for (s, _), r in rows[run].items() if s == name)
-            assert served - 2 * sum(levels) <= counted <= served, (run, name, counted, served)
+            alone = int(rows[run][(name, "1")]["requests"])
+            assert counted <= served, (run, name, counted, served)
+            assert counted - alone >= 0.7 * (served - alone), (run, name, counted, served, alone)
         if run == "two":
             assert "load split across 2 client processes" in flat(res.output)
     a, b = rows["one"], rows["two"]

@@ -263,7 +263,7 @@ def validate_tiers(
                     "a chain (topk 1) verifies depth + 1 tokens; drop draft_tokens",
                 )
         else:
-            _check_tree(where, t.depth, t.topk, t.draft_tokens, trees)
+            _check_tree(where, t.depth, t.topk, t.draft_tokens, trees, own=True)
         if not _is_int(t.hysteresis) or t.hysteresis < 0:
             raise PolicyError(
                 f"{where}.hysteresis", f"must be an integer >= 0, got {t.hysteresis!r}"
@@ -313,7 +313,7 @@ def _check_explore_trees(where: str, t: Tier, captured: list[DraftShape] | None)
             raise PolicyError(
                 at, "must be a tree STEPSxTOPKxDRAFT with topk > 1; list chains in explore_depths"
             )
-        _check_tree(at, tree.steps, tree.topk, tree.draft_tokens, captured)
+        _check_tree(at, tree.steps, tree.topk, tree.draft_tokens, captured, own=False)
         if tree == t.shape:
             raise PolicyError(at, f"{tree.label} is the tier's own shape; list only alternatives")
     if len(set(t.explore_trees)) != len(t.explore_trees):
@@ -321,10 +321,10 @@ def _check_explore_trees(where: str, t: Tier, captured: list[DraftShape] | None)
 
 
 def _check_tree(
-    where: str, steps: Any, topk: int, draft: Any, captured: list[DraftShape] | None
+    where: str, steps: Any, topk: int, draft: Any, captured: list[DraftShape] | None, own: bool
 ) -> None:
-    """A tree tier (`where` is `tiers[i]`) or a tree probe (`tiers[i].explore_trees[j]`)."""
-    own = where.endswith("]") and "." not in where
+    """A tree tier's own shape (`own`: errors name its `depth` or `draft_tokens`) or a tree
+    probe (errors name the probe)."""
     if not _is_int(steps) or not 1 <= steps <= MAX_DEPTH:
         raise PolicyError(
             f"{where}.depth" if own else where,
@@ -393,7 +393,7 @@ def parse_table(
         if not isinstance(explore_depths, list):
             raise PolicyError(f"tiers[{i}].explore_depths", "must be a list of depths")
         topk, draft = raw.get("topk", 1), raw.get("draft_tokens")
-        if topk == 1 and draft is not None and draft == raw["depth"] + 1:
+        if topk == 1 and _is_int(raw["depth"]) and draft == raw["depth"] + 1:
             draft = None  # a chain written out in full
         tiers.append(
             Tier(

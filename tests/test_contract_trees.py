@@ -105,6 +105,7 @@ def test_a_server_that_captured_no_tree_refuses_one_and_says_how_to_get_it() -> 
         (lambda d: d["tiers"][0].pop("draft_tokens"), "tiers[0].draft_tokens", "needs"),
         (lambda d: d["tiers"][0].update(topk=0), "tiers[0].topk", "[1, 15]"),
         (lambda d: d["tiers"][1].update(draft_tokens=9), "tiers[1].draft_tokens", "drop"),
+        (lambda d: d["tiers"][1].update(depth="3", draft_tokens=4), "tiers[1].depth", "integer"),
         (lambda d: d["tiers"][0].update(explore_trees=["3x4x16"]), "tiers[0].explore_trees[0]",
          "own shape"),
         (lambda d: d["tiers"][2].update(explore_trees=["3x1x4"]), "tiers[2].explore_trees[0]",

@@ -239,10 +239,13 @@ class ServerClient:
                 f"{sorted(map(str, versions))}; a push is still being applied, try again"
             )
         try:
-            trees = state_trees(first)
             table = None if first.get("table") is None else parse_table(first["table"])
         except PolicyError as err:
             raise ServerError(f"{self.url} reports an invalid table: {err}") from None
+        try:
+            trees = state_trees(first)
+        except PolicyError as err:
+            raise ServerError(f"{self.url} reports unreadable {err.field}: {err.message}") from None
         return ServerState(
             table=table,
             version=int(first.get("version") or 0),

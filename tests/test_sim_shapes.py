@@ -207,6 +207,40 @@ def test_the_shapes_command_prints_tok_s_and_the_best_shape(profile_file: Path,
     assert {p["shape"] for p in doc["points"]} == {"3x4x16", "3x1x4"}
 
 
+def test_the_shapes_command_writes_a_phase_s_table_as_a_policy_file(
+    profile_file: Path, tmp_path: Path
+) -> None:
+    """The file holds the phase's tree table with where it came from; `freeze --check` reads it,
+    and a server that captured the tree would accept it (one that did not is told so)."""
+    from controller.daemon.policy_file import PolicyFileError, load
+
+    out = tmp_path / "shapes-b.yaml"
+    res = CliRunner().invoke(app, ["sim", "shapes", "--profile", str(profile_file), "--phase", "b",
+                                   "--streams", "1,64", "--duration", "20", "--warmup", "4",
+                                   "--output-tokens", "128:384", "--json",
+                                   "--policy-out", str(out)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    policy = load(out, captured_depths=[0, 3], captured_trees=[parse_shape("3x4x16")])
+    assert policy.table == parse_table(doc["tables"]["b"])
+    assert policy.table.tiers[0].shape == parse_shape("3x4x16")
+    prov = policy.provenance.model_dump()
+    assert prov["created_by"] == "specctl sim shapes" and prov["phase"] == "b"
+    assert prov["streams"] == [1, 64] and prov["fingerprint"] == policy.table.fingerprint
+    with pytest.raises(PolicyFileError, match="captured trees: none"):
+        load(out, captured_depths=[0, 3])
+    check = CliRunner().invoke(app, ["freeze", "--check", str(out)])
+    assert check.exit_code == 0 and "3x4x16" in check.output
+
+
+def test_a_policy_file_needs_one_phase(profile_file: Path, tmp_path: Path) -> None:
+    code, out = _cli("--profile", str(profile_file), "--policy-out", str(tmp_path / "p.yaml"))
+    assert code == 2 and out.strip().startswith("error: --phase: name the phase whose table")
+    code, out = _cli("--profile", str(profile_file), "--phase", "b",
+                     "--policy-out", str(tmp_path / "nowhere" / "p.yaml"))  # fmt: skip
+    assert code == 2 and "folder" in out and "does not exist" in out
+
+
 @pytest.mark.parametrize(("args", "expected"), [
     (["--shapes", "3x4"], "error: --shapes: shape '3x4': write STEPSxTOPKxDRAFT like 3x4x16"),
     (["--shapes", "3x1x5"], "error: --shapes: shape '3x1x5': a chain (topk 1) verifies"),

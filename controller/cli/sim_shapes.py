@@ -5,12 +5,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from controller.cli.args import fail, parse_int_list, parse_length, plot_path_problem
+from controller.cli.args import (
+    fail,
+    output_file_problem,
+    parse_int_list,
+    parse_length,
+    plot_path_problem,
+)
 from controller.cli.sim import _fits, _profile, finite_positive, sim_app
+
+if TYPE_CHECKING:
+    from sims.shape_sweep import ShapeSweepResult
 
 
 def _shape_list(text: str, known: list[str]) -> list[str]:
@@ -29,6 +38,30 @@ def _shape_list(text: str, known: list[str]) -> list[str]:
             param_hint="--shapes",
         )
     return names
+
+
+def _write_policy(result: ShapeSweepResult, phase: str, path: Path) -> None:
+    """The phase's best shape per load as a policy file, with where it came from."""
+    import datetime as dt
+
+    from controller.daemon.policy_file import PolicyFile, Provenance, dump
+
+    table = result.table(phase)
+    if table is None:
+        raise fail(f"--policy-out {path}: no table for phase {phase}: some load has no best "
+                   "shape (fewer requests finished than there are streams); lengthen --duration")
+    spec = result.spec
+    provenance = Provenance(
+        created_at=dt.datetime.now(dt.UTC).replace(microsecond=0),
+        created_by="specctl sim shapes",
+        fingerprint=table.fingerprint,
+        profile=result.profile,  # type: ignore[call-arg]  # extra keys are kept
+        phase=phase,
+        streams=list(spec.streams),
+        shapes=list(spec.shapes),
+    )
+    dump(PolicyFile(table=table, provenance=provenance), path)
+    typer.echo(f"wrote {path}: {table.describe()}", err=True)
 
 
 @sim_app.command("shapes")
@@ -65,6 +98,11 @@ def shapes(
         Path | None, typer.Option(help="Also draw tok/s per shape against the load (.png)")
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object")] = False,
+    policy_out: Annotated[
+        Path | None,
+        typer.Option(help="With --phase: write that phase's best shape per load as a policy "
+                     "file (its tree tiers need a server that captured the trees)"),
+    ] = None,
 ) -> None:
     """Closed-loop tok/s per static draft shape (SGLang started at STEPSxTOPKxDRAFT, chains
     and trees, and the plain server) and load, and the best shape per load: the table a
@@ -77,6 +115,7 @@ def shapes(
       specctl sim shapes --profile shapes.yaml --output-tokens 128:384
       specctl sim shapes --profile shapes.yaml --phase b --plot shapes.png
       specctl sim shapes --profile shapes.yaml --shapes 3x1x4,3x4x16,plain --json
+      specctl sim shapes --profile shapes.yaml --phase b --policy-out shapes-b.yaml
     """
     from sims.shape_server import ShapeQuestionError, known_shapes
     from sims.shape_sweep import ShapeSweepSpec, render_tables, run_shape_sweep
@@ -101,6 +140,12 @@ def shapes(
                                  f"got {warmup:g}", param_hint="--warmup")  # fmt: skip
     if plot is not None and (problem := plot_path_problem(plot)) is not None:
         raise fail(problem)
+    if policy_out is not None:
+        if phase is None:
+            raise typer.BadParameter("name the phase whose table to write (one table per phase)",
+                                     param_hint="--phase")  # fmt: skip
+        if (problem := output_file_problem(policy_out, "--policy-out")) is not None:
+            raise fail(problem)
     prompt = prompt_tokens or prof.reference_workload.prompt_tokens
     out = (parse_length(output_tokens, "--output-tokens") if output_tokens is not None
            else prof.reference_workload.output_tokens)  # fmt: skip
@@ -120,6 +165,8 @@ def shapes(
             print_table(console, table)
     if plot is not None:
         draw(result, plot)
+    if policy_out is not None and phase is not None:
+        _write_policy(result, phase, policy_out)
     if as_json:
         typer.echo(json.dumps(result.to_json()))
     elif plot is not None:

@@ -115,7 +115,7 @@ def shapes(
       specctl sim shapes --profile shapes.yaml --output-tokens 128:384
       specctl sim shapes --profile shapes.yaml --phase b --plot shapes.png
       specctl sim shapes --profile shapes.yaml --shapes 3x1x4,3x4x16,plain --json
-      specctl sim shapes --profile shapes.yaml --phase b --policy-out shapes-b.yaml
+      specctl sim shapes --profile shapes.yaml --phase b --policy-out b.yaml
     """
     from sims.shape_server import ShapeQuestionError, known_shapes
     from sims.shape_sweep import ShapeSweepSpec, render_tables, run_shape_sweep

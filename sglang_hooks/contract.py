@@ -482,6 +482,16 @@ class TierSelector:
             return t.explore_depths[int(self._rng.random() * len(t.explore_depths))], True
         return t.depth, False
 
+    def select_shape(self, batch_size: int) -> tuple[Shape, bool]:
+        """`select` for a server that runs trees: (shape to run, whether a probe). A chain-only
+        table draws what `select` draws (its probes are the chains of its depths, in order)."""
+        self.tier = lookup(self.table, batch_size, self.tier)
+        t = self.table.tiers[self.tier]
+        if t.explore_share > 0.0 and self._rng.random() < t.explore_share:
+            probes = t.explore_shapes
+            return probes[int(self._rng.random() * len(probes))], True
+        return t.shape, False
+
 
 # ----------------------------------------------------------------------------- admin RPC
 

@@ -14,14 +14,24 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from sglang_hooks import draft_prefill, fence, lean_host, override_log, plain_decode, settings
+from sglang_hooks import (
+    draft_prefill,
+    fence,
+    lean_host,
+    override_log,
+    plain_decode,
+    settings,
+    shapes,
+)
 from sglang_hooks.adapters.base import Adapter, OffPathFeature
 from sglang_hooks.contract import (
     PolicyError,
     has_policy_keys,
     read_server_state,
     split_policy_keys,
+    state_trees,
 )
+from sglang_hooks.draft_shape import DraftShape
 from sglang_hooks.gpu_timer import make_timer
 from sglang_hooks.peers import default_peer_check, fingerprint
 from sglang_hooks.policy_file import load_policy_file, policy_file_from_env, table_fingerprint
@@ -35,6 +45,7 @@ RELEASE: str | None = None  # the SGLang version the guard read, once bound
 OFF_PATH = settings.SPECCTL
 FEATURES: frozenset[OffPathFeature] = frozenset()
 RUNTIME = SchedulerRuntime()
+SHAPES: shapes.ShapeRegistry | None = None  # this scheduler's captured shapes (a shape server)
 
 
 class _HttpSide:
@@ -76,6 +87,8 @@ def _resolved(server_args: Any, name: str, default: Any = None) -> Any:
 
 def unsupported_config_reason(server_args: Any) -> str | None:
     """Why the plugin cannot steer this server, or None. Mirrors what SGLang refuses."""
+    if settings.SHAPES.get():
+        return shape_config_reason(server_args)
     from sglang.srt.speculative.adaptive_spec_params import adaptive_unsupported_reason
 
     try:
@@ -90,6 +103,22 @@ def unsupported_config_reason(server_args: Any) -> str | None:
     if sglang_reason is not None:
         return f"SGLang disabled adaptive speculation: {sglang_reason}"
     return pipeline_reason(server_args)
+
+
+def shape_config_reason(server_args: Any) -> str | None:
+    """Why a server given SPECCTL_SHAPES cannot switch them, read off its arguments (the
+    scheduler checks its worker too, shapes.server_reason)."""
+    if ADAPTER is not None and not ADAPTER.switches_shapes:
+        return f"SPECCTL_SHAPES needs SGLang 0.5.17 to 0.5.22 for now (this is {ADAPTER.name})"
+    if _resolved(server_args, "speculative_adaptive", False):
+        return "SPECCTL_SHAPES captures its own states; drop --speculative-adaptive"
+    if (_resolved(server_args, "speculative_eagle_topk", 1) or 1) <= 1:
+        return ("SPECCTL_SHAPES needs a server started at the tree that dominates the list "
+                "(--speculative-eagle-topk above 1)")
+    for name, what in (("tp_size", "tensor parallelism"), ("pp_size", "pipeline parallelism")):
+        if (_resolved(server_args, name, 1) or 1) > 1:
+            return f"{what} is not supported with SPECCTL_SHAPES yet"
+    return None
 
 
 def pipeline_reason(server_args: Any) -> str | None:
@@ -200,6 +229,104 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
     return None
 
 
+def shapes_build(ret: Any, worker: Any, *args: Any, **kwargs: Any) -> Any:
+    """AFTER EAGLEWorkerV2.init_cuda_graphs: on a server given SPECCTL_SHAPES, capture each
+    listed shape beside the start-up one and start steering over them (shapes.py). Anything
+    that goes wrong leaves SGLang at its static start-up shape and says why."""
+    global SHAPES
+    listed = settings.SHAPES.get()
+    if not listed or SHAPES is not None:
+        return ret
+    rt = RUNTIME
+    try:
+        reason = shapes.server_reason(worker, getattr(worker, "server_args", None))
+        registry = None
+        if reason is None:
+            registry = shapes.ShapeRegistry.start(worker)
+            wanted = shapes.to_capture(list(listed), registry.startup)
+            _capture_shapes(worker, registry, wanted)
+    except shapes.ShapeSetupError as err:
+        reason = str(err)
+    except Exception as err:
+        _log_failure_once("shapes_build")
+        reason = f"capturing the listed shapes failed ({type(err).__name__}: {err})"
+    if reason is not None or registry is None:
+        rt.deactivate(f"SPECCTL_SHAPES: {reason}")
+        logger.error("specctl: not steering, the server runs its start-up shape: %s", reason)
+        return ret
+    SHAPES = registry
+    try:
+        _start_shape_steering(registry)
+    except Exception:
+        _log_failure_once("shapes_build:activate")
+    return ret
+
+
+def _capture_shapes(worker: Any, registry: shapes.ShapeRegistry,
+                    wanted: list[DraftShape]) -> None:
+    import torch
+    from sglang.srt.utils import get_available_gpu_memory
+
+    module = sys.modules[type(worker).__module__]
+    graphs = not module.check_cuda_graph_backend(module.Phase.DECODE, module.Backend.DISABLED)
+    device, gpu_id = worker.device, getattr(worker, "gpu_id", 0)
+    free = ((lambda: float(get_available_gpu_memory(device, gpu_id, empty_cache=False)))
+            if torch.cuda.is_available() else None)
+    for shape in wanted:
+        state = shapes.capture(worker, shape, graphs=graphs, gpu_free_gb=free)
+        registry.add(state)
+        logger.info("specctl: shape %s captured in %.1f s%s%s", shape.label, state.capture_s,
+                    "" if state.memory_gb is None else f", {state.memory_gb:.2f} GB",
+                    f"; refused: {registry.refused[shape.label]}"
+                    if shape.label in registry.refused else "")
+
+
+def _start_shape_steering(registry: shapes.ShapeRegistry) -> None:
+    rt = RUNTIME
+    rt.timer = make_timer()
+    rt.use_off_path(settings.SGLANG, ())  # no depth 0 on a shape server yet
+    startup = None
+    path = policy_file_from_env()
+    if path is not None:
+        try:
+            startup = load_policy_file(path, captured_depths=registry.chains,
+                                       captured_trees=registry.trees)
+        except PolicyError as err:
+            logger.error("specctl: start-up table not used, the start-up shape stays: %s", err)
+            rt.last_rejection = str(err)
+    rt.activate(registry.chains, startup, None, captured_trees=registry.trees)
+    logger.info("specctl: active on shapes %s (started at %s); start-up table: %s%s",
+                ", ".join(sorted(s.label for s in registry.states)), registry.startup.label,
+                table_fingerprint(startup), f" from {path}" if startup is not None else "")
+
+
+def shape_switch(original: Callable[..., Any], worker: Any, batch_size: int, *args: Any,
+                 **kwargs: Any) -> Any:
+    """AROUND EAGLEWorkerV2.activate_step_by_batch: on a shape server, the table's shape for
+    this decode launch (the start-up shape while no table rules)."""
+    registry = SHAPES
+    if registry is None or not RUNTIME.active:
+        return original(worker, batch_size, *args, **kwargs)
+    try:
+        chosen, shape = RUNTIME.choose_shape(batch_size)
+        target = shape if chosen and shape in registry.states else registry.startup
+        registry.switch(worker, target)
+    except Exception:
+        _log_failure_once("shape_switch")
+    return None
+
+
+def shape_draft(original: Callable[..., Any], draft_worker: Any, batch: Any, *args: Any,
+                **kwargs: Any) -> Any:
+    """AROUND EagleDraftWorker.draft: a narrower shape's draft reads the first top-k columns
+    of the full-width draft input (shapes.narrowed_draft)."""
+    registry = SHAPES
+    if registry is None or registry.live.topk == registry.startup.topk:
+        return original(draft_worker, batch, *args, **kwargs)
+    with shapes.narrowed_draft(draft_worker, batch.spec_info, registry.live.topk):
+        return original(draft_worker, batch, *args, **kwargs)
+
+
 def choose_depth(original: Callable[..., int], params: Any, batch_size: int, *args: Any,
                  **kwargs: Any) -> int:
     """AROUND AdaptiveSpeculativeParams.get_steps_for_batch: the table's depth, if any."""
@@ -250,6 +377,8 @@ def time_launch(original: Callable[..., Any], worker: Any, batch: Any, *args: An
     try:
         if rt.launched:  # the depth choice ran: this was a decode launch
             result.specctl_launch = (rt.launch_explore, rt.timer.end(token))
+            if SHAPES is not None:  # the shape it ran, read when its result is counted
+                result.specctl_shape = SHAPES.live
         else:
             rt.timer.discard(token)
     except Exception:
@@ -561,7 +690,17 @@ def _count(ret: Any, result: Any, batch: Any, counted: tuple[int, int] | None = 
         return
     try:
         width = result.speculative_num_draft_tokens
-        if width:
+        depth = None if not width else width - 1
+        if width and SHAPES is not None:  # a shape server: a chain's steps, a tree not per depth
+            shape = getattr(result, "specctl_shape", None) or SHAPES.by_width(width)
+            if shape is None or shape.topk > 1:
+                rt.tree_results += 1
+                launch = getattr(result, "specctl_launch", None)
+                if launch is not None:  # its timing is not kept: recycle the timer's events
+                    rt.timer.discard(launch[1])
+                return
+            depth = shape.steps
+        if depth is not None:
             launched = len(batch.reqs)
             if counted is None:
                 counted = emitted(batch.reqs, ret)
@@ -570,7 +709,7 @@ def _count(ret: Any, result: Any, batch: Any, counted: tuple[int, int] | None = 
                 counted = (launched, ADAPTER.tokens_of(result, launched))
             rows, tokens = counted
             rt.unemitted_rows += launched - rows
-            rt.record_result(width - 1, rows, tokens, getattr(result, "specctl_launch", None))
+            rt.record_result(depth, rows, tokens, getattr(result, "specctl_launch", None))
     except Exception:
         _log_failure_once("count_result")
 
@@ -643,6 +782,8 @@ def get_internal_state(ret: Any, owner: Any, *args: Any, **kwargs: Any) -> Any:
             reason = _config_reason(owner)
             if reason is not None:
                 report["inactive_reason"] = reason
+        if SHAPES is not None:
+            report["shapes"] = SHAPES.report()
         ret.internal_state["specctl"] = report
     except Exception:
         _log_failure_once("get_internal_state")
@@ -692,6 +833,11 @@ def captured_everywhere(states: Sequence[Mapping[str, Any]]) -> frozenset[int]:
     return frozenset.intersection(*(frozenset(s.get("captured_depths", ())) for s in states))
 
 
+def trees_everywhere(states: Sequence[Mapping[str, Any]]) -> frozenset[DraftShape]:
+    """The draft trees every scheduler captured."""
+    return frozenset.intersection(*(frozenset(state_trees(s)) for s in states))
+
+
 async def validate_push(original: Callable[..., Any], manager: Any, obj: Any, *args: Any,
                         **kwargs: Any) -> Any:
     """AROUND TokenizerManager.set_internal_state: a malformed table is a 400, not [false]."""
@@ -703,7 +849,8 @@ async def validate_push(original: Callable[..., Any], manager: Any, obj: Any, *a
                                   f"{HTTP.inactive_reason}")
             validate_change(requested, None)  # shape first: no scheduler round trip for a typo
             states = await _live_states(manager)
-            validate_change(requested, captured_everywhere(states))
+            validate_change(requested, captured_everywhere(states),
+                            trees_everywhere(states))
         except PolicyError as err:
             raise _bad_request(err) from None
     return await original(manager, obj, *args, **kwargs)

@@ -14,7 +14,8 @@ imports the scheduler or the speculative worker never pays for them.
 
 Which hooks: the same wherever the plugin loads (through SGLANG_PLUGINS alone or started by
 `specctl serve`), chosen by the adapter of the installed SGLang and by SPECCTL_OFF_PATH alone
-(settings.py): the default runs the depth-0 pieces the adapter declares, `sglang` none.
+(settings.py): the default runs the depth-0 pieces the adapter declares, `sglang` none; and
+by SPECCTL_SHAPES, which adds the hooks that capture and switch draft shapes (shapes.py).
 """
 
 from __future__ import annotations
@@ -63,9 +64,11 @@ def off_path_features(adapter: Adapter, path: str) -> frozenset[OffPathFeature]:
 
 
 def wanted_hooks(adapter: Adapter, path: str | None = None) -> list[HookSpec]:
-    """The adapter's hooks for depth 0 on `path` (default: SPECCTL_OFF_PATH's)."""
+    """The adapter's hooks for depth 0 on `path` (default: SPECCTL_OFF_PATH's), and the
+    shape hooks where SPECCTL_SHAPES lists shapes."""
     path = settings.OFF_PATH.get() if path is None else path
-    return list(adapter.hooks_for(off_path_features(adapter, path)))
+    return list(adapter.hooks_for(off_path_features(adapter, path),
+                                  shapes=bool(settings.SHAPES.get())))
 
 
 def _plugin_source() -> object:

@@ -13,12 +13,14 @@ from pathlib import Path
 
 from sglang_hooks import settings
 from sglang_hooks.contract import PolicyError, PolicyTable, parse_table
+from sglang_hooks.draft_shape import DraftShape
 
 POLICY_FILE_ENV = settings.POLICY_FILE.name
 
 
 def load_policy_file(
-    path: str | Path, captured_depths: Iterable[int] | None = None
+    path: str | Path, captured_depths: Iterable[int] | None = None,
+    captured_trees: Iterable[DraftShape] = (),
 ) -> PolicyTable:
     """Read and validate the table in `path`. Raises PolicyError naming the file and field."""
     p = Path(path)
@@ -47,7 +49,8 @@ def load_policy_file(
             "missing: the policy file needs a top-level 'table' with 'version' and 'tiers'",
         )
     try:
-        return parse_table(data["table"], captured_depths=captured_depths)
+        return parse_table(data["table"], captured_depths=captured_depths,
+                           captured_trees=captured_trees)
     except PolicyError as err:
         raise PolicyError(f"{p}: table.{err.field}", err.message) from None
 

@@ -32,6 +32,7 @@ from sglang_hooks.contract import (
     server_state,
 )
 from sglang_hooks.counters import DepthCounters
+from sglang_hooks.draft_shape import DraftShape, Shape
 from sglang_hooks.gpu_timer import HostIntervalTimer, LaunchTimer
 from sglang_hooks.peers import PeerCheck
 
@@ -70,6 +71,8 @@ class SchedulerRuntime:
         self.active = False
         self.inactive_reason: str | None = NOT_STARTED
         self.captured_depths: frozenset[int] = frozenset()
+        self.captured_trees: frozenset[DraftShape] = frozenset()  # on a shape server (shapes.py)
+        self.tree_results = 0  # decode results of a tree: not counted per depth
         self.selector: TierSelector | None = None
         self.source = SOURCE_NONE
         self.last_rejection: str | None = None
@@ -115,10 +118,12 @@ class SchedulerRuntime:
     # ------------------------------------------------------------------ activation
 
     def activate(self, captured_depths: Iterable[int], startup: PolicyTable | None,
-                 peers: PeerCheck | None = None) -> None:
+                 peers: PeerCheck | None = None,
+                 captured_trees: Iterable[DraftShape] = ()) -> None:
         """Start steering. With `peers` (several TP ranks), the start-up table waits until
         the ranks agree (`settle_peers`, at the first point where a table could act)."""
         self.captured_depths = frozenset(captured_depths)
+        self.captured_trees = frozenset(captured_trees)
         self.active = True
         self.inactive_reason = None
         if peers is None:
@@ -185,7 +190,7 @@ class SchedulerRuntime:
         if not self.active:
             raise PolicyError("specctl", f"the plugin is inactive on this server: "
                               f"{self.inactive_reason}")
-        return validate_change(server_args, self.captured_depths)
+        return validate_change(server_args, self.captured_depths, self.captured_trees)
 
     def reject(self, err: PolicyError) -> None:
         self.last_rejection = f"{err.field}: {err.message}"
@@ -230,6 +235,7 @@ class SchedulerRuntime:
             source=self.source,
             last_rejection=self.last_rejection,
             applied_iteration=self.applied_iteration,
+            captured_trees=self.captured_trees,
         )
         # Extra fields (the contract's readers ignore unknown keys).
         state["active"] = self.active
@@ -246,6 +252,8 @@ class SchedulerRuntime:
         state["plain_decode"] = plain_decode.state_report()
         state["depth_switches"] = self.depth_switches
         state["unemitted_rows"] = self.unemitted_rows
+        if self.captured_trees:
+            state["tree_results"] = self.tree_results
         state["empty_results"] = self.empty_results
         state["tp_ranks_checked"] = None if self.peers is None else self.peers.world_size
         return state
@@ -267,6 +275,21 @@ class SchedulerRuntime:
         skippable = self._skippable
         self.launch_skips_extend = depth == 0 and bool(skippable) and skippable[selector.tier or 0]
         return depth
+
+    def choose_shape(self, batch_size: int) -> tuple[bool, Shape]:
+        """`choose` on a shape server: (whether a table chose, the shape for this launch)."""
+        self.iteration += 1
+        self.launched = True
+        self.last_batch_size = batch_size
+        self.launch_skips_extend = False  # a shape server has no depth 0 of its own yet
+        if self._peers_pending:
+            self.settle_peers()
+        selector = self.selector
+        if selector is None:
+            self.launch_explore = False
+            return False, None
+        shape, self.launch_explore = selector.select_shape(batch_size)
+        return True, shape
 
     def prefill_skips_draft(self, admitted: int) -> bool:
         """Whether a prefill batch of `admitted` requests skips the draft's extend: the off path
@@ -336,8 +359,9 @@ class SchedulerRuntime:
                                  "continues, /metrics may lag")
 
 
-def validate_change(server_args: Mapping[str, Any], captured_depths: Iterable[int] | None
-                    ) -> PolicyTable | None:
+def validate_change(server_args: Mapping[str, Any], captured_depths: Iterable[int] | None,
+                    captured_trees: Iterable[DraftShape] = ()) -> PolicyTable | None:
     """The table a request's specctl keys carry (None: release control). Raises PolicyError
     naming the wire key."""
-    return decode_table(server_args, captured_depths=captured_depths)
+    return decode_table(server_args, captured_depths=captured_depths,
+                        captured_trees=captured_trees)

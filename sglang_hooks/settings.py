@@ -13,6 +13,7 @@ import os
 from typing import Generic, TypeVar
 
 from sglang_hooks import contract
+from sglang_hooks.draft_shape import Shape, ShapeError, parse_shapes
 
 logger = logging.getLogger("specctl")
 
@@ -77,6 +78,19 @@ class Text(Setting[str | None]):
         return raw
 
 
+class ShapeList(Setting[tuple[Shape, ...]]):
+    """Draft shapes like `3x1x4,3x4x16`; unset or blank is none."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__((), why)
+
+    def parse(self, raw: str) -> tuple[Shape, ...]:
+        try:
+            return tuple(parse_shapes(raw))
+        except ShapeError as err:
+            raise ValueError(f"is not a shape list ({err})") from None
+
+
 class Environment:
     """The registry: every variable the plugin reads."""
 
@@ -96,6 +110,10 @@ class Environment:
         why="a frozen start-up table (YAML or JSON with a `table:`), applied once the adaptive "
             "states are built (policy_file.py); `specctl serve --policy-file` sets it",
     )
+    SPECCTL_SHAPES = ShapeList(
+        why="the draft shapes a tree server captures beside its start-up shape, which must "
+            "dominate them (shapes.py); unset, a server runs SGLang's adaptive chains only",
+    )
     SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND = Text(
         why="SGLang's own switch for skipping the draft extend at depth 0: not the plugin's, "
             "read only so that the TP ranks compare it before a table steers (peers.py)",
@@ -105,4 +123,5 @@ class Environment:
 ENVIRONMENT = Environment()
 OFF_PATH = ENVIRONMENT.SPECCTL_OFF_PATH
 POLICY_FILE = ENVIRONMENT.SPECCTL_POLICY_FILE
+SHAPES = ENVIRONMENT.SPECCTL_SHAPES
 SGLANG_SKIP_EXTEND = ENVIRONMENT.SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND

@@ -99,8 +99,10 @@ def test_every_step_through_the_entry_over_two_commands(tmp_path, capsys):
     failed = {k: v["error"] for k, v in state["steps"].items() if v["status"] != "ok"}
     assert code == 0 and not failed, (failed, out[-3000:])
     # every step but `compare`, which needs SGLang's client (tests/test_gpu_compare_clients.py),
-    # and `shapes`, which stops both servers to run its own (tests/test_gpu_harness_shapes.py)
-    assert list(state["steps"]) == [s for s in order() if s not in ("compare", "shapes")]
+    # `shapes`, which stops both servers to run its own (tests/test_gpu_harness_shapes.py), and
+    # `treeswitch`, which needs SGLang's draft shapes (tests/test_gpu_treeswitch.py)
+    assert list(state["steps"]) == [s for s in order()
+                                    if s not in ("compare", "shapes", "treeswitch")]
     assert {r: s["pid"] for r, s in state["servers"].items()} == servers
     assert not any(pid_alive(p) for p in servers.values())
     assert "warmed and frozen by an earlier parity command" in out

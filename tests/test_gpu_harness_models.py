@@ -152,7 +152,7 @@ def test_cli_refuses_bad_input_with_exit_2(tmp_path, capsys):
     (["setup"], "error: the following arguments are required: --run-dir"),
     (["sideways", "--run-dir", "RUN"], "error: unknown step 'sideways'; steps: setup, "
                                        "acceptance, check, bench, parity, compare, shapes, "
-                                       "trace, daemon, summary, stop, all"),
+                                       "treeswitch, trace, daemon, summary, stop, all"),
 ])  # fmt: skip
 def test_the_entry_refuses_a_bad_option_in_one_line_with_exit_2(tmp_path, argv, message):
     """`python -m benchmarks.gpu` itself: a value of the wrong type, a bad choice, a removed

@@ -29,6 +29,7 @@ GROUPS = {
     "compare": "compare: specctl bench beside SGLang's bench_serving",
     "shapes": "shapes: SGLang's static draft shapes and a plain server, one at a time",
     "daemon": "daemon",
+    "treeswitch": "treeswitch: draft shapes switched inside one server",
 }
 
 
@@ -181,6 +182,17 @@ class Options:
                                     "the server captured)", "compare")
     compare_sglang_cmd: str = opt("", "how to run SGLang's client ('': this Python's "
                                   "-m benchmarks.gpu.sglang_client)", "compare")
+    # treeswitch
+    switch_shapes: str = opt("3x4x16,3x1x4", "the shape server's shapes: it starts at the one "
+                             "that dominates and captures the others", "treeswitch")
+    switch_streams: str = opt("1,16,64", "streams of each held shape's bench levels",
+                              "treeswitch")
+    switch_bench_shapes: str = opt("3x1x4", "stock servers benched beside the held shapes "
+                                   "('' for none)", "treeswitch")
+    switch_greedy_prompts: int = opt(8, "prompts of each greedy pass (batch 1)", "treeswitch")
+    switch_stress_streams: int = opt(16, "streams kept in flight while the shapes switch at "
+                                     "random", "treeswitch")
+    switch_stress_seconds: float = opt(60.0, "seconds of that load", "treeswitch")
     # shapes
     shapes: str = opt("3x1x4,3x4x16,5x8x32,4x2x8,plain,1x1x2,5x1x6", "draft "
                       "shapes STEPSxTOPKxDRAFT (topk 1: a chain) and plain, each benched on its "

@@ -48,6 +48,7 @@ class HookSpec:
     hook: str  # attribute name in sglang_hooks.hooks
     symbol: SymbolSpec
     feature: OffPathFeature | None = None  # the depth-0 piece it belongs to, if any
+    shapes: bool = False  # registered only on a server given SPECCTL_SHAPES (shapes.py)
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,16 @@ class Adapter:
     def symbols(self) -> tuple[SymbolSpec, ...]:
         return tuple(h.symbol for h in self.hooks) + self.reads
 
-    def hooks_for(self, features: frozenset[OffPathFeature]) -> tuple[HookSpec, ...]:
+    @property
+    def switches_shapes(self) -> bool:
+        """Whether this SGLang can capture and switch draft shapes (it declares their hooks)."""
+        return any(h.shapes for h in self.hooks)
+
+    def hooks_for(self, features: frozenset[OffPathFeature],
+                  shapes: bool = False) -> tuple[HookSpec, ...]:
         """The hooks to register when depth 0 runs `features` (of those this adapter
-        declares): every hook outside the off path, and those of the pieces that run."""
+        declares): every hook outside the off path, and those of the pieces that run; the
+        shape hooks only on a server that lists shapes."""
         running = features & self.off_path
-        return tuple(h for h in self.hooks if h.feature is None or h.feature in running)
+        return tuple(h for h in self.hooks
+                     if (h.feature is None or h.feature in running) and (shapes or not h.shapes))

@@ -89,6 +89,15 @@ ADAPTER = Adapter(
         HookSpec(f"{_WORKER}.EAGLEWorkerV2.verify", AROUND, "plain_decode_verify",
                  SymbolSpec(_WORKER, "EAGLEWorkerV2", "verify", ("batch", "grammar_barrier")),
                  _PLAIN_DECODE),
+        # draft shapes (shapes.py): the capture after SGLang's graphs, the switch where SGLang's
+        # adaptive mode chooses its state, the narrower shape's draft
+        HookSpec(f"{_WORKER}.EAGLEWorkerV2.init_cuda_graphs", AFTER, "shapes_build",
+                 SymbolSpec(_WORKER, "EAGLEWorkerV2", "init_cuda_graphs"), shapes=True),
+        HookSpec(f"{_WORKER}.EAGLEWorkerV2.activate_step_by_batch", AROUND, "shape_switch",
+                 SymbolSpec(_WORKER, "EAGLEWorkerV2", "activate_step_by_batch",
+                            ("batch_size",)), shapes=True),
+        HookSpec(f"{_WORKER}.EagleDraftWorker.draft", AROUND, "shape_draft",
+                 SymbolSpec(_WORKER, "EagleDraftWorker", "draft", ("batch",)), shapes=True),
     ),
     reads=(
         *COMMON_READS,
@@ -121,6 +130,15 @@ ADAPTER = Adapter(
         SymbolSpec(_RUNNER, "DecodeCudaGraphRunner", "__init__",
                    ("model_runner",)),  # then keyword-only: attn_backend, the two widths
         SymbolSpec(_RUNNER, "DecodeCudaGraphRunner", "capture"),
+        # a shape's capture (shapes.py): what SGLang's adaptive state builder calls, and the
+        # fields a switch assigns
+        SymbolSpec(_WORKER, "EagleDraftWorker", "init_attention_backend"),
+        SymbolSpec(_WORKER, "EagleDraftWorker", "_capture_cuda_graphs"),
+        SymbolSpec("sglang.srt.speculative.base_spec_worker", "EagleDraftWorkerBase",
+                   "_rebuild_topk1_chain_buffers"),
+        *(SymbolSpec(_WORKER, "EagleDraftWorker", name, instance=True)
+          for name in ("topk", "draft_tp_context", "draft_runner")),
+        SymbolSpec(_WORKER, "EAGLEWorkerV2", "adaptive_controller", instance=True),
         SymbolSpec(_RUNNER, "DecodeCudaGraphRunner", "get_spec_info", ("num_tokens",)),
         SymbolSpec(_RUNNER, "DecodeCudaGraphRunner", "can_run_graph", ("forward_batch",)),
         SymbolSpec(_MODEL_RUNNER, "ModelRunner", "_get_attention_backend",

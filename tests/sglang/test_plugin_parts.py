@@ -78,7 +78,7 @@ def test_the_policy_file_is_declared_in_the_same_registry(
     assert policy_file_from_env() == "/etc/specctl/table.yaml"
     declared = {s.name for s in vars(settings.Environment).values()
                 if isinstance(s, settings.Setting)}
-    assert declared == {"SPECCTL_OFF_PATH", "SPECCTL_POLICY_FILE",
+    assert declared == {"SPECCTL_OFF_PATH", "SPECCTL_POLICY_FILE", "SPECCTL_SHAPES",
                         "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND"}
     assert all(s.why for s in vars(settings.Environment).values()
                if isinstance(s, settings.Setting))

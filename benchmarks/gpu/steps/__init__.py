@@ -23,6 +23,7 @@ from benchmarks.gpu.steps import (
     setup,
     shapes,
     trace,
+    treeswitch,
 )
 
 
@@ -44,6 +45,8 @@ STEPS: tuple[Step, ...] = (
     Step("compare", compare.run, "specctl bench beside SGLang's bench_serving, same prompts"),
     Step("shapes", shapes.run, "SGLang's static draft shapes (chains, trees) and plain, "
          "each alone: per-shape benches"),
+    Step("treeswitch", treeswitch.run, "draft shapes captured and switched inside one server, "
+         "against stock servers"),
     Step("trace", trace.run, "a closed-loop load trace per policy, compared"),
     Step("daemon", daemon.run, "specctl daemon under a stepped load"),
     Step("summary", finish.summarize, "summary.md and summary.json", False, True),

@@ -1,0 +1,278 @@
+"""`treeswitch`: draft shapes switched inside one server (the plugin's SPECCTL_SHAPES).
+
+One server starts statically at the shape of --switch-shapes that dominates the others (a
+tree), with the plugin capturing the others beside it; it is checked against stock SGLang,
+each server alone on the GPU in turn (the run's two servers are stopped first):
+
+1. a plain server (no plugin): the greedy reference outputs, batch 1;
+2. a stock server at each shape of --switch-bench-shapes (no plugin): tok/s at
+   --switch-streams, the baseline of the switched server's held shapes;
+3. the shape server: what each captured shape's target verify runs (top-k, mask) and what
+   its capture cost; per held shape (a one-tier table) its greedy outputs against the plain
+   server's and its tok/s at --switch-streams; then a table that switches at random between
+   the shapes every iteration (exploration, share 0.5): greedy outputs at batch 1 (switches
+   inside requests), then --switch-stress-seconds under --switch-stress-streams streams with
+   the switch count, errors and GPU memory before and after.
+
+Into treeswitch/: reference.json, greedy.json, server_info.json, <series>/<family>.json
+(benches), stress.json, and the step's result in state.json.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.gpu import memory, servers
+from benchmarks.gpu.context import Run, StepError
+from benchmarks.gpu.cpus import pinned_argv
+from benchmarks.gpu.draft_shapes import DraftShape, Shape, ShapeError, label, parse_shapes
+from benchmarks.gpu.greedy import GreedyPrompt, RunResult, compare, run_prompts, word_prompts
+from benchmarks.gpu.options import int_list
+from benchmarks.gpu.steps import shapes as shape_step
+from benchmarks.gpu.steps.setup import LAUNCH_ENV, server_options
+from benchmarks.gpu.subproc import run_logged
+from benchmarks.gpu.switch_stress import LoadThreads
+from sglang_hooks.contract import PolicyTable, Tier, push_body, shape_tier
+from sglang_hooks.draft_shape import dominating
+
+FOLDER = "treeswitch"
+SHAPES_ENV = "SPECCTL_SHAPES"
+SWITCH_SHARE = 0.5  # the exploration share of the switching table: a switch every ~2 launches
+
+
+def plan_shapes(text: str) -> tuple[DraftShape, list[DraftShape]]:
+    """(the start-up shape, the others) of --switch-shapes."""
+    try:
+        listed = parse_shapes(text)
+        top = dominating(listed)
+    except ShapeError as err:
+        raise StepError(f"--switch-shapes: {err}") from None
+    if top is None or any(s is None for s in listed):
+        raise StepError("--switch-shapes: list drafting shapes only, like 3x4x16,3x1x4")
+    return top, [s for s in listed if s is not None and s != top]
+
+
+def held_table(shape: DraftShape, version: int) -> PolicyTable:
+    return PolicyTable.build([shape_tier(1, shape)], version=version)
+
+
+def switching_table(top: DraftShape, others: list[DraftShape], version: int) -> PolicyTable:
+    """One tier at the start-up shape probing every other shape half the time."""
+    base = shape_tier(1, top)
+    chains = tuple(s.steps for s in others if s.topk == 1)
+    trees = tuple(s for s in others if s.topk > 1)
+    tier = Tier(min_batch=1, depth=base.depth, topk=base.topk, draft_tokens=base.draft_tokens,
+                explore_share=SWITCH_SHARE, explore_depths=chains, explore_trees=trees)
+    return PolicyTable.build([tier], version=version)
+
+
+def push(url: str, admin_key: str, table: PolicyTable | None) -> None:
+    r = httpx.post(f"{url}/set_internal_state", json=push_body(table),
+                   headers={"Authorization": f"Bearer {admin_key}"}, timeout=30.0)
+    if r.status_code != 200 or not all(r.json()):
+        raise StepError(f"push of {table.describe() if table else 'release'} refused: "
+                        f"{r.status_code} {r.text[:300]}")
+
+
+def plugin_state(url: str) -> dict[str, Any]:
+    info = shape_step.server_info(url)
+    states = info.get("internal_states") or [{}]
+    state = states[0].get("specctl") if isinstance(states[0], dict) else None
+    return state if isinstance(state, dict) else {}
+
+
+def start(run: Run, shape: Shape, env: dict[str, str] | None) -> tuple[str, int, float]:
+    """A server at `shape` alone on the GPU: stock SGLang when `env` is None, else with the
+    plugin and `env`. Raises StepError when it does not start."""
+    o = run.opts
+    streams = int_list(o.switch_streams, "switch-streams")
+    stress = o.switch_stress_streams
+    launch = servers.ShapeLaunch(
+        shape=shape, max_streams=max(*streams, stress),
+        graph_sizes=shape_step.graph_sizes([*streams, stress]),
+        mem_fraction=o.shape_mem_fraction, kv_tokens=o.shape_kv_tokens,
+        attention_backend="fa3")  # fmt: skip
+    plan = servers.shape_plan(run.models(), launch, server_options(run), run.dir / "logs")
+    launch_env = dict(plan.env)
+    if env is not None:
+        launch_env.pop("SGLANG_PLUGINS", None)  # the plugin loads
+        launch_env |= env
+    plan = servers.LaunchPlan(plan.role, plan.url, plan.argv,
+                              plan.log.with_name(f"treeswitch_{label(shape)}"
+                                                 f"{'_plugin' if env is not None else ''}.log"),
+                              launch_env)
+    run.say(f"  {label(shape)}{' with the plugin' if env is not None else ''}: "
+            f"{plan.describe()}")
+    pid = servers.launch(plan, LAUNCH_ENV)
+    run.state.servers[servers.SHAPE] = {"url": plan.url, "pid": pid, "argv": plan.argv,
+                                        "env": plan.env, "log": str(plan.log),
+                                        "started_at": time.time()}
+    run.state.save()
+    try:
+        seconds = servers.wait_healthy(plan.url, pid, plan.log, run.cap(o.start_timeout))
+    except servers.StartError as err:
+        servers.stop(pid)
+        raise StepError(f"{label(shape)} did not start: {str(err)[-800:]}") from None
+    return plan.url, pid, seconds
+
+
+def stop(run: Run, pid: int) -> str:
+    out = servers.stop(pid)
+    run.state.servers[servers.SHAPE]["stopped"] = out
+    run.state.save()
+    return out
+
+
+def greedy_prompts(run: Run) -> list[GreedyPrompt]:
+    return word_prompts(run.opts.switch_greedy_prompts, seed=7)
+
+
+def greedy_pass(run: Run, url: str, mode: str) -> RunResult:
+    return run_prompts(url, greedy_prompts(run), run.opts.greedy_tokens, mode)
+
+
+def bench(run: Run, url: str, series: str, folder: Path, prompts: dict[str, Path]
+          ) -> dict[str, Any]:  # fmt: skip
+    """Each family's closed-loop levels at --switch-streams, into folder/series/<family>.json."""
+    o = run.opts
+    out: dict[str, Any] = {}
+    (folder / series).mkdir(parents=True, exist_ok=True)
+    levels = len(int_list(o.switch_streams, "switch-streams"))
+    for family, path in prompts.items():
+        log = folder / series / f"{family}.txt"
+        argv = [sys.executable, "-m", "benchmarks.gpu.shape_bench", "--url", url,
+                "--series", series, "--dataset", str(path), "--streams", o.switch_streams,
+                "--out", str(folder / series / f"{family}.json"),
+                "--level-seconds", f"{o.level_seconds:g}",
+                "--warmup-seconds", f"{o.warmup_seconds:g}",
+                "--client-processes", str(o.client_processes),
+                "--output-tokens", str(o.output_tokens), "--admin-key", run.admin_key]
+        seconds = levels * (o.level_seconds + o.warmup_seconds + 2.0) + 60
+        done = run_logged(pinned_argv(o.bench_cpus, argv), log, run.cap(seconds))
+        for line in log.read_text().splitlines():
+            if line.startswith("  "):
+                run.say("  " + line)
+        out[family] = {"returncode": done.returncode, "seconds": round(done.seconds, 1)}
+        if done.returncode != 0:
+            out[family]["error"] = done.describe()
+    return out
+
+
+def stress(run: Run, url: str, pid: int, version: int) -> dict[str, Any]:
+    o = run.opts
+    before = plugin_state(url).get("shapes", {}).get("switches", 0)
+    mem_before = memory.sample(pid, "before")
+    load = LoadThreads(url, greedy_prompts(run), o.switch_stress_streams,
+                       o.greedy_tokens).start()
+    time.sleep(o.switch_stress_seconds)
+    stuck = load.stop()
+    mem_after = memory.sample(pid, "after")
+    state = plugin_state(url)
+    switches = state.get("shapes", {}).get("switches", 0) - before
+    healthy = servers.healthy(url)
+    return {"streams": o.switch_stress_streams, "seconds": o.switch_stress_seconds,
+            "switches": switches, "completed": load.completed, "errors": load.errors,
+            "last_error": load.last_error, "stuck_threads": stuck, "healthy_after": healthy,
+            "memory_before": mem_before.to_json(), "memory_after": mem_after.to_json(),
+            "table_version": version, "tree_results": state.get("tree_results"),
+            "iteration": state.get("iteration")}
+
+
+def run(run: Run) -> dict[str, Any]:
+    o = run.opts
+    top, others = plan_shapes(o.switch_shapes)
+    if server_options(run).backend == "sim":
+        raise StepError("treeswitch needs SGLang (--backend sglang): the simulator captures no "
+                        "draft shapes")
+    out = run.dir / FOLDER
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = shape_step.draw_requests(run, out, shape_step.family_files(run))
+    result: dict[str, Any] = {"startup": top.label, "captured": [s.label for s in others],
+                              "stopped": shape_step.stop_servers(run)}
+
+    def save() -> None:
+        run.state.step(FOLDER).update(status="running", result=result)
+        run.checkpoint()
+
+    # 1. the shape server first: a capture that fails shows at once
+    env = {SHAPES_ENV: ",".join(s.label for s in others)}
+    url, pid, seconds = start(run, top, env)
+    passes: list[RunResult] = []
+    try:
+        info = shape_step.server_info(url)
+        (out / "server_info.json").write_text(json.dumps(info, indent=1, default=str) + "\n")
+        state = plugin_state(url)
+        result["shape_server"] = {"start_s": round(seconds, 1),
+                                  "gpu_used_mib": memory.gpu_used_mib(),
+                                  "active": state.get("active"),
+                                  "inactive_reason": state.get("inactive_reason"),
+                                  "shapes": state.get("shapes")}
+        run.say(f"  shape server up in {seconds:.0f} s: {json.dumps(state.get('shapes'))}")
+        if not state.get("active"):
+            raise StepError(f"the plugin is inactive: {state.get('inactive_reason')}", result)
+        version = 1
+        for shape in [top, *others]:
+            push(url, run.admin_key, held_table(shape, version))
+            version += 1
+            passes.append(greedy_pass(run, url, f"held {shape.label}"))
+            result.setdefault("held_bench", {})[shape.label] = bench(
+                run, url, f"held-{shape.label}", out, prompts)
+            save()
+        push(url, run.admin_key, switching_table(top, others, version))
+        passes.append(greedy_pass(run, url, "switching"))
+        result["greedy_switches"] = plugin_state(url).get("shapes", {}).get("switches")
+        result["stress"] = stress(run, url, pid, version)
+        run.say(f"  stress: {json.dumps(result['stress'])}")
+        (out / "stress.json").write_text(json.dumps(result["stress"], indent=1) + "\n")
+        push(url, run.admin_key, None)
+        result["after_release"] = plugin_state(url).get("shapes")
+    finally:
+        result["shape_server_stopped"] = stop(run, pid)
+        (out / "passes.json").write_text(json.dumps(
+            {p.mode: p.outputs for p in passes}) + "\n")
+        save()
+
+    # 2. the plain server's greedy outputs, the reference
+    url, pid, seconds = start(run, None, None)
+    try:
+        reference = greedy_pass(run, url, "plain")
+    finally:
+        stop(run, pid)
+    (out / "reference.json").write_text(json.dumps(reference.outputs) + "\n")
+    result["plain_start_s"] = round(seconds, 1)
+    greedy = {p.mode: {k: v for k, v in compare(reference, p, greedy_prompts(run)).items()
+                       if k != "per_prompt"} for p in passes}
+    for mode, row in greedy.items():
+        run.say(f"  {mode}: {row['identical']}/{row['prompts']} identical to plain")
+    result["greedy"] = greedy
+    (out / "greedy.json").write_text(json.dumps(greedy, indent=1) + "\n")
+    save()
+
+    # 3. stock servers of the shapes benched for comparison
+    stock: dict[str, Any] = {}
+    for text in filter(None, o.switch_bench_shapes.split(",")):
+        url, pid, seconds = start(run, parse_shapes(text)[0], None)
+        try:
+            stock[text] = {"start_s": round(seconds, 1),
+                           "bench": bench(run, url, f"stock-{text}", out, prompts)}
+        finally:
+            stop(run, pid)
+        result["stock"] = stock
+        save()
+    failures: list[str] = []
+    for mode, row in result.get("greedy", {}).items():
+        if row.get("flips"):
+            failures.append(f"{mode}: {row['flips']} of {row['prompts']} prompts differ from "
+                            "the plain server's")
+    s = result.get("stress", {})
+    if s.get("errors") or s.get("stuck_threads") or not s.get("healthy_after", True):
+        failures.append(f"stress: {s.get('errors')} errors, {s.get('stuck_threads')} stuck")
+    if failures:
+        raise StepError("; ".join(failures), result)
+    return result

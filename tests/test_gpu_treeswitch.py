@@ -1,0 +1,50 @@
+"""The `treeswitch` step's planning, on CPU: the start-up shape and the tables it pushes, read
+back through the contract as a shape server would read them. The step itself needs SGLang's
+draft shapes on a GPU (benchmarks/results/gpu/)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.gpu.context import StepError
+from benchmarks.gpu.steps.treeswitch import held_table, plan_shapes, switching_table
+from sglang_hooks.contract import PolicyError, TierSelector, decode_table, encode_table
+from sglang_hooks.draft_shape import DraftShape
+
+TREE, CHAIN = DraftShape(3, 4, 16), DraftShape(3, 1, 4)
+
+
+def test_the_start_up_shape_is_the_dominating_one_whatever_the_order() -> None:
+    assert plan_shapes("3x1x4,3x4x16") == (TREE, [CHAIN])
+    assert plan_shapes("3x4x16,3x1x4,2x4x8") == (TREE, [CHAIN, DraftShape(2, 4, 8)])
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("3x4x8,5x2x12", "add 3x4x12"),
+    ("plain,3x4x16", "drafting shapes only"),
+    ("3x4", "STEPSxTOPKxDRAFT"),
+])  # fmt: skip
+def test_a_list_the_server_cannot_start_at_is_refused_naming_the_fix(text: str,
+                                                                     message: str) -> None:
+    with pytest.raises(StepError, match=message):
+        plan_shapes(text)
+
+
+def test_the_tables_reach_a_shape_server_intact_and_switch_between_the_shapes() -> None:
+    table = switching_table(TREE, [CHAIN], version=5)
+    wire = encode_table(table)
+    decoded = decode_table(wire, captured_depths={3}, captured_trees={TREE})
+    assert decoded == table
+    selector = TierSelector(decoded)
+    drawn = [selector.select_shape(8) for _ in range(400)]
+    probes = [shape for shape, probe in drawn if probe]
+    assert set(probes) == {CHAIN} and 120 < len(probes) < 280  # share 0.5
+    assert {shape for shape, probe in drawn if not probe} == {TREE}
+    held = decode_table(encode_table(held_table(CHAIN, 2)), captured_depths={3},
+                        captured_trees={TREE})
+    assert held is not None and TierSelector(held).select_shape(64) == (CHAIN, False)
+
+
+def test_a_server_that_captured_no_tree_refuses_the_switching_table() -> None:
+    with pytest.raises(PolicyError, match="captured trees: none"):
+        decode_table(encode_table(switching_table(TREE, [CHAIN], 1)), captured_depths={3})

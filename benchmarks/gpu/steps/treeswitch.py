@@ -259,8 +259,13 @@ def run(run: Run) -> dict[str, Any]:
     for text in filter(None, o.switch_bench_shapes.split(",")):
         url, pid, seconds = start(run, parse_shapes(text)[0], None)
         try:
+            own = greedy_pass(run, url, f"stock {text}")
             stock[text] = {"start_s": round(seconds, 1),
+                           "greedy": {k: v for k, v in compare(
+                               reference, own, greedy_prompts(run)).items() if k != "per_prompt"},
                            "bench": bench(run, url, f"stock-{text}", out, prompts)}
+            run.say(f"  stock {text}: {stock[text]['greedy']['identical']}/"
+                    f"{stock[text]['greedy']['prompts']} identical to plain")
         finally:
             stop(run, pid)
         result["stock"] = stock

@@ -696,8 +696,8 @@ def _count(ret: Any, result: Any, batch: Any, counted: tuple[int, int] | None = 
             if shape is None or shape.topk > 1:
                 rt.tree_results += 1
                 launch = getattr(result, "specctl_launch", None)
-                if launch is not None:  # its timing is not kept: recycle the timer's events
-                    rt.timer.discard(launch[1])
+                if launch is not None:  # not kept, but read: a finished pair goes back to the pool
+                    rt.timer.seconds(launch[1])
                 return
             depth = shape.steps
         if depth is not None:

@@ -203,7 +203,8 @@ class SchedulerRuntime:
             self.source = SOURCE_NONE
             self.applied_iteration = self.iteration
             self._skippable = ()
-            logger.info("specctl: control released to SGLang's adaptive choice")
+            logger.info("specctl: control released to %s", "the start-up shape"
+                        if self.captured_trees else "SGLang's adaptive choice")
         else:
             self._install(table, SOURCE_PUSH)
         self.last_rejection = None

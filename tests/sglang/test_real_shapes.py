@@ -998,3 +998,39 @@ def test_a_shape_server_counts_a_chain_at_its_steps_and_a_tree_apart(
     run(NARROW.draft_tokens, [2])
     assert list(rt.counters.pending) == [key] and rt.tree_results == 2
     assert rt.report()["tree_results"] == 2
+
+
+class _Event:
+    """A stand-in CUDA timing event (no GPU here): complete once recorded."""
+
+    def __init__(self) -> None:
+        self.recorded = False
+
+    def record(self) -> None:
+        self.recorded = True
+
+    def query(self) -> bool:
+        return self.recorded
+
+    def elapsed_time(self, other: _Event) -> float:
+        return 2.0
+
+
+def test_a_tree_result_hands_its_timing_events_back_whole(
+    shape_server: SchedulerRuntime,
+) -> None:
+    """A tree's result is not counted per depth, but its launch's pair of events goes back to
+    the pool as two events, so the next launch's timing starts from events, not a pair."""
+    from sglang_hooks.gpu_timer import CudaEventTimer
+
+    rt = shape_server
+    hooks.shapes_build(None, SpecWorker())
+    timer = CudaEventTimer(_Event, pool_size=1)
+    rt.timer = timer
+    pair = timer.end(timer.begin())
+    result = NS(speculative_num_draft_tokens=STARTUP.draft_tokens,
+                specctl_launch=(False, pair), specctl_shape=STARTUP)
+    hooks._count([[1, 2]], result, NS(reqs=[NS(is_retracted=False, finished_reason=None)]))
+    assert rt.tree_results == 1
+    assert all(isinstance(e, _Event) for e in timer._pool) and len(timer._pool) == 2
+    assert timer.seconds(timer.end(timer.begin())) == 0.002

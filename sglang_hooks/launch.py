@@ -88,11 +88,13 @@ def flag_value(args: Sequence[str], flag: str) -> str | None:
 
 
 def build_command(
-    sglang_args: Sequence[str], config_path: Path, python: str = "python3",
+    sglang_args: Sequence[str], config_path: Path | None, python: str = "python3",
     current_env: Mapping[str, str] | None = None,
 ) -> tuple[list[str], dict[str, str], list[str]]:
     """(argv, extra environment, notes for the user) for launching SGLang with the plugin.
 
+    `config_path` is the adaptive config of a depth server; None launches a shape server,
+    which runs without SGLang's adaptive mode (its size flags are in `sglang_args`).
     `current_env` is the environment the server would inherit: its SGLANG_PLUGINS is extended
     (the only variable the launch sets)."""
     current_env = {} if current_env is None else current_env
@@ -101,13 +103,14 @@ def build_command(
     if not has_flag(args, "--speculative-algorithm"):
         raise ValueError("add --speculative-algorithm EAGLE3 (or EAGLE) and its draft model: "
                          "specctl steers speculative decoding")
-    if has_flag(args, "--speculative-adaptive-config"):
-        notes.append("kept your --speculative-adaptive-config: only depths listed in every "
-                     "slot can be pushed")
-    else:
-        args += ["--speculative-adaptive-config", str(config_path)]
-    if not has_flag(args, "--speculative-adaptive"):
-        args.append("--speculative-adaptive")
+    if config_path is not None:
+        if has_flag(args, "--speculative-adaptive-config"):
+            notes.append("kept your --speculative-adaptive-config: only depths listed in every "
+                         "slot can be pushed")
+        else:
+            args += ["--speculative-adaptive-config", str(config_path)]
+        if not has_flag(args, "--speculative-adaptive"):
+            args.append("--speculative-adaptive")
     if not has_flag(args, "--enable-metrics"):
         args.append("--enable-metrics")
     if not has_flag(args, "--max-running-requests"):

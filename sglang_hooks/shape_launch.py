@@ -7,8 +7,8 @@ its start-up flags, and every other shape is captured beside it. `shape_launch` 
 and SGLang's arguments against what that needs and returns the arguments to add, or raises
 ShapeError with one line naming the fix. A list of chains alone keeps the depth path.
 
-The plugin's capture and switch of tree shapes are not built yet; this module is the launch's
-half, so that its rules are fixed and tested where they cannot change a running server.
+`specctl serve --shapes` applies these rules; the plugin's capture and switch
+(sglang_hooks/shapes.py) then checks the server it finds against the same limits.
 """
 
 from __future__ import annotations
@@ -60,6 +60,10 @@ def shape_launch(shapes: Sequence[Shape], sglang_args: Sequence[str]) -> ShapeLa
         depths = sorted(0 if s is None else s.steps for s in shapes)
         raise ShapeError(f"shapes {_listed(shapes)} are chains only: pass --depths "
                          f"{','.join(map(str, depths))}, which keeps SGLang's own depth states")
+    if any(s is None for s in shapes):
+        raise ShapeError(f"shapes {_listed(shapes)}: off (plain) cannot be switched to on a tree "
+                         f"server yet; list drafting shapes only (the smallest chain is the "
+                         f"cheapest tier)")
     start = dominating(list(shapes))
     assert start is not None  # a tree is listed
     _check_args(shapes, start, sglang_args)
@@ -69,7 +73,7 @@ def shape_launch(shapes: Sequence[Shape], sglang_args: Sequence[str]) -> ShapeLa
             args += [flag, str(size(start))]
     notes = [f"SGLang starts at {start.label}, the listed shape with the widest top-k, draft "
              f"tokens and draft slots; each running request keeps "
-             f"{kv_slots_per_request(start)} KV slots per decode at every tier, off included "
+             f"{kv_slots_per_request(start)} KV slots per decode at every tier "
              f"(a chain server up to the deepest listed chain keeps "
              f"{_chain_slots(shapes)})"]
     if not has_flag(sglang_args, "--attention-backend"):
@@ -105,6 +109,10 @@ def _check_args(shapes: Sequence[Shape], start: DraftShape, args: Sequence[str])
     for flag, why in REFUSED_FEATURES:
         if has_flag(args, flag):
             raise ShapeError(f"--shapes cannot run with {flag} ({why}); drop it")
+    tp = flag_value(args, "--tp-size") or flag_value(args, "--tensor-parallel-size")
+    if tp is not None and tp != "1":
+        raise ShapeError(f"--shapes switches shapes on one GPU for now (--tp-size {tp}); drop "
+                         f"it, or pass --depths to steer chains across the ranks")
     pp = flag_value(args, "--pp-size") or flag_value(args, "--pipeline-parallel-size")
     if pp is not None and pp != "1":
         raise ShapeError(f"--shapes cannot run with pipeline parallelism (--pp-size {pp}): only "

@@ -186,6 +186,47 @@ def test_serve_sets_no_plugin_variable_whatever_sglang_it_launches(tmp_path, mon
         assert "SPECCTL_" not in result.output
 
 
+def test_serve_shapes_starts_sglang_static_at_the_dominating_tree(tmp_path) -> None:
+    """`--shapes`: no adaptive mode, the dominating shape's size flags and FA3 added, the list
+    for the plugin in SPECCTL_SHAPES, a start-up table checked against the listed shapes."""
+    result = run("serve", "--dry-run", "--shapes", "3x1x4,3x4x16", *EAGLE)
+    assert result.exit_code == 0, result.output
+    [command] = [ln for ln in result.output.splitlines() if "sglang.launch_server" in ln]
+    assert command.startswith("SPECCTL_SHAPES=3x1x4,3x4x16 ")
+    assert ("--speculative-num-steps 3 --speculative-eagle-topk 4 "
+            "--speculative-num-draft-tokens 16 --attention-backend fa3") in command
+    assert "--speculative-adaptive" not in command and "--enable-metrics" in command
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("table:\n  version: 1\n  tiers: [{min_batch: 1, depth: 3, topk: 4, "
+                      "draft_tokens: 16}, {min_batch: 16, depth: 3}]\n")
+    ok = run("serve", "--dry-run", "--shapes", "3x1x4,3x4x16", "--policy-file", str(policy),
+             *EAGLE)
+    assert ok.exit_code == 0, ok.output
+    assert "1-15: 3x4x16 | 16+: d3" in ok.output and f"SPECCTL_POLICY_FILE={policy.resolve()}" \
+        in ok.output
+    refused = run("serve", "--dry-run", "--shapes", "2x1x3,3x4x16", "--policy-file", str(policy),
+                  *EAGLE)
+    assert refused.exit_code == 2
+    assert "--policy-file" in flat(refused.output) and "tiers[1].depth" in flat(refused.output)
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        (["--shapes", "3x4x16,plain"], "error: --shapes: shapes 3x4x16,plain: off (plain)"),
+        (["--shapes", "3x4"], "error: --shapes: shape '3x4': write STEPSxTOPKxDRAFT"),
+        (["--shapes", "3x1x4,1x1x2"], "error: --shapes: shapes 3x1x4,1x1x2 are chains only: "
+                                      "pass --depths 1,3"),
+        (["--shapes", "3x4x16", "--depths", "0,3"], "error: --shapes replaces --depths"),
+    ],
+)
+def test_serve_shapes_errors_are_one_line_and_exit_2(extra: list[str], expected: str) -> None:
+    result = run("serve", "--dry-run", *extra, *EAGLE)
+    assert result.exit_code == 2
+    [line] = error_lines(result.output)
+    assert line.startswith(expected), line
+
+
 def test_serve_writes_a_new_adaptive_config_per_launch(tmp_path) -> None:
     a = serve._write_config(None, [0, 1, 3])
     b = serve._write_config(None, [0, 2])

@@ -13,12 +13,12 @@ BASE = ["--model-path", "m", "--speculative-algorithm", "EAGLE3",
 
 
 def test_a_tree_list_starts_sglang_at_the_dominating_shape_on_fa3() -> None:
-    launch = shape_launch(parse_shapes("plain,3x1x4,3x4x16"), BASE)
+    launch = shape_launch(parse_shapes("3x1x4,3x4x16"), BASE)
     assert launch.start == DraftShape(3, 4, 16)
     assert launch.args == ["--speculative-num-steps", "3", "--speculative-eagle-topk", "4",
                            "--speculative-num-draft-tokens", "16",
                            "--attention-backend", "fa3"]  # fmt: skip
-    assert launch.env == {SHAPES_ENV: "plain,3x1x4,3x4x16"}
+    assert launch.env == {SHAPES_ENV: "3x1x4,3x4x16"}
     assert "32 KV slots per decode at every tier" in launch.notes[0]
     assert "keeps 8)" in launch.notes[0]
     # Flags the user already gave at the dominating shape's values are kept, not repeated.
@@ -42,6 +42,8 @@ def test_a_tree_list_starts_sglang_at_the_dominating_shape_on_fa3() -> None:
         ("3x4x16", ["--enable-two-batch-overlap"], "--enable-two-batch-overlap"),
         ("3x4x16", ["--enable-dp-attention"], "drop it"),
         ("3x4x16", ["--pp-size", "2"], "pipeline parallelism"),
+        ("3x4x16", ["--tp-size", "2"], "on one GPU for now (--tp-size 2)"),
+        ("plain,3x1x4,3x4x16", [], "off (plain) cannot be switched to on a tree server yet"),
     ],
 )
 def test_what_a_shape_server_cannot_run_is_refused_with_the_fix(shapes, extra, words) -> None:  # type: ignore[no-untyped-def]

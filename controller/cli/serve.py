@@ -3,8 +3,9 @@
 Adds --speculative-adaptive, an adaptive config capturing every allowed depth at every batch
 size and --enable-metrics, adds specctl to SGLANG_PLUGINS when that variable lists plugins
 (unset, SGLang loads every installed plugin), then prints the admin URL for the daemon. It sets
-no plugin variable but SPECCTL_POLICY_FILE (--policy-file): the plugin runs the same code
-however it was loaded.
+no plugin variable but SPECCTL_POLICY_FILE (--policy-file) and, with --shapes, SPECCTL_SHAPES:
+SGLang then starts statically at the shape that dominates the list, on FlashAttention 3, and
+the plugin captures the others. The plugin runs the same code however it was loaded.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import typer
 from controller.cli import app
 from controller.cli.args import parse_int_list
 from sglang_hooks import launch
-from sglang_hooks.contract import MAX_DEPTH, PolicyError
+from sglang_hooks.contract import MAX_DEPTH, PolicyError, PolicyTable
+from sglang_hooks.draft_shape import DraftShape, ShapeError, parse_shapes
 from sglang_hooks.policy_file import POLICY_FILE_ENV, load_policy_file, table_fingerprint
+from sglang_hooks.shape_launch import shape_launch
 
 # Shown by --dry-run when no --config-out is given: a run writes a new temporary file there.
 TEMP_CONFIG_PLACEHOLDER = Path(tempfile.gettempdir()) / "specctl-adaptive-XXXXXXXX.json"
@@ -49,6 +52,12 @@ def serve(
         typer.Option(help="Frozen start-up table (YAML/JSON with a `table:`); checked against "
                      "the captured depths, then set as SPECCTL_POLICY_FILE."),
     ] = None,
+    shapes: Annotated[
+        str | None,
+        typer.Option(help="Draft shapes STEPSxTOPKxDRAFT to switch between, a tree among them "
+                     "(like 3x4x16,3x1x4): SGLang starts at the one that dominates the others "
+                     "and the plugin captures the rest. Replaces --depths."),
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the command, do not run it.")
     ] = False,
@@ -64,8 +73,15 @@ def serve(
           --speculative-algorithm EAGLE3 --speculative-draft-model-path ... \\
           --admin-api-key "$KEY" --max-running-requests 128
       specctl serve --depths 0,1,3 --policy-file policy.yaml -- --model-path ...
+      specctl serve --shapes 3x4x16,3x1x4 -- --model-path ...
       specctl serve --dry-run -- --model-path m --speculative-algorithm EAGLE3
     """
+    if shapes is not None:
+        source = ctx.get_parameter_source("depths")
+        if source is not None and source.name == "COMMANDLINE":
+            _fail("--shapes replaces --depths: list the chains as shapes (depth d is dx1x(d+1))")
+        _serve_shapes(ctx, shapes, policy_file, dry_run)
+        return
     depth_list = list(parse_int_list(depths, "--depths", 0, MAX_DEPTH))
     own_config = launch.user_config(ctx.args)
     notes: list[str] = []
@@ -127,6 +143,47 @@ def serve(
         typer.echo(f"adaptive config {config}: depths {depth_list}", err=True)
     typer.echo(f"admin URL for the daemon: {url}  (POST {url}/set_internal_state)", err=True)
     raise typer.Exit(subprocess.call(argv, env={**os.environ, **env, **env_extra}))
+
+
+def _serve_shapes(ctx: typer.Context, text: str, policy_file: Path | None,
+                  dry_run: bool) -> None:
+    """A shape server: SGLang static at the dominating shape, SPECCTL_SHAPES for the plugin."""
+    try:
+        listed = parse_shapes(text)
+        plan = shape_launch(listed, ctx.args)
+        argv, env, notes = launch.build_command([*ctx.args, *plan.args], None,
+                                                python=sys.executable, current_env=os.environ)
+    except (ShapeError, ValueError) as err:
+        _fail(f"--shapes: {err}" if isinstance(err, ShapeError) else str(err))
+    notes = plan.notes + notes
+    env = {**env, **plan.env}
+    if policy_file is not None:
+        drafting = [s for s in listed if s is not None]
+        table = _startup_table(policy_file, [s.steps for s in drafting if s.is_chain],
+                               [s for s in drafting if not s.is_chain])
+        notes.append(f"start-up table from {policy_file}: {table.describe()} "
+                     f"[{table_fingerprint(table)}]")
+        env[POLICY_FILE_ENV] = str(policy_file.resolve())
+    url = launch.admin_url(ctx.args)
+    _notes(notes)
+    if dry_run:
+        typer.echo(launch.render(argv, env))
+        typer.echo(f"# admin URL for the daemon: {url}")
+        return
+    typer.echo(f"shapes {','.join(s.label for s in listed if s is not None)}: SGLang starts at "
+               f"{plan.start.label}", err=True)
+    typer.echo(f"admin URL for the daemon: {url}  (POST {url}/set_internal_state)", err=True)
+    raise typer.Exit(subprocess.call(argv, env={**os.environ, **env}))
+
+
+def _startup_table(policy_file: Path, depths: list[int], trees: list[DraftShape]) -> PolicyTable:
+    if not policy_file.is_file():
+        _fail(f"--policy-file {policy_file}: no such file")
+    try:
+        return load_policy_file(policy_file, captured_depths=depths, captured_trees=trees)
+    except PolicyError as err:
+        where = "" if err.field == POLICY_FILE_ENV else f" {err.field}"
+        _fail(f"--policy-file{where}: {err.message}")
 
 
 def _write_config(config_out: Path | None, depths: list[int]) -> Path:

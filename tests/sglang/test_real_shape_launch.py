@@ -23,7 +23,7 @@ def _server_args(argv: list[str]):  # type: ignore[no-untyped-def]
 
 
 def test_the_added_flags_start_sglang_at_the_dominating_tree_on_fa3() -> None:
-    launch = shape_launch(parse_shapes("plain,3x1x4,3x4x16"), BASE)
+    launch = shape_launch(parse_shapes("3x1x4,3x4x16"), BASE)
     args = _server_args([*BASE, *launch.args])
     assert (args.speculative_num_steps, args.speculative_eagle_topk,
             args.speculative_num_draft_tokens) == (3, 4, 16)  # fmt: skip

@@ -773,6 +773,10 @@ COUNTER_FAMILIES = (
     METRIC_GPU_SECONDS,
     METRIC_EXPLORE_ITERATIONS,
 )
+# The same counts for draft trees, on a server that switches shapes (labels BASE_LABELS +
+# shape, bs_bucket): a tree has no depth of its own, so its results are kept by shape label.
+TREE_COUNTER_FAMILIES = tuple(f.replace("specctl_", "specctl_tree_", 1) for f in COUNTER_FAMILIES)
+LABEL_SHAPE = "shape"
 # Gauges (labels BASE_LABELS).
 METRIC_POLICY_VERSION = "specctl_policy_version"
 # Gauge, 1 per captured depth (labels BASE_LABELS + depth): what a table may use.

@@ -7,6 +7,8 @@ drains the deltas into prometheus at a coarse cadence (see `exporter.py`).
 
 from __future__ import annotations
 
+from typing import Any
+
 from sglang_hooks.contract import BS_BUCKET_EDGES, COUNTER_FAMILIES, bs_bucket
 
 # Index of each counter family inside a cell (same order as contract.COUNTER_FAMILIES).
@@ -18,16 +20,17 @@ _LAST_BUCKET = BS_BUCKET_EDGES[-1]
 
 
 class DepthCounters:
-    """Running totals and not-yet-exported deltas per (depth, bucket)."""
+    """Running totals and not-yet-exported deltas per (depth, bucket); a server that switches
+    draft shapes keeps a second set keyed by a tree's label (`3x4x16`) in place of a depth."""
 
     __slots__ = ("pending", "totals")
 
     def __init__(self) -> None:
-        self.pending: dict[tuple[int, int], list[float]] = {}
-        self.totals: dict[tuple[int, int], list[float]] = {}
+        self.pending: dict[tuple[Any, int], list[float]] = {}
+        self.totals: dict[tuple[Any, int], list[float]] = {}
 
     def record(
-        self, depth: int, batch_size: int, tokens: int, gpu_seconds: float, explore: bool
+        self, depth: int | str, batch_size: int, tokens: int, gpu_seconds: float, explore: bool
     ) -> None:
         bucket = _BUCKET_OF[batch_size] if batch_size <= _LAST_BUCKET else _LAST_BUCKET
         cell = self.pending.get((depth, bucket))
@@ -40,7 +43,7 @@ class DepthCounters:
         if explore:
             cell[4] += 1
 
-    def drain(self) -> dict[tuple[int, int], list[float]]:
+    def drain(self) -> dict[tuple[Any, int], list[float]]:
         """Hand over the deltas since the last drain and fold them into `totals`."""
         out, self.pending = self.pending, {}
         for key, cell in out.items():

@@ -17,6 +17,7 @@ from sglang_hooks.contract import (
     COUNTER_FAMILIES,
     LABEL_BUCKET,
     LABEL_DEPTH,
+    LABEL_SHAPE,
     METRIC_CAPTURED_DEPTH,
     METRIC_EXPLORE_ITERATIONS,
     METRIC_GPU_SECONDS,
@@ -24,6 +25,7 @@ from sglang_hooks.contract import (
     METRIC_POLICY_VERSION,
     METRIC_REQUEST_STEPS,
     METRIC_TOKENS,
+    TREE_COUNTER_FAMILIES,
 )
 
 if TYPE_CHECKING:
@@ -73,20 +75,37 @@ class PrometheusExporter:
             multiprocess_mode="mostrecent",
             registry=registry,
         )
-        self._children: dict[tuple[int, int], list[Any]] = {}
+        self.registry = registry
+        self.base_names = base_names
+        self.tree_counters: list[Any] = []  # created with a shape server's first tree result
+        self._children: dict[tuple[Any, int], list[Any]] = {}
         self._captured_shown: frozenset[int] = frozenset()
 
+    def _trees(self) -> list[Any]:
+        if not self.tree_counters:
+            from prometheus_client import Counter
+
+            names = (*self.base_names, LABEL_SHAPE, LABEL_BUCKET)
+            self.tree_counters = [
+                Counter(tree, _HELP[family].replace("speculation depth", "draft tree's shape"),
+                        labelnames=names, registry=self.registry)
+                for family, tree in zip(COUNTER_FAMILIES, TREE_COUNTER_FAMILIES, strict=True)
+            ]
+        return self.tree_counters
+
     def export(self, runtime: SchedulerRuntime) -> None:
-        for key, cell in runtime.counters.drain().items():
-            children = self._children.get(key)
-            if children is None:
-                depth, bucket = key
-                children = self._children[key] = [
-                    c.labels(*self.base, str(depth), str(bucket)) for c in self.counters
-                ]
-            for child, value in zip(children, cell, strict=True):
-                if value:
-                    child.inc(value)
+        for counts, trees in ((runtime.counters, False), (runtime.tree_counters, True)):
+            for key, cell in counts.drain().items():
+                children = self._children.get(key)
+                if children is None:
+                    depth, bucket = key
+                    families = self._trees() if trees else self.counters
+                    children = self._children[key] = [
+                        c.labels(*self.base, str(depth), str(bucket)) for c in families
+                    ]
+                for child, value in zip(children, cell, strict=True):
+                    if value:
+                        child.inc(value)
         table = runtime.table
         self.policy_version.labels(*self.base).set(0 if table is None else table.version)
         if runtime.captured_depths != self._captured_shown:

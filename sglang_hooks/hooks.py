@@ -690,16 +690,15 @@ def _count(ret: Any, result: Any, batch: Any, counted: tuple[int, int] | None = 
         return
     try:
         width = result.speculative_num_draft_tokens
-        depth = None if not width else width - 1
-        if width and SHAPES is not None:  # a shape server: a chain's steps, a tree not per depth
+        depth: int | str | None = None if not width else width - 1
+        if width and SHAPES is not None:  # a shape server: a chain at its steps, a tree by label
             shape = getattr(result, "specctl_shape", None) or SHAPES.by_width(width)
-            if shape is None or shape.topk > 1:
-                rt.tree_results += 1
-                launch = getattr(result, "specctl_launch", None)
-                if launch is not None:  # not kept, but read: a finished pair goes back to the pool
-                    rt.timer.seconds(launch[1])
+            if shape is None:  # a width two captured shapes share, from an untimed launch
+                rt.unattributed_results += 1
                 return
-            depth = shape.steps
+            depth = shape.steps if shape.topk == 1 else shape.label
+            if shape.topk > 1:
+                rt.tree_results += 1
         if depth is not None:
             launched = len(batch.reqs)
             if counted is None:

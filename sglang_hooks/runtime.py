@@ -81,8 +81,9 @@ class SchedulerRuntime:
         self.seed = seed
         self.timer: LaunchTimer = timer or HostIntervalTimer()
         self.counters = DepthCounters()
+        self.tree_counters = DepthCounters()  # a shape server's tree results, by label
         self.unattributed_results = 0
-        self.parked: deque[tuple[Any, int, int, int, bool]] = deque()
+        self.parked: deque[tuple[Any, int | str, int, int, bool]] = deque()
         self.exporter: Any = None  # set on the metrics rank (exporter.PrometheusExporter)
         self._next_export = 0.0
         self._export_failed = False
@@ -306,9 +307,11 @@ class SchedulerRuntime:
         return self._skippable[tier]
 
     def record_result(
-        self, depth: int, batch_size: int, tokens: int, launch: Any, now: float | None = None
+        self, depth: int | str, batch_size: int, tokens: int, launch: Any,
+        now: float | None = None,
     ) -> None:
-        """Count one processed decode result. `launch` is what the launch hook attached."""
+        """Count one processed decode result. `launch` is what the launch hook attached;
+        `depth` is a tree's label for a tree's result (kept apart, `tree_counters`)."""
         if self.parked:
             self._drain_parked()
         if batch_size <= 0:  # every row finished or was retracted before it was processed
@@ -328,7 +331,7 @@ class SchedulerRuntime:
                 else:
                     self.unattributed_results += 1
             else:
-                self.counters.record(depth, batch_size, tokens, seconds, explore)
+                self._counters_for(depth).record(depth, batch_size, tokens, seconds, explore)
         if self.exporter is not None:
             now = time.monotonic() if now is None else now
             if now >= self._next_export:
@@ -343,7 +346,10 @@ class SchedulerRuntime:
                 return
             self.parked.popleft()
             if batch_size > 0:
-                self.counters.record(depth, batch_size, tokens, seconds, explore)
+                self._counters_for(depth).record(depth, batch_size, tokens, seconds, explore)
+
+    def _counters_for(self, depth: int | str) -> DepthCounters:
+        return self.tree_counters if isinstance(depth, str) else self.counters
 
     def flush(self) -> None:
         """Write the pending counts and gauges to prometheus. Never raises: a failed write

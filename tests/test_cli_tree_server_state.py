@@ -3,8 +3,9 @@
 passes, one that names another is refused with the field and the captured trees.
 
 The server is a stand-in: a real loopback HTTP server answering `/server_info` with the
-contract's own `server_state` (trees captured) and `/metrics` with real Prometheus text. No
-server captures trees yet (neither the plugin nor the simulator), so no real one can answer."""
+contract's own `server_state` (trees captured) and `/metrics` with real Prometheus text. The
+plugin captures trees on a GPU only (`specctl serve --shapes`) and the simulator captures none,
+so no real server can answer here."""
 
 from __future__ import annotations
 

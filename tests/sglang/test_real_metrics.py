@@ -158,3 +158,38 @@ def test_collector_labels_are_copied_so_dp_replicas_stay_apart(plugin_loaded: bo
     per_dp = {split_key(k)[3]: v for k, v in snap.values.items()
               if split_key(k)[:3] == (METRIC_ITERATIONS, 2, 5)}
     assert per_dp == {"0": 1.0, "1": 2.0}
+
+
+def test_a_shape_server_exports_a_trees_counts_by_its_shape(
+    collector: Any, runtime: SchedulerRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a server that switches shapes, a chain's result is counted at its depth and a
+    tree's under `specctl_tree_*{shape=...}`: same counts, the shape label in place of depth.
+    The registry of captured shapes is a stand-in (capturing needs a GPU)."""
+    from sglang_hooks.contract import TREE_COUNTER_FAMILIES
+    from sglang_hooks.draft_shape import DraftShape
+
+    tree, chain = DraftShape(3, 4, 16), DraftShape(3, 1, 4)
+    monkeypatch.setattr(hooks, "SHAPES", SimpleNamespace(by_width=lambda width: None))
+    runtime.exporter = collector
+    runtime.activate({3}, None, captured_trees={tree})
+    batch = SimpleNamespace(reqs=[object()] * 5)
+    before = _iterations(_scrape(), depth="3")
+    for shape, width, correct in ((tree, 16, 9), (tree, 16, 7), (chain, 4, 8)):
+        result = _result(width, correct)
+        result.specctl_launch = (False, None)
+        result.specctl_shape = shape
+        hooks.count_result(_unsettled, None, result, batch)
+    runtime.flush()
+    fams = _scrape()
+    assert set(TREE_COUNTER_FAMILIES) <= set(fams)
+    it = {(s.labels["shape"], s.labels["bs_bucket"]): s.value
+          for s in fams["specctl_tree_decode_iterations"].samples if s.name.endswith("_total")}
+    assert it == {("3x4x16", str(bs_bucket(5))): 2}
+    tokens = [s.value for s in fams["specctl_tree_decode_tokens"].samples
+              if s.name.endswith("_total")]
+    assert tokens == [(9 + 5) + (7 + 5)]
+    assert _iterations(fams, depth="3") - before == 1  # the chain, at its depth
+    assert runtime.tree_results == 2
+    sample = fams["specctl_tree_decode_iterations"].samples[0]
+    assert set(sample.labels) == {*BASE_LABELS, "shape", "bs_bucket"}

@@ -4,6 +4,7 @@ packing, process sessions, memory growth; real loopback HTTP against the simulat
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -433,3 +434,33 @@ def test_a_background_harness_command_is_waited_on_and_packed(tmp_path):
     bad = subprocess.run([*script, "start", "0", "--", "setup"], env=env, text=True,
                          capture_output=True, timeout=30)  # fmt: skip
     assert bad.returncode == 2 and "give --run-dir DIR" in bad.stdout
+
+
+def test_a_shape_run_starts_its_speculative_server_through_serve_shapes(tmp_path):
+    """--spec-shapes: the speculative server's launch goes through `specctl serve --shapes`,
+    which (run here with --dry-run, the real CLI) starts SGLang at the dominating tree without
+    adaptive mode and hands the list to the plugin; the harness refuses a list serve would."""
+    from benchmarks.gpu.model_folders import TINY, build_dummy_folders
+    from benchmarks.gpu.options import OptionError, Options, validate
+
+    models = build_dummy_folders(tmp_path, TINY)
+    opts = servers.ServerOptions(backend="sglang", admin_key="k", spec_port=1, plain_port=2,
+                                 python=sys.executable, shapes="3x4x16,3x1x4")
+    spec, plain = servers.plans(models, opts, tmp_path)
+    assert spec.argv[2:6] == ["controller.cli", "serve", "--shapes", "3x4x16,3x1x4"]
+    assert "--speculative-eagle-topk" not in spec.argv
+    assert not any(a.startswith("--speculative") for a in plain.argv)
+    at = spec.argv.index("serve") + 1
+    dry = subprocess.run([*spec.argv[:at], "--dry-run", *spec.argv[at:]], capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert dry.returncode == 0, dry.stderr
+    [line] = [ln for ln in dry.stdout.splitlines() if "sglang.launch_server" in ln]
+    assert line.startswith("SPECCTL_SHAPES=3x4x16,3x1x4 ")
+    assert "--speculative-eagle-topk 4 --speculative-num-draft-tokens 16" in line
+    assert "--speculative-adaptive" not in line
+    for value, words in (("3x4x16,plain", "--spec-shapes: shapes 3x4x16,plain: off (plain)"),
+                         ("3x1x4", "--spec-shapes: shapes 3x1x4 are chains only")):
+        with pytest.raises(OptionError, match=re.escape(words)):
+            validate(Options(spec_shapes=value))
+    with pytest.raises(OptionError, match="the simulator captures no draft shapes"):
+        validate(Options(spec_shapes="3x4x16", backend="sim"))

@@ -245,3 +245,18 @@ def test_a_step_is_one_function_and_one_registry_entry(tmp_path, monkeypatch, ca
     assert list(summary["steps"]) == ["versus", "broken", "summary"]
     assert "| versus | ok |" in (run_dir / "summary.md").read_text()
     assert "== step broken: FAILED after" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("tiers", "same"), [
+    ("[{min_batch: 1, depth: 3}]", "static:3"),
+    ("[{min_batch: 1, depth: 3, topk: 4, draft_tokens: 16}]", "static:3x4x16"),
+    # a tree and the chain of its steps share a depth, not a shape: the table is its own run
+    ("[{min_batch: 1, depth: 3, topk: 4, draft_tokens: 16}, {min_batch: 7, depth: 3}]", None),
+])  # fmt: skip
+def test_bench_table_reuses_a_static_run_only_for_the_very_same_shape(
+    tmp_path: Path, tiers: str, same: str | None
+) -> None:
+    table = tmp_path / "table.yaml"
+    table.write_text(f"table:\n  version: 1\n  tiers: {tiers}\n")
+    run = _run(tmp_path, trace_bench=str(table))
+    assert trace.same_as_static(run, ["static:3", "static:3x4x16", trace.BENCH_TABLE]) == same

@@ -13,6 +13,7 @@ import pytest
 from benchmarks.gpu.seeded import trace
 from controller.bench.server_client import ServerClient
 from sglang_hooks.contract import PolicyTable, Tier
+from sglang_hooks.draft_shape import DraftShape
 
 PHASES = "2:2:a,2.5:24:a,2:4:b"
 
@@ -41,7 +42,10 @@ def test_default_trace_shape_and_phase_parsing():
         with pytest.raises(trace.TraceError, match="--phases"):
             trace.parse_phases(bad)
     assert trace.parse_policy("static:3") == ("static", 3)
-    for bad in ("static:x", "static:-1", "eagle"):
+    assert trace.parse_policy("static:3x4x16") == ("static", DraftShape(3, 4, 16))
+    # a chain is held by its depth, plain by depth 0: one spelling for each
+    for bad in ("static:x", "static:-1", "eagle", "static:3x1x4", "static:plain",
+                "static:3x4"):
         with pytest.raises(trace.TraceError, match="--policy"):
             trace.parse_policy(bad)
 
@@ -206,3 +210,27 @@ def test_a_bench_s_table_kept_and_a_daemon_started_from_the_bench(sim_server_fac
     assert "--policy table needs --table-from" in capsys.readouterr().err
     assert trace.main([*base, "--policy", "daemon", "--seed-bench", str(none / "x")]) == 2
     assert "--seed-bench: seed_bench" in capsys.readouterr().err
+
+
+def test_a_tree_the_server_did_not_capture_is_refused_before_any_load(
+    sim_server_factory, tmp_path, capsys
+):
+    """`static:TREE` and a table naming a tree need a server that captured it: the simulator
+    captures none, so both stop at once, naming the fix, and the live table is untouched."""
+    spec = sim_server_factory(admin_key="k", speedup=1.0)
+    live = PolicyTable.build([Tier(1, 2)], version=4)
+    with ServerClient(spec.base_url, "k") as client:
+        client.push(live)
+    policy = tmp_path / "shapes.yaml"
+    policy.write_text("table:\n  version: 1\n  tiers: [{min_batch: 1, depth: 3, topk: 4, "
+                      "draft_tokens: 16}, {min_batch: 16, depth: 3}]\n")
+    data = _dataset(tmp_path / "a.jsonl", "the model")
+    for extra in (["--policy", "static:3x4x16"], ["--policy", "table", "--table-from",
+                                                  str(policy)]):
+        args = ["run", *extra, "--url", spec.base_url, "--phases", "2:2:a",
+                "--out", str(tmp_path / "results"), "--admin-key", "k", "--dataset", data]
+        assert trace.main(args) == 2
+        err = capsys.readouterr().err
+        assert "tree 3x4x16 was not captured (captured trees: none" in err, err
+    with ServerClient(spec.base_url, "k") as client:
+        assert client.state().table == live

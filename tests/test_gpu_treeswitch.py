@@ -4,12 +4,16 @@ draft shapes on a GPU (benchmarks/results/gpu/)."""
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
 from benchmarks.gpu.context import StepError
-from benchmarks.gpu.steps.treeswitch import held_table, plan_shapes, switching_table
+from benchmarks.gpu.steps.treeswitch import held_table, held_tables, plan_shapes, switching_table
 from sglang_hooks.contract import PolicyError, TierSelector, decode_table, encode_table
 from sglang_hooks.draft_shape import DraftShape
+from sglang_hooks.policy_file import load_policy_file
 
 TREE, CHAIN = DraftShape(3, 4, 16), DraftShape(3, 1, 4)
 
@@ -48,3 +52,22 @@ def test_the_tables_reach_a_shape_server_intact_and_switch_between_the_shapes() 
 def test_a_server_that_captured_no_tree_refuses_the_switching_table() -> None:
     with pytest.raises(PolicyError, match="captured trees: none"):
         decode_table(encode_table(switching_table(TREE, [CHAIN], 1)), captured_depths={3})
+
+
+RUN34 = Path(__file__).parent.parent / "benchmarks/results/gpu/h100-sglang-0.5.17-seeded-8b-run34"
+
+
+def test_the_held_benches_give_the_table_a_shape_server_runs(tmp_path: Path) -> None:
+    """Run 34's benches of its shape server held at each shape (H100, family a): the tree at
+    one stream, the chain at 16 and 64 (the tree's 64-stream level finished too few requests to
+    decide either way). The table comes back as a policy file the shape server accepts."""
+    held = tmp_path / "held"
+    for shape in ("3x4x16", "3x1x4"):
+        (held / shape).mkdir(parents=True)
+        shutil.copy(RUN34 / "treeswitch" / f"held-{shape}" / "a.json", held / shape / "a.json")
+    lines = held_tables(held, [TREE, CHAIN])
+    assert lines == {"a": "1-6: 3x4x16 | 7+: d3"}  # tok/s cross near 7 streams in log load
+    table = load_policy_file(held / "table_a.json", captured_depths={3}, captured_trees={TREE})
+    assert TierSelector(table).select_shape(1) == (TREE, False)
+    assert TierSelector(table).select_shape(64) == (CHAIN, False)
+    assert (held / "shapes.txt").is_file()

@@ -67,6 +67,9 @@ class Options:
                                     "setup")
     mem_fraction_second: float = opt(0.6, "--mem-fraction-static of the server started "
                                      "second", "setup")
+    spec_shapes: str = opt("", "draft shapes the speculative server switches between, a tree "
+                           "among them (`specctl serve --shapes`, like 3x4x16,3x1x4), in place "
+                           "of --depths; then `trace` can hold a tree (static:3x4x16)", "setup")
     start_order: str = opt("spec,plain", "which server starts first (gets "
                            "--mem-fraction-first): spec,plain or plain,spec; spec starts the "
                            "speculative server alone (steps that need the plain server refuse)",
@@ -359,6 +362,20 @@ def _trace_checks(opts: Options, captured: set[int]) -> None:
                           "file for it")
 
 
+def _spec_shape_checks(opts: Options) -> None:
+    """--spec-shapes: a list `specctl serve --shapes` takes, on a real server."""
+    from sglang_hooks.draft_shape import ShapeError, parse_shapes
+    from sglang_hooks.shape_launch import shape_launch
+
+    if opts.backend == "sim":
+        raise OptionError("--spec-shapes needs SGLang (--backend sglang): the simulator "
+                          "captures no draft shapes")
+    try:
+        shape_launch(parse_shapes(opts.spec_shapes), ["--speculative-algorithm", "EAGLE3"])
+    except ShapeError as err:
+        raise OptionError(f"--spec-shapes: {err}") from None
+
+
 def _shape_checks(opts: Options) -> None:
     from benchmarks.gpu.draft_shapes import ShapeError, parse_shapes
 
@@ -390,6 +407,8 @@ def validate(opts: Options) -> None:
     if opts.target is not None and opts.models == "seeded":
         raise OptionError("--models seeded builds its own folders: drop --target/--draft, or "
                           "pass the seeded folders as --target/--draft without --models")
+    if opts.spec_shapes:
+        _spec_shape_checks(opts)
     for name in ("spec_cpus", "plain_cpus", "bench_cpus", "trace_daemon_cpus"):
         if getattr(opts, name):
             try:

@@ -100,6 +100,9 @@ class ServerOptions:
     spec_cpus: str = ""
     plain_cpus: str = ""
     off_path: str = "specctl"  # the plugin's depth 0 (SPECCTL_OFF_PATH): specctl or sglang
+    # Draft shapes (`specctl serve --shapes`, a tree among them) in place of --depths: the
+    # speculative server then starts at the dominating tree and switches shapes ('' for none).
+    shapes: str = ""
     device_timer: bool = False  # SGLang times every forward (both servers)
 
 
@@ -140,6 +143,9 @@ def _sglang_argv(role: str, port: int, mem: float, models: ModelFolders,
         args += ["--load-format", "dummy"]
     if role == PLAIN:
         return [opts.python, "-m", "sglang.launch_server", *args]
+    if opts.shapes:  # `specctl serve --shapes` adds the dominating shape's size flags
+        return [opts.python, "-m", "controller.cli", "serve", "--shapes", opts.shapes, "--",
+                *args, *EAGLE3_FLAGS[:2], "--speculative-draft-model-path", models.draft]
     args += [*EAGLE3_FLAGS, "--speculative-draft-model-path", models.draft]
     return [opts.python, "-m", "controller.cli", "serve", "--depths", opts.depths, "--", *args]
 

@@ -11,7 +11,8 @@ drifts from family a to family b, and back), or
 `--phases 5:2:a,5:64:a,...` gives one outright. Policies:
 
 - `plain`: `--url` is a server without speculation; nothing is pushed.
-- `static:D`: a one-tier table of depth D is pushed for the whole trace.
+- `static:D`: a one-tier table of depth D is pushed for the whole trace; `static:TREE` (like
+  `static:3x4x16`) the same for a draft tree a shape server captured (`specctl serve --shapes`).
 - `static:D+scrape`: the same, while a thread reads /metrics as often as the trace's daemon
   scrapes it (benchmarks/gpu/seeded/scrape_load.py): what the scrapes alone cost the server,
   and how long it takes to render the page under load (`metrics_reads` in the result).
@@ -65,7 +66,14 @@ from controller.bench.loadgen import ClosedLoop, LevelLoad, StopRule, make_clien
 from controller.bench.prompts import DatasetError, Prompt, load_dataset
 from controller.bench.server_client import ServerClient, ServerError, admin_key_from_env
 from controller.daemon.bench_seed import BenchSeedError, bench_path, read_bench
-from sglang_hooks.contract import PolicyError, PolicyTable, parse_table, single_depth_table
+from sglang_hooks.contract import (
+    PolicyError,
+    PolicyTable,
+    parse_table,
+    shape_tier,
+    single_depth_table,
+)
+from sglang_hooks.draft_shape import DraftShape, ShapeError, parse_shape
 from sglang_hooks.policy_file import load_policy_file
 
 # (name, share of the trace, concurrency, dataset): low load, a ramp into saturation at 256
@@ -127,18 +135,20 @@ def parse_phases(text: str) -> list[Phase]:
     return phases
 
 
-def parse_policy(text: str) -> tuple[str, int | None]:
+def parse_policy(text: str) -> tuple[str, int | DraftShape | None]:
+    """(kind, what a static policy holds: a depth, or a draft tree on a shape server)."""
     if text in ("daemon", "sglang", "plain", "table"):
         return text, None
     if text.startswith("static:"):
-        try:
-            depth = int(text.split(":", 1)[1])
-        except ValueError:
-            depth = -1
-        if depth >= 0:
-            return "static", depth
-    raise TraceError(f"--policy {text!r}: use daemon, sglang, plain, table, static:D or "
-                     "static:D+scrape (e.g. static:3)")
+        held = text.split(":", 1)[1]
+        if held.isdigit():
+            return "static", int(held)
+        with contextlib.suppress(ShapeError):
+            shape = parse_shape(held)
+            if shape is not None and not shape.is_chain:
+                return "static", shape
+    raise TraceError(f"--policy {text!r}: use daemon, sglang, plain, table, static:D, "
+                     "static:TREE or static:D+scrape (e.g. static:3, static:3x4x16)")
 
 
 def table_from(path: Path) -> PolicyTable:
@@ -341,6 +351,10 @@ def _stop_daemon(proc: subprocess.Popen[bytes]) -> int | None:
     return proc.poll()
 
 
+def _trees(state: Any) -> str:
+    return ", ".join(t.label for t in state.captured_trees) or "none"
+
+
 def run_policy(spec: RunSpec) -> dict[str, Any]:
     base, scraping = split_policy(spec.policy)
     kind, depth = parse_policy(base)
@@ -380,10 +394,21 @@ def run_policy(spec: RunSpec) -> dict[str, Any]:
                 if uncaptured:
                     raise TraceError(f"--table-from {spec.table_from}: depth {uncaptured[0]} was "
                                      f"not captured (captured: {list(state.captured_depths)})")
+                trees = sorted(t.label for t in table.trees - set(state.captured_trees))
+                if trees:
+                    raise TraceError(f"--table-from {spec.table_from}: tree {trees[0]} was not "
+                                     f"captured (captured trees: {_trees(state)})")
                 server.push(PolicyTable.build(table.tiers, version=state.version + 1))
                 result["table"] = table.describe()
+            elif kind == "static" and isinstance(depth, DraftShape):
+                if depth not in state.captured_trees:
+                    raise TraceError(f"--policy {spec.policy}: tree {depth.label} was not "
+                                     f"captured (captured trees: {_trees(state)}; start the "
+                                     f"server with specctl serve --shapes)")
+                server.push(PolicyTable.build([shape_tier(1, depth)],
+                                              version=state.version + 1))
             elif kind == "static":
-                assert depth is not None
+                assert isinstance(depth, int)
                 if depth not in state.captured_depths:
                     raise TraceError(f"--policy {spec.policy}: depth {depth} was not captured "
                                      f"(captured: {list(state.captured_depths)})")  # fmt: skip
@@ -472,7 +497,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the trace under one policy")
-    run.add_argument("--policy", required=True, help="daemon, sglang, plain, table, static:D or "
+    run.add_argument("--policy", required=True, help="daemon, sglang, plain, table, static:D, "
+                     "static:TREE (a shape server's tree, like static:3x4x16) or "
                      "static:D+scrape")
     run.add_argument("--url", required=True)
     run.add_argument("--dataset", action="append", default=[], metavar="NAME=FILE")

@@ -1,7 +1,8 @@
 """`trace`: one closed-loop load trace per policy, then every policy of the run side by side.
 
 Each policy runs `python -m benchmarks.gpu.seeded.trace run` (benchmarks/gpu/seeded/trace.py)
-over the phases of --trace-phases: `static:D` (a one-tier table of depth D), `sglang`
+over the phases of --trace-phases: `static:D` (a one-tier table of depth D; `static:3x4x16` a
+draft tree, on a server started with --spec-shapes), `sglang`
 (control released to SGLang's own adaptive steps), `daemon` (`specctl daemon` learning from
 nothing; its results are named daemon-cold), `daemon-warm` (the daemon again, from the store
 the daemon run learned), `bench-table` (the table the run's bench recommended, pushed once and
@@ -104,9 +105,12 @@ def same_as_static(run: Run, policies: list[str]) -> str | None:
         table = table_from(run_bench(run))
     except (StepError, TraceError):
         return None  # bench-table's own run reports why it cannot run
-    depths = {t.depth for t in table.tiers}
+    shapes = {t.shape for t in table.tiers}  # a chain's depth and a tree of the same steps differ
     probes = any(t.explore_share > 0 for t in table.tiers)
-    name = f"static:{depths.pop()}" if len(depths) == 1 and not probes else None
+    if len(shapes) != 1 or probes:
+        return None
+    shape = shapes.pop()
+    name = f"static:{0 if shape is None else shape.steps if shape.is_chain else shape.label}"
     return name if name in policies else None
 
 

@@ -14,8 +14,10 @@ each server alone on the GPU in turn (the run's two servers are stopped first):
    inside requests), then --switch-stress-seconds under --switch-stress-streams streams with
    the switch count, errors and GPU memory before and after.
 
-Into treeswitch/: reference.json, greedy.json, server_info.json, <series>/<family>.json
-(benches), stress.json, and the step's result in state.json.
+Into treeswitch/: server_info.json, passes.json and reference.json (the greedy outputs),
+greedy.json, held/<shape>/<family>.json (the shape server's benches, with held/shapes.txt and
+one policy file per family, held/table_<family>.json: the best held shape per load),
+stock/<shape>/<family>.json, stress.json, and the step's result in state.json.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.gpu import memory, servers
+from benchmarks.gpu import memory, servers, shape_report
 from benchmarks.gpu.context import Run, StepError
 from benchmarks.gpu.cpus import pinned_argv
 from benchmarks.gpu.draft_shapes import DraftShape, Shape, ShapeError, label, parse_shapes
@@ -164,6 +166,22 @@ def bench(run: Run, url: str, series: str, folder: Path, prompts: dict[str, Path
     return out
 
 
+def held_tables(folder: Path, shapes: list[DraftShape]) -> dict[str, str | None]:
+    """The shapes report of the held benches (folder/shapes.txt, .json, .png) and, per
+    family, the table that runs the best held shape at every load as a policy file,
+    folder/table_<family>.json (for `specctl serve --shapes --policy-file`, or the trace's
+    bench-table with --trace-bench)."""
+    analysis = shape_report.write(folder, [s.label for s in shapes])
+    out: dict[str, str | None] = {}
+    for family, found in analysis["families"].items():
+        out[family] = found["table_line"]
+        if found["table"] is not None:
+            (folder / f"table_{family}.json").write_text(json.dumps(
+                {"table": found["table"], "from": f"the held benches of family {family}"},
+                indent=1) + "\n")
+    return out
+
+
 def stress(run: Run, url: str, pid: int, version: int) -> dict[str, Any]:
     o = run.opts
     before = plugin_state(url).get("shapes", {}).get("switches", 0)
@@ -222,8 +240,10 @@ def run(run: Run) -> dict[str, Any]:
             version += 1
             passes.append(greedy_pass(run, url, f"held {shape.label}"))
             result.setdefault("held_bench", {})[shape.label] = bench(
-                run, url, f"held-{shape.label}", out, prompts)
+                run, url, shape.label, out / "held", prompts)
             save()
+        result["held_tables"] = held_tables(out / "held", [top, *others])
+        run.say(f"  the held shapes' best per load: {json.dumps(result['held_tables'])}")
         push(url, run.admin_key, switching_table(top, others, version))
         passes.append(greedy_pass(run, url, "switching"))
         result["greedy_switches"] = plugin_state(url).get("shapes", {}).get("switches")
@@ -263,7 +283,7 @@ def run(run: Run) -> dict[str, Any]:
             stock[text] = {"start_s": round(seconds, 1),
                            "greedy": {k: v for k, v in compare(
                                reference, own, greedy_prompts(run)).items() if k != "per_prompt"},
-                           "bench": bench(run, url, f"stock-{text}", out, prompts)}
+                           "bench": bench(run, url, text, out / "stock", prompts)}
             run.say(f"  stock {text}: {stock[text]['greedy']['identical']}/"
                     f"{stock[text]['greedy']['prompts']} identical to plain")
         finally:

@@ -29,7 +29,14 @@ TABLE = parse_table({"version": 3, "tiers": [
     {"min_batch": 1, "depth": 3, "topk": 4, "draft_tokens": 16},
     {"min_batch": 32, "depth": 3},
     {"min_batch": 128, "depth": 0}]})  # fmt: skip
-STATE = server_state(TABLE, [0, 3], source="push", captured_trees=[DraftShape(3, 4, 16)])
+STATE = {**server_state(TABLE, [0, 3], source="push", captured_trees=[DraftShape(3, 4, 16)]),
+         # the plugin's report of a shape server, as run 34's read (benchmarks/results/gpu/)
+         "shapes": {"startup": "3x4x16", "live": "3x1x4", "switches": 2032,
+                    "captured": {"3x4x16": {"capture_s": 0.0, "memory_gb": None,
+                                            "target_topk": 4, "mask_read": True},
+                                 "3x1x4": {"capture_s": 8.42, "memory_gb": 0.23,
+                                           "target_topk": 1, "mask_read": False}},
+                    "refused": {}}}
 METRICS = "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs 0\n"
 
 
@@ -58,10 +65,13 @@ def test_status_lists_the_trees_and_reads_the_tree_table(tree_server: str) -> No
     assert res.exit_code == 0, res.output
     (server,) = json.loads(res.output)["servers"]
     assert server["captured_depths"] == [0, 3] and server["captured_trees"] == ["3x4x16"]
+    assert server["shapes"]["live"] == "3x1x4" and server["shapes"]["switches"] == 2032
     res = CliRunner().invoke(app, ["status", "--url", tree_server], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
     text = flat(res.output)
     assert "captured depths [0, 3], trees ['3x4x16']" in text
+    assert ("shapes live 3x1x4 (started at 3x4x16), 2,032 switches; captured 3x1x4 8.42 s / "
+            "0.23 GB") in text
     assert "1-31: 3x4x16 | 32-127: d3 | 128+: off" in text
 
 
@@ -80,3 +90,19 @@ def test_freeze_check_holds_a_tree_table_to_the_servers_trees(
     assert res.exit_code == 2
     assert ("table.tiers[0]: tree 5x8x32 was not captured by the server (captured trees: "
             "3x4x16); use a captured shape") in flat(res.output)
+
+
+def test_a_garbled_shapes_report_is_left_out_not_fatal() -> None:
+    """`shapes` in a server's state is the plugin's own report: one that does not have its
+    form is not shown (and a capture cost that is not a number is dropped), the rest is read."""
+    from controller.bench.server_client import _shapes
+
+    good = STATE["shapes"]
+    assert _shapes({"shapes": good}) == {**good, "captured": {
+        "3x4x16": {"capture_s": 0.0, "memory_gb": None},
+        "3x1x4": {"capture_s": 8.42, "memory_gb": 0.23}}}
+    for bad in ("x", {**good, "switches": "many"}, {**good, "live": None}, {"live": "3x1x4"}):
+        assert _shapes({"shapes": bad}) is None
+    odd = _shapes({"shapes": {**good, "captured": {"3x1x4": {"capture_s": "slow"}}}})
+    assert odd is not None and odd["captured"] == {}
+

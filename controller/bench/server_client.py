@@ -80,6 +80,23 @@ class ServerState:
     inactive_reason: str | None = None
     # What depth 0 runs (rank 0's `off_path`: the path and its pieces; None: not reported).
     off_path: dict[str, Any] | None = None
+    # A server that switches draft shapes: its live and start-up shape, switches and each
+    # shape's capture (rank 0's `shapes`; None: not such a server).
+    shapes: dict[str, Any] | None = None
+
+    def describe_shapes(self) -> str | None:
+        """The live shape and what the shapes cost, in one line; None where none are switched."""
+        found = self.shapes
+        if found is None:
+            return None
+        costs = ", ".join(
+            f"{name} {c['capture_s']:g} s / {c['memory_gb']:g} GB"
+            for name, c in found["captured"].items() if c["memory_gb"] is not None)
+        refused = "; refused: " + ", ".join(f"{k} ({v})" for k, v in found["refused"].items()) \
+            if found["refused"] else ""
+        return (f"live {found['live']} (started at {found['startup']}), "
+                f"{found['switches']:,} switches" + (f"; captured {costs}" if costs else "")
+                + refused)
 
     def describe(self) -> str:
         return "released (SGLang's own choice)" if self.table is None else self.table.describe()
@@ -105,6 +122,29 @@ def _off_path(rank: dict[str, Any]) -> dict[str, Any] | None:
     if not (path is None or isinstance(path, str)) or not isinstance(features, list):
         return None
     return {"path": path, "features": [str(f) for f in features]}
+
+
+def _shapes(rank: dict[str, Any]) -> dict[str, Any] | None:
+    """A rank's `shapes` report, if it has the plugin's form."""
+    found = rank.get("shapes")
+    if not isinstance(found, dict):
+        return None
+    live, startup, switches = found.get("live"), found.get("startup"), found.get("switches")
+    captured, refused = found.get("captured"), found.get("refused") or {}
+    if not (isinstance(live, str) and isinstance(startup, str) and isinstance(switches, int)
+            and isinstance(captured, dict) and isinstance(refused, dict)):
+        return None
+    costs = {str(k): {"capture_s": float(v["capture_s"]),
+                      "memory_gb": None if v.get("memory_gb") is None else float(v["memory_gb"])}
+             for k, v in captured.items()
+             if isinstance(v, dict) and _number(v.get("capture_s"))
+             and (v.get("memory_gb") is None or _number(v.get("memory_gb")))}
+    return {"live": live, "startup": startup, "switches": switches, "captured": costs,
+            "refused": {str(k): str(v) for k, v in refused.items()}}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _inactive_reason(ranks: list[dict[str, Any]]) -> str | None:
@@ -256,6 +296,7 @@ class ServerClient:
             ranks=len(ranks),
             inactive_reason=_inactive_reason(ranks),
             off_path=_off_path(first),
+            shapes=_shapes(first),
         )
 
     def metrics_text(self) -> str:

@@ -56,6 +56,8 @@ class ServerStatus:
     inactive_reason: str | None = None  # why it does not
     off_path: dict[str, Any] | None = None  # what depth 0 runs: the path and its pieces
     off_path_text: str | None = None
+    shapes: dict[str, Any] | None = None  # a server that switches draft shapes: its report
+    shapes_text: str | None = None
     ranks: int | None = None
     depth_in_use: float | None = None  # sglang:spec_num_steps
     running_requests: float | None = None
@@ -183,6 +185,7 @@ def _read_state_and_scrape(st: ServerStatus, client: ServerClient) -> Scrape | N
     st.last_rejection, st.ranks = state.last_rejection, state.ranks
     st.active, st.inactive_reason = state.inactive_reason is None, state.inactive_reason
     st.off_path, st.off_path_text = state.off_path, state.describe_off_path()
+    st.shapes, st.shapes_text = state.shapes, state.describe_shapes()
     try:
         return client.scrape()
     except ServerError as err:
@@ -237,6 +240,8 @@ def server_panel(st: ServerStatus) -> Panel:
     ]
     if st.off_path_text:
         lines.insert(2, f"depth 0    {st.off_path_text}")
+    if st.shapes_text:
+        lines.insert(2, f"shapes     {st.shapes_text}")
     if st.inactive_reason:
         lines.insert(0, f"[red]inactive: {st.inactive_reason}[/red]")
     if st.last_rejection:

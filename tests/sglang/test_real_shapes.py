@@ -1034,3 +1034,31 @@ def test_a_tree_result_hands_its_timing_events_back_whole(
     assert rt.tree_results == 1
     assert all(isinstance(e, _Event) for e in timer._pool) and len(timer._pool) == 2
     assert timer.seconds(timer.end(timer.begin())) == 0.002
+
+
+def test_the_kv_reserve_stays_at_the_start_up_shape_across_switches(
+    shape_server: SchedulerRuntime, published: Any,
+) -> None:
+    """SGLang's KV reserve per decode (`get_alloc_len_per_decode`, 0.5.23's, which reads the
+    spec bag every decode batch) is sized by the start-up shape and must stay there: a switch
+    writes neither the bag nor the start-up record, and a capture puts both back."""
+    from sglang.srt.mem_cache.allocation_sizing import get_alloc_len_per_decode
+
+    with published.override_server_args(speculative_algorithm="EAGLE3",
+                                        speculative_eagle_topk=STARTUP.topk,
+                                        speculative_num_steps=STARTUP.steps,
+                                        speculative_num_draft_tokens=STARTUP.draft_tokens,
+                                        max_running_requests=MAX_RUNNING, page_size=1):
+        reserve = get_alloc_len_per_decode()
+        assert reserve == max(STARTUP.steps * STARTUP.topk, STARTUP.draft_tokens)
+        worker = SpecWorker()
+        hooks.shapes_build(None, worker)  # captures 3x1x4 and 3x2x8 beside 3x4x16
+        registry = hooks.SHAPES
+        assert registry is not None and len(registry.states) == 3
+        assert get_alloc_len_per_decode() == reserve and _spec() == (4, 3, 16)
+        order = [CHAIN, NARROW, STARTUP, CHAIN, STARTUP, NARROW] * 200
+        for shape in order:
+            registry.switch(worker, shape)
+            assert get_alloc_len_per_decode() == reserve
+        assert registry.switches == len(order)  # no two neighbours alike, the first included
+        assert _spec() == (4, 3, 16) and worker.server_args.speculative_eagle_topk == 4

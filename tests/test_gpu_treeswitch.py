@@ -4,13 +4,20 @@ draft shapes on a GPU (benchmarks/results/gpu/)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import pytest
 
 from benchmarks.gpu.context import StepError
-from benchmarks.gpu.steps.treeswitch import held_table, held_tables, plan_shapes, switching_table
+from benchmarks.gpu.steps.treeswitch import (
+    held_table,
+    held_tables,
+    plan_shapes,
+    switching_table,
+    table_vs_best,
+)
 from sglang_hooks.contract import PolicyError, TierSelector, decode_table, encode_table
 from sglang_hooks.draft_shape import DraftShape
 from sglang_hooks.policy_file import load_policy_file
@@ -71,3 +78,24 @@ def test_the_held_benches_give_the_table_a_shape_server_runs(tmp_path: Path) -> 
     assert TierSelector(table).select_shape(1) == (TREE, False)
     assert TierSelector(table).select_shape(64) == (CHAIN, False)
     assert (held / "shapes.txt").is_file()
+
+
+def test_the_table_is_judged_against_the_best_held_shape_at_each_load(tmp_path: Path) -> None:
+    """Run 34's held benches; the table's bench here is the held chain's own file, as if the
+    table had run the chain throughout: level for level it matches the best where the chain is
+    best (16 streams) and loses the tree's margin at one stream. The tree's 64-stream level
+    finished too few requests: the chain is the only scored shape there."""
+    for shape in ("3x4x16", "3x1x4"):
+        (tmp_path / "held" / shape).mkdir(parents=True)
+        shutil.copy(RUN34 / "treeswitch" / f"held-{shape}" / "a.json",
+                    tmp_path / "held" / shape / "a.json")
+    (tmp_path / "table").mkdir()
+    shutil.copy(RUN34 / "treeswitch" / "held-3x1x4" / "a.json", tmp_path / "table" / "a.json")
+    rows = {r["streams"]: r for r in table_vs_best(tmp_path, "a")}
+    tok = {shape: {lv["concurrency"]: lv["output_tok_per_s"] for lv in json.loads(
+        (RUN34 / "treeswitch" / f"held-{shape}" / "a.json").read_text())["levels"]}
+        for shape in ("3x4x16", "3x1x4")}  # fmt: skip
+    assert rows[1]["best_shape"] == "3x4x16" and rows[1]["best"] == tok["3x4x16"][1]
+    assert rows[1]["ratio"] == round(tok["3x1x4"][1] / tok["3x4x16"][1], 3) < 0.9
+    assert rows[16]["best_shape"] == "3x1x4" and rows[16]["ratio"] == 1.0
+    assert rows[64]["best_shape"] == "3x1x4" and rows[64]["ratio"] == 1.0

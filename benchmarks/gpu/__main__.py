@@ -40,8 +40,9 @@ Steps run in this order, whatever order a command gives them (`all`: every one):
               their best shape per load as a policy file, switches under load
               (benchmarks/gpu/steps/treeswitch.py).
   trace       A closed-loop load trace (--trace-phases) under each policy of
-              --trace-policies (static:D; static:3x4x16 on a server of --spec-shapes; bench-table and daemon-from-bench start from --trace-bench,
-              or the run's bench), --trace-repeats times, then every run side by side:
+              --trace-policies (static:D; static:3x4x16 on a server of --spec-shapes;
+              bench-table and daemon-from-bench start from --trace-bench, or the run's
+              bench), --trace-repeats times, then every run side by side:
               DIR/trace/compare.md, and each policy's tok/s per repeat in closed_loop.json
               (`python -m benchmarks.gpu.sim_trace DIR` replays it in the simulator).
   daemon      `specctl daemon` against the speculative server under a stepped load.

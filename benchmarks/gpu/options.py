@@ -193,6 +193,9 @@ class Options:
     switch_bench_shapes: str = opt("3x1x4", "stock servers benched beside the held shapes "
                                    "('' for none)", "treeswitch")
     switch_greedy_prompts: int = opt(8, "prompts of each greedy pass (batch 1)", "treeswitch")
+    switch_greedy_switches: int = opt(1000, "greedy passes while the shapes switch at random "
+                                      "go on until this many switches (40 passes at most)",
+                                      "treeswitch")
     switch_stress_streams: int = opt(16, "streams kept in flight while the shapes switch at "
                                      "random", "treeswitch")
     switch_stress_seconds: float = opt(60.0, "seconds of that load", "treeswitch")

@@ -4,20 +4,23 @@ One server starts statically at the shape of --switch-shapes that dominates the 
 tree), with the plugin capturing the others beside it; it is checked against stock SGLang,
 each server alone on the GPU in turn (the run's two servers are stopped first):
 
-1. a plain server (no plugin): the greedy reference outputs, batch 1;
-2. a stock server at each shape of --switch-bench-shapes (no plugin): tok/s at
-   --switch-streams, the baseline of the switched server's held shapes;
-3. the shape server: what each captured shape's target verify runs (top-k, mask) and what
-   its capture cost; per held shape (a one-tier table) its greedy outputs against the plain
-   server's and its tok/s at --switch-streams; then a table that switches at random between
-   the shapes every iteration (exploration, share 0.5): greedy outputs at batch 1 (switches
-   inside requests), then --switch-stress-seconds under --switch-stress-streams streams with
-   the switch count, errors and GPU memory before and after.
+1. the shape server, first so that a capture that fails shows at once: what each captured
+   shape's target verify runs (top-k, mask) and what its capture cost; per held shape (a
+   one-tier table) its greedy outputs and its tok/s at --switch-streams; the best held shape
+   per load as a table per family, pushed and benched at the same loads against the best
+   held shape; then a table that switches at random between the shapes every iteration
+   (exploration, share 0.5): greedy passes at batch 1 (switches inside requests) until
+   --switch-greedy-switches, then --switch-stress-seconds under --switch-stress-streams
+   streams with the switch count, errors and GPU memory before and after;
+2. a plain server (no plugin): the greedy reference every pass above is compared with;
+3. a stock server at each shape of --switch-bench-shapes (no plugin): its greedy outputs and
+   its tok/s at --switch-streams, the baseline of the held shapes.
 
 Into treeswitch/: server_info.json, passes.json and reference.json (the greedy outputs),
 greedy.json, held/<shape>/<family>.json (the shape server's benches, with held/shapes.txt and
 one policy file per family, held/table_<family>.json: the best held shape per load),
-stock/<shape>/<family>.json, stress.json, and the step's result in state.json.
+table/<family>.json (that table's bench), stock/<shape>/<family>.json, stress.json, and the
+step's result in state.json.
 """
 
 from __future__ import annotations
@@ -40,12 +43,15 @@ from benchmarks.gpu.steps import shapes as shape_step
 from benchmarks.gpu.steps.setup import LAUNCH_ENV, server_options
 from benchmarks.gpu.subproc import run_logged
 from benchmarks.gpu.switch_stress import LoadThreads
+from controller.bench.level_flags import level_flags
 from sglang_hooks.contract import PolicyTable, Tier, push_body, shape_tier
 from sglang_hooks.draft_shape import dominating
+from sglang_hooks.policy_file import load_policy_file
 
 FOLDER = "treeswitch"
 SHAPES_ENV = "SPECCTL_SHAPES"
 SWITCH_SHARE = 0.5  # the exploration share of the switching table: a switch every ~2 launches
+MAX_SWITCHING_PASSES = 40  # greedy passes while switching, at most, to reach the switches asked
 
 
 def plan_shapes(text: str) -> tuple[DraftShape, list[DraftShape]]:
@@ -182,6 +188,26 @@ def held_tables(folder: Path, shapes: list[DraftShape]) -> dict[str, str | None]
     return out
 
 
+def table_vs_best(folder: Path, family: str) -> list[dict[str, Any]]:
+    """Per level of folder/table/<family>.json: the table's tok/s over the best held shape's
+    at that load (flagged levels of either side left out of the ratio)."""
+    held = shape_report.load(folder / "held")
+    doc = json.loads((folder / "table" / f"{family}.json").read_text())
+    rows = []
+    for level in doc["levels"]:
+        streams = int(level["concurrency"])
+        scored = {lb: lv["output_tok_per_s"] for lb, by in held.items()
+                  if (lv := by.get(family, {}).get(streams)) is not None and not lv["flags"]
+                  and lv.get("output_tok_per_s")}
+        best = max(scored, key=lambda lb: scored[lb]) if scored else None
+        mine = None if level_flags(level) else level.get("output_tok_per_s")
+        rows.append({"streams": streams, "table": level.get("output_tok_per_s"),
+                     "best_shape": best, "best": None if best is None else scored[best],
+                     "ratio": None if best is None or not mine
+                     else round(float(mine) / float(scored[best]), 3)})
+    return rows
+
+
 def stress(run: Run, url: str, pid: int, version: int) -> dict[str, Any]:
     o = run.opts
     before = plugin_state(url).get("shapes", {}).get("switches", 0)
@@ -244,9 +270,27 @@ def run(run: Run) -> dict[str, Any]:
             save()
         result["held_tables"] = held_tables(out / "held", [top, *others])
         run.say(f"  the held shapes' best per load: {json.dumps(result['held_tables'])}")
+        for family in result["held_tables"]:
+            table_file = out / "held" / f"table_{family}.json"
+            if not table_file.is_file():
+                continue
+            push(url, run.admin_key, PolicyTable.build(
+                load_policy_file(table_file).tiers, version=version))
+            version += 1
+            bench(run, url, "table", out, {family: prompts[family]})
+            result.setdefault("table_vs_best", {})[family] = table_vs_best(out, family)
+            run.say(f"  the table against the best held shape, family {family}: "
+                    f"{json.dumps(result['table_vs_best'][family])}")
+            save()
         push(url, run.admin_key, switching_table(top, others, version))
-        passes.append(greedy_pass(run, url, "switching"))
-        result["greedy_switches"] = plugin_state(url).get("shapes", {}).get("switches")
+        before = plugin_state(url).get("shapes", {}).get("switches", 0)
+        switches, k = 0, 0
+        while switches < o.switch_greedy_switches and k < MAX_SWITCHING_PASSES:
+            k += 1
+            passes.append(greedy_pass(run, url, f"switching {k}"))
+            switches = plugin_state(url).get("shapes", {}).get("switches", 0) - before
+        result["greedy_switches"] = switches
+        run.say(f"  {switches} switches over {k} greedy passes at batch 1")
         result["stress"] = stress(run, url, pid, version)
         run.say(f"  stress: {json.dumps(result['stress'])}")
         (out / "stress.json").write_text(json.dumps(result["stress"], indent=1) + "\n")

@@ -85,3 +85,16 @@ def sglang17_root() -> Path:
         pytest.fail("SPECCTL_SGLANG17_SRC must point at the unpacked sglang 0.5.17 package "
                     "(scripts/test.sh downloads it)")
     return Path(root)
+
+
+@pytest.fixture
+def fresh_settings(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """Each test reads the environment it sets, and sees its own bad-value lines: every
+    variable the plugin declares (settings.py) unset, its bad-value memory empty."""
+    from sglang_hooks import settings
+
+    monkeypatch.setattr(settings, "_reported", set())
+    for setting in vars(settings.Environment).values():
+        if isinstance(setting, settings.Setting):
+            monkeypatch.delenv(setting.name, raising=False)
+    return monkeypatch

@@ -29,14 +29,6 @@ from sglang_hooks.runtime import SchedulerRuntime, skippable_tiers, validate_cha
 # ----------------------------------------------------------------------------- settings
 
 
-@pytest.fixture
-def fresh_settings(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """Each test reads the environment it sets, and sees its own bad-value lines."""
-    monkeypatch.setattr(settings, "_reported", set())
-    for setting in vars(settings.Environment).values():
-        if isinstance(setting, settings.Setting):
-            monkeypatch.delenv(setting.name, raising=False)
-    return monkeypatch
 
 
 def test_the_off_path_is_the_plugins_unless_the_fallback_is_asked_for(

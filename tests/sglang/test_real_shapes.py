@@ -334,14 +334,6 @@ def _spec() -> tuple[Any, Any, Any]:
             bag.speculative_num_draft_tokens)
 
 
-@pytest.fixture
-def fresh_settings(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """Each test reads the environment it sets, and sees its own bad-value lines."""
-    monkeypatch.setattr(settings, "_reported", set())
-    for setting in vars(settings.Environment).values():
-        if isinstance(setting, settings.Setting):
-            monkeypatch.delenv(setting.name, raising=False)
-    return monkeypatch
 
 
 @pytest.fixture

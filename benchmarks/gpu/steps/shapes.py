@@ -130,17 +130,24 @@ def start(run: Run, shape: Shape, backend: str) -> tuple[servers.LaunchPlan, int
         raise StepError(f"something else answers on {plan.url}: stop it or pick another "
                         "--spec-port")
     run.say(f"  {label(shape)} on {backend or 'the backend SGLang picks'}: {plan.describe()}")
+    pid, seconds = launch_alone(run, plan)
+    return plan, pid, seconds
+
+
+def launch_alone(run: Run, plan: servers.LaunchPlan) -> tuple[int, float]:
+    """(pid, seconds to healthy) of the run's one shape server; StartError (the server
+    stopped) if it does not come up."""
     pid = servers.launch(plan, LAUNCH_ENV)
     run.state.servers[servers.SHAPE] = {"url": plan.url, "pid": pid, "argv": plan.argv,
                                         "env": plan.env, "log": str(plan.log),
                                         "started_at": time.time()}
     run.state.save()
     try:
-        seconds = servers.wait_healthy(plan.url, pid, plan.log, run.cap(o.start_timeout))
+        seconds = servers.wait_healthy(plan.url, pid, plan.log, run.cap(run.opts.start_timeout))
     except servers.StartError:
         servers.stop(pid)
         raise
-    return plan, pid, seconds
+    return pid, seconds
 
 
 def server_info(url: str) -> dict[str, Any]:

@@ -40,7 +40,7 @@ from benchmarks.gpu.draft_shapes import DraftShape, Shape, ShapeError, label, pa
 from benchmarks.gpu.greedy import GreedyPrompt, RunResult, compare, run_prompts, word_prompts
 from benchmarks.gpu.options import int_list
 from benchmarks.gpu.steps import shapes as shape_step
-from benchmarks.gpu.steps.setup import LAUNCH_ENV, server_options
+from benchmarks.gpu.steps.setup import server_options
 from benchmarks.gpu.subproc import run_logged
 from benchmarks.gpu.switch_stress import LoadThreads
 from controller.bench.level_flags import level_flags
@@ -117,15 +117,9 @@ def start(run: Run, shape: Shape, env: dict[str, str] | None) -> tuple[str, int,
                               launch_env)
     run.say(f"  {label(shape)}{' with the plugin' if env is not None else ''}: "
             f"{plan.describe()}")
-    pid = servers.launch(plan, LAUNCH_ENV)
-    run.state.servers[servers.SHAPE] = {"url": plan.url, "pid": pid, "argv": plan.argv,
-                                        "env": plan.env, "log": str(plan.log),
-                                        "started_at": time.time()}
-    run.state.save()
     try:
-        seconds = servers.wait_healthy(plan.url, pid, plan.log, run.cap(o.start_timeout))
+        pid, seconds = shape_step.launch_alone(run, plan)
     except servers.StartError as err:
-        servers.stop(pid)
         raise StepError(f"{label(shape)} did not start: {str(err)[-800:]}") from None
     return plan.url, pid, seconds
 

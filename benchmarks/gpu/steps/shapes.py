@@ -161,19 +161,29 @@ def server_info(url: str) -> dict[str, Any]:
 
 def bench(run: Run, url: str, shape: Shape, folder: Path, prompts: dict[str, Path]
           ) -> dict[str, Any]:  # fmt: skip
+    return bench_levels(run, url, label(shape), run.opts.shape_streams, folder, prompts)
+
+
+def bench_levels(run: Run, url: str, series: str, streams: str, folder: Path,
+                 prompts: dict[str, Path]) -> dict[str, Any]:
+    """Each family's closed-loop levels at `streams` into folder/<family>.json, as the server
+    runs (benchmarks.gpu.shape_bench); per family its exit and time, and what failed."""
     o = run.opts
+    folder.mkdir(parents=True, exist_ok=True)
+    levels = len(int_list(streams, "streams"))
     out: dict[str, Any] = {}
     for family, path in prompts.items():
         argv = [sys.executable, "-m", "benchmarks.gpu.shape_bench", "--url", url,
-                "--series", label(shape), "--dataset", str(path),
-                "--streams", o.shape_streams, "--out", str(folder / f"{family}.json"),
+                "--series", series, "--dataset", str(path),
+                "--streams", streams, "--out", str(folder / f"{family}.json"),
                 "--level-seconds", f"{o.level_seconds:g}",
                 "--warmup-seconds", f"{o.warmup_seconds:g}",
                 "--client-processes", str(o.client_processes),
                 "--output-tokens", str(o.output_tokens), "--admin-key", run.admin_key]
-        run.say(f"  {label(shape)}, family {family}: {o.shape_streams} streams")
+        run.say(f"  {series}, family {family}: {streams} streams")
+        seconds = levels * (o.level_seconds + o.warmup_seconds + LEVEL_EXTRA_S) + 75.0
         done = run_logged(pinned_argv(o.bench_cpus, argv), folder / f"{family}.txt",
-                          run.cap(bench_seconds(run, 1) + 60))
+                          run.cap(seconds))
         for line in (folder / f"{family}.txt").read_text().splitlines():
             if line.startswith("  "):
                 run.say("  " + line)

@@ -26,7 +26,6 @@ step's result in state.json.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -35,13 +34,11 @@ import httpx
 
 from benchmarks.gpu import memory, servers, shape_report
 from benchmarks.gpu.context import Run, StepError
-from benchmarks.gpu.cpus import pinned_argv
 from benchmarks.gpu.draft_shapes import DraftShape, Shape, ShapeError, label, parse_shapes
 from benchmarks.gpu.greedy import GreedyPrompt, RunResult, compare, run_prompts, word_prompts
 from benchmarks.gpu.options import int_list
 from benchmarks.gpu.steps import shapes as shape_step
 from benchmarks.gpu.steps.setup import server_options
-from benchmarks.gpu.subproc import run_logged
 from benchmarks.gpu.switch_stress import LoadThreads
 from controller.bench.level_flags import level_flags
 from sglang_hooks.contract import PolicyTable, Tier, push_body, shape_tier
@@ -142,28 +139,8 @@ def greedy_pass(run: Run, url: str, mode: str) -> RunResult:
 def bench(run: Run, url: str, series: str, folder: Path, prompts: dict[str, Path]
           ) -> dict[str, Any]:  # fmt: skip
     """Each family's closed-loop levels at --switch-streams, into folder/series/<family>.json."""
-    o = run.opts
-    out: dict[str, Any] = {}
-    (folder / series).mkdir(parents=True, exist_ok=True)
-    levels = len(int_list(o.switch_streams, "switch-streams"))
-    for family, path in prompts.items():
-        log = folder / series / f"{family}.txt"
-        argv = [sys.executable, "-m", "benchmarks.gpu.shape_bench", "--url", url,
-                "--series", series, "--dataset", str(path), "--streams", o.switch_streams,
-                "--out", str(folder / series / f"{family}.json"),
-                "--level-seconds", f"{o.level_seconds:g}",
-                "--warmup-seconds", f"{o.warmup_seconds:g}",
-                "--client-processes", str(o.client_processes),
-                "--output-tokens", str(o.output_tokens), "--admin-key", run.admin_key]
-        seconds = levels * (o.level_seconds + o.warmup_seconds + 2.0) + 60
-        done = run_logged(pinned_argv(o.bench_cpus, argv), log, run.cap(seconds))
-        for line in log.read_text().splitlines():
-            if line.startswith("  "):
-                run.say("  " + line)
-        out[family] = {"returncode": done.returncode, "seconds": round(done.seconds, 1)}
-        if done.returncode != 0:
-            out[family]["error"] = done.describe()
-    return out
+    return shape_step.bench_levels(run, url, series, run.opts.switch_streams, folder / series,
+                                   prompts)
 
 
 def held_tables(folder: Path, shapes: list[DraftShape]) -> dict[str, str | None]:

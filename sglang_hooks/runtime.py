@@ -72,7 +72,7 @@ class SchedulerRuntime:
         self.inactive_reason: str | None = NOT_STARTED
         self.captured_depths: frozenset[int] = frozenset()
         self.captured_trees: frozenset[DraftShape] = frozenset()  # on a shape server (shapes.py)
-        self.tree_results = 0  # decode results of a tree: not counted per depth
+        self.tree_results = 0  # decode results of a tree (counted by shape, tree_counters)
         self.selector: TierSelector | None = None
         self.source = SOURCE_NONE
         self.last_rejection: str | None = None
@@ -264,14 +264,8 @@ class SchedulerRuntime:
 
     def choose(self, batch_size: int) -> int | None:
         """Depth for this launch, or None to let SGLang's own choice stand."""
-        self.iteration += 1
-        self.launched = True
-        self.last_batch_size = batch_size
-        if self._peers_pending:
-            self.settle_peers()
-        selector = self.selector
+        selector = self._launch(batch_size)
         if selector is None:
-            self.launch_explore = self.launch_skips_extend = False
             return None
         depth, self.launch_explore = selector.select(batch_size)
         skippable = self._skippable
@@ -279,19 +273,23 @@ class SchedulerRuntime:
         return depth
 
     def choose_shape(self, batch_size: int) -> tuple[bool, Shape]:
-        """`choose` on a shape server: (whether a table chose, the shape for this launch)."""
-        self.iteration += 1
-        self.launched = True
-        self.last_batch_size = batch_size
-        self.launch_skips_extend = False  # a shape server has no depth 0 of its own yet
-        if self._peers_pending:
-            self.settle_peers()
-        selector = self.selector
+        """`choose` on a shape server: (whether a table chose, the shape for this launch). Its
+        extend always runs: a shape server has no depth 0 of its own yet."""
+        selector = self._launch(batch_size)
         if selector is None:
-            self.launch_explore = False
             return False, None
         shape, self.launch_explore = selector.select_shape(batch_size)
         return True, shape
+
+    def _launch(self, batch_size: int) -> TierSelector | None:
+        """A decode launch's bookkeeping; the selector when a table rules."""
+        self.iteration += 1
+        self.launched = True
+        self.last_batch_size = batch_size
+        self.launch_explore = self.launch_skips_extend = False
+        if self._peers_pending:
+            self.settle_peers()
+        return self.selector
 
     def prefill_skips_draft(self, admitted: int) -> bool:
         """Whether a prefill batch of `admitted` requests skips the draft's extend: the off path

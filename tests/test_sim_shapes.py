@@ -177,6 +177,26 @@ def test_a_folder_named_for_another_shape_is_refused(tmp_path: Path) -> None:
         load_shapes(copy, level_flags)
 
 
+RUN34 = RUN30.parents[1] / "h100-sglang-0.5.17-seeded-8b-run34" / "treeswitch"
+
+
+def test_the_held_shapes_of_a_shape_server_are_read_as_a_bench_of_shapes(tmp_path: Path) -> None:
+    """Run 34's one server started at 3x4x16 and held at each captured shape: its answer says
+    it started at the tree, and its plugin's report that it captured the chain too, so each held
+    bench is read as that shape's; a shape it did not capture is still refused."""
+    held = tmp_path / "held"
+    for shape in ("3x4x16", "3x1x4"):
+        (held / shape).mkdir(parents=True)
+        shutil.copy(RUN34 / f"held-{shape}" / "a.json", held / shape / "a.json")
+        shutil.copy(RUN34 / "server_info.json", held / shape / "server_info.json")
+    bench = load_shapes(held, level_flags)
+    assert bench.shapes == ["3x1x4", "3x4x16"] and bench.families == ["a"]
+    assert {lv.level.concurrency for lv in bench.levels if lv.shape == "3x1x4"} == {1, 16, 64}
+    shutil.copytree(held / "3x1x4", held / "2x1x3")
+    with pytest.raises(BenchFileError, match="the server ran 3x4x16, but its folder names 2x1x3"):
+        load_shapes(held, level_flags)
+
+
 def _cli(*args: str) -> tuple[int, str]:
     result = CliRunner().invoke(app, ["sim", "shapes", *args])
     assert result.exception is None or isinstance(result.exception, SystemExit)

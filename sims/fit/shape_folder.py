@@ -74,11 +74,22 @@ def _server(folder: Path, shape: str) -> ServerFacts:
     drafted = parse_shape(shape)
     expected = (None,) * 3 if drafted is None else \
         (drafted.steps, drafted.topk, drafted.draft_tokens)
-    if ran != expected:
+    if ran != expected and shape not in _switched(raw):
         said = "no speculation" if ran == (None,) * 3 else "x".join(str(x) for x in ran)
         raise BenchFileError(f"{path}: the server ran {said}, but its folder names {shape}; "
                              "rename the folder after the shape the server ran")
     return facts
+
+
+def _switched(raw: Mapping[str, Any]) -> set[str]:
+    """The shapes a server that switches shapes captured (the plugin's `shapes` report in its
+    /server_info): a held bench of one ran that shape, whatever shape the server started at."""
+    states = raw.get("internal_states")
+    first = states[0] if isinstance(states, list) and states else None
+    report = first.get("specctl") if isinstance(first, dict) else None
+    shapes = report.get("shapes") if isinstance(report, dict) else None
+    captured = shapes.get("captured") if isinstance(shapes, dict) else None
+    return {str(k) for k in captured} if isinstance(captured, dict) else set()
 
 
 def _levels(path: Path, shape: str, facts: ServerFacts, flags: Flags) -> list[ShapeLevel]:

@@ -26,6 +26,7 @@ step's result in state.json.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -238,6 +239,9 @@ def run(run: Run) -> dict[str, Any]:
             passes.append(greedy_pass(run, url, f"held {shape.label}"))
             result.setdefault("held_bench", {})[shape.label] = bench(
                 run, url, shape.label, out / "held", prompts)
+            # the server's answer beside each held shape's bench: `specctl sim fit --shapes
+            # treeswitch/held` reads it there (the shape is among those it reports captured)
+            shutil.copy(out / "server_info.json", out / "held" / shape.label / "server_info.json")
             save()
         result["held_tables"] = held_tables(out / "held", [top, *others])
         run.say(f"  the held shapes' best per load: {json.dumps(result['held_tables'])}")

@@ -15,9 +15,11 @@ from benchmarks.gpu.steps.treeswitch import (
     held_table,
     held_tables,
     plan_shapes,
+    push,
     switching_table,
     table_vs_best,
 )
+from controller.bench.server_client import ServerClient
 from sglang_hooks.contract import PolicyError, TierSelector, decode_table, encode_table
 from sglang_hooks.draft_shape import DraftShape
 from sglang_hooks.policy_file import load_policy_file
@@ -99,3 +101,16 @@ def test_the_table_is_judged_against_the_best_held_shape_at_each_load(tmp_path: 
     assert rows[1]["ratio"] == round(tok["3x1x4"][1] / tok["3x4x16"][1], 3) < 0.9
     assert rows[16]["best_shape"] == "3x1x4" and rows[16]["ratio"] == 1.0
     assert rows[64]["best_shape"] == "3x1x4" and rows[64]["ratio"] == 1.0
+
+
+def test_the_step_pushes_through_the_bench_client_and_says_what_was_refused(
+    sim_server_factory,  # type: ignore[no-untyped-def]
+) -> None:
+    """A real `specctl sim serve` over loopback: a chain held, read back live; a tree the server
+    did not capture refused with the server's own reason, as a step error."""
+    server = sim_server_factory(admin_key="k", speedup=1.0)
+    push(server.base_url, "k", held_table(CHAIN, 7))
+    with ServerClient(server.base_url, "k") as client:
+        assert client.state().table == held_table(CHAIN, 7)
+    with pytest.raises(StepError, match="captured trees: none"):
+        push(server.base_url, "k", held_table(TREE, 8))

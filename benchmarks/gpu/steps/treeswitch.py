@@ -31,8 +31,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from benchmarks.gpu import memory, servers, shape_report
 from benchmarks.gpu.context import Run, StepError
 from benchmarks.gpu.draft_shapes import DraftShape, Shape, ShapeError, label, parse_shapes
@@ -42,7 +40,8 @@ from benchmarks.gpu.steps import shapes as shape_step
 from benchmarks.gpu.steps.setup import server_options
 from benchmarks.gpu.switch_stress import LoadThreads
 from controller.bench.level_flags import level_flags
-from sglang_hooks.contract import PolicyTable, Tier, push_body, shape_tier
+from controller.bench.server_client import ServerClient, ServerError
+from sglang_hooks.contract import PolicyTable, Tier, shape_tier
 from sglang_hooks.draft_shape import dominating
 from sglang_hooks.policy_file import load_policy_file
 
@@ -79,11 +78,12 @@ def switching_table(top: DraftShape, others: list[DraftShape], version: int) -> 
 
 
 def push(url: str, admin_key: str, table: PolicyTable | None) -> None:
-    r = httpx.post(f"{url}/set_internal_state", json=push_body(table),
-                   headers={"Authorization": f"Bearer {admin_key}"}, timeout=30.0)
-    if r.status_code != 200 or not all(r.json()):
-        raise StepError(f"push of {table.describe() if table else 'release'} refused: "
-                        f"{r.status_code} {r.text[:300]}")
+    """Push `table` (None: release) through the bench's client, which reads it back live."""
+    try:
+        with ServerClient(url, admin_key) as client:
+            client.push(table)
+    except ServerError as err:
+        raise StepError(str(err)) from None
 
 
 def plugin_state(url: str) -> dict[str, Any]:

@@ -12,7 +12,10 @@ Each loop turn is one scheduler iteration, as in SGLang's default (non-mixed) sc
   mean context)` times lognormal noise.
 
 A server started at a static draft shape (a tree among them, `sims.shape_server`) runs as the
-chain of the shape's steps, costed by the shape and accepting its mean accept length.
+chain of the shape's steps, costed by the shape and accepting its mean accept length. A shape
+server that switches among captured shapes (`sims.shape_server.switching_lanes`) runs each as
+a lane: its own steps, cost and acceptance, keyed by the depth for a chain and from
+`TREE_LANE_BASE` for a tree; the policy picks a lane per iteration as it picks a depth.
 
 Everything per request lives in numpy arrays so one decode iteration is a handful of vector
 operations whatever the batch size. Randomness comes from seeded streams: the same seed and the
@@ -44,6 +47,20 @@ from sims.policies import (
 )
 from sims.profile import Profile
 from sims.workload import Trace, Workload
+
+TREE_LANE_BASE = 100  # lane keys of a shape server's trees; a chain's lane is its depth
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One shape a switching shape server runs: what an iteration of it drafts, costs and
+    accepts (per acceptance phase, the conditional rate at each draft position)."""
+
+    label: str
+    steps: int
+    rates: dict[str, list[float]]
+    cost_ms: Callable[[np.ndarray, np.ndarray], np.ndarray]  # (padded batch, context) -> ms
+    host_us_per_req: float = 0.0
 
 DECODE_LOG_INTERVAL = 40  # SGLang's default: gauges refresh every 40 decode iterations
 _CTX_GRID = np.geomspace(16, 2**21, 72)  # context lengths the cost table is tabulated at
@@ -151,13 +168,19 @@ class Engine:
         speculative: bool = True,
         policy: DepthPolicy | None = None,
         max_running: int | None = None,
+        lanes: dict[int, Lane] | None = None,
     ) -> None:
         workload.check_phases(list(profile.acceptance.phases))
+        if lanes is not None and (not speculative or policy is None):
+            raise ValueError("lanes are a speculative server's shapes, run by a given policy")
+        self.lanes = lanes
         self.profile = profile
         self.workload = workload
         self.speculative = speculative
         self.max_running = max_running or profile.max_running(speculative)
         self.full_depth = profile.full_depth if speculative else 0
+        if lanes:
+            self.full_depth = max(lane.steps for lane in lanes.values())
         seeds = np.random.SeedSequence(seed).spawn(6)  # children by index: older streams kept
         self._rng_accept = np.random.default_rng(seeds[0])
         self._rng_noise = np.random.default_rng(seeds[1])
@@ -183,6 +206,8 @@ class Engine:
         # (depth, bs_bucket) -> [iterations, request_steps, tokens, gpu_seconds, explore]
         self.counters: dict[tuple[int, int], list[float]] = {}
         self.last_depth = 0
+        self.last_lane = 0  # the lane of the last decode (a depth, or a shape server's shape)
+        self.lane_switches = 0  # decodes whose lane differs from the one before
 
         self._phase_names = list(profile.acceptance.phases)
         self._init_acceptance()
@@ -262,14 +287,27 @@ class Engine:
             p = np.asarray(probs[name][:width], dtype=float)
             p = np.pad(p, (0, width - len(p)))
             surv[i] = np.cumprod(p)
-        self._surv = surv  # surv[phase, k]: P(at least k+1 drafts accepted)
-        # -surv is increasing: searchsorted(-surv[:d], -u) counts the k with u < surv[k].
-        self._neg_surv = [np.ascontiguousarray(-row) for row in surv]
-        self._neg_surv_by_depth = [
-            [np.ascontiguousarray(-row[:d]) for d in range(width + 1)] for row in surv
-        ]
+        # surv[phase, k]: P(at least k+1 drafts accepted)
+        # Per lane (a depth, or a switching shape server's shape): its steps, its survival rows
+        # (phase x steps) and, per phase, those rows negated: -surv is increasing, so
+        # searchsorted(-surv[:d], -u) counts the k with u < surv[k].
+        self._lane_steps = {d: d for d in range(width + 1)}
+        self._lane_surv = {d: surv[:, :d] for d in range(width + 1)}
+        if self.lanes:
+            self._lane_steps = {k: lane.steps for k, lane in self.lanes.items()}
+            self._lane_surv = {k: self._lane_rows(lane) for k, lane in self.lanes.items()}
+        self._lane_neg_surv = {
+            k: [np.ascontiguousarray(-row) for row in rows] for k, rows in self._lane_surv.items()
+        }
         self._neg_u: np.ndarray = np.empty(0)
         self._u_pos = 0
+
+    def _lane_rows(self, lane: Lane) -> np.ndarray:
+        rows = np.zeros((len(self._phase_names), lane.steps))
+        for i, name in enumerate(self._phase_names):
+            p = np.asarray(lane.rates[name][: lane.steps], dtype=float)
+            rows[i] = np.cumprod(np.pad(p, (0, lane.steps - len(p))))
+        return rows
 
     def _init_costs(self) -> None:
         cap = self.max_running
@@ -293,6 +331,11 @@ class Engine:
         self._cost: dict[int, list[list[float]]] = {}
         for d in depths:
             self._cost[0 if d is None else d] = self._cost_table(d)
+        if self.lanes:
+            self._cost = {
+                k: np.asarray(lane.cost_ms(*self._cost_grid), dtype=float).tolist()
+                for k, lane in self.lanes.items()
+            }
         self._ctx_grid = _CTX_GRID.tolist()
         cv = self.profile.step_time_cv
         self._noise_sigma = math.sqrt(math.log1p(cv * cv))
@@ -311,6 +354,8 @@ class Engine:
             d: self.profile.host_us_per_req(self.speculative, d if self.speculative else None)
             for d in depths
         }
+        if self.lanes:
+            self._host_us_per_req = {k: lane.host_us_per_req for k, lane in self.lanes.items()}
         self._host_us_per_token = self.profile.scheduler.host_us_per_token
         self._host_bound = self.profile.host_bound and (
             self._host_us_per_token > 0 or any(self._host_us_per_req.values())
@@ -751,17 +796,19 @@ class Engine:
         if self._pending_policy is not None:
             self._apply_pending_policy()
         n = self.n
+        # `depth` is the lane: a depth, or on a switching shape server a shape's key
         depth, explore = self.policy.select(n) if self.speculative else (0, False)
+        steps = self._lane_steps[depth]
         rem = self._rem[:n]
-        exact = self._listeners or self._rem_floor <= depth + 1  # someone may finish
+        exact = self._listeners or self._rem_floor <= steps + 1  # someone may finish
         emitted: np.ndarray | None = None
-        if depth > 0:
+        if steps > 0:
             neg_u = self._neg_uniforms(n)
             counts = self._phase_count
             if max(counts) == n:
-                accepted = self._neg_surv_by_depth[counts.index(n)][depth].searchsorted(neg_u)
+                accepted = self._lane_neg_surv[depth][counts.index(n)].searchsorted(neg_u)
             else:
-                rows = self._surv[self._req[:n, _PHASE], :depth]
+                rows = self._lane_surv[depth][self._req[:n, _PHASE]]
                 accepted = np.count_nonzero(rows > -neg_u[:, None], axis=1)
             drafts = int(accepted.sum())
             if exact:
@@ -786,7 +833,11 @@ class Engine:
         dt = wall_ms * noise / 1000.0
         self.now += dt
         self.forward_ct += 1
-        self.last_depth = depth
+        self.last_depth = steps
+        if depth != self.last_lane:
+            if self._decoded:
+                self.lane_switches += 1
+            self.last_lane = depth
         self._decoded = True
         self._st.running_wait_s += n * dt
 
@@ -816,7 +867,7 @@ class Engine:
             else:
                 self._rem_floor = floor
         else:
-            self._rem_floor -= depth + 1
+            self._rem_floor -= steps + 1
 
     def _notify(self, emitted: np.ndarray) -> None:
         rids = self._req[: self.n, _RID]
@@ -866,7 +917,7 @@ class Engine:
         if self.speculative and steps:
             # SGLang divides correct drafts by the static draft count per round (full depth).
             g.spec_accept_length = toks / steps
-            g.spec_accept_rate = drafts / (steps * self.profile.full_depth)
+            g.spec_accept_rate = drafts / (steps * self.full_depth)
             g.spec_num_steps = float(self.last_depth)
         self._gi_start = totals
         self._gi_first_tokens = 0

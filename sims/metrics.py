@@ -34,6 +34,12 @@ class ExposedServer(Protocol):
     device_timer: bool
 
     @property
+    def captured_depths(self) -> list[int]: ...  # a table's depths (a shape server: its chains)
+
+    @property
+    def lane_labels(self) -> dict[int, str]: ...  # a shape server's tree lanes by key
+
+    @property
     def policy_version(self) -> int: ...
 
     def base_label_values(self) -> list[str]: ...
@@ -76,10 +82,24 @@ class SimulatedServerCollector(Collector):
                 CounterMetricFamily(name, _COUNTER_HELP[name], labels=labels)
                 for name in contract.COUNTER_FAMILIES
             ]
-            for (depth, bucket), row in sorted(engine.counters.items()):
-                for family, value in zip(families, row, strict=True):
-                    family.add_metric([*base, str(depth), str(bucket)], value)
+            # A shape server's trees count apart, by shape, as the plugin counts them.
+            trees = server.lane_labels
+            tree_families = [
+                CounterMetricFamily(name, _COUNTER_HELP[family].replace("at this depth",
+                                                                        "of this draft tree"),
+                                    labels=[*contract.BASE_LABELS, contract.LABEL_SHAPE,
+                                            contract.LABEL_BUCKET])
+                for family, name in zip(contract.COUNTER_FAMILIES, contract.TREE_COUNTER_FAMILIES,
+                                        strict=True)
+            ]  # fmt: skip
+            for (lane, bucket), row in sorted(engine.counters.items()):
+                tree = trees.get(lane)
+                for family, value in zip(families if tree is None else tree_families, row,
+                                         strict=True):  # fmt: skip
+                    family.add_metric([*base, tree or str(lane), str(bucket)], value)
             yield from families
+            if any(lane in trees for lane, _ in engine.counters):
+                yield from tree_families
 
             version = GaugeMetricFamily(
                 contract.METRIC_POLICY_VERSION,
@@ -93,7 +113,7 @@ class SimulatedServerCollector(Collector):
                 "1 for every depth the server captured CUDA graphs for",
                 labels=[*contract.BASE_LABELS, contract.LABEL_DEPTH],
             )
-            for depth in server.profile.captured_depths:
+            for depth in server.captured_depths:
                 captured.add_metric([*base, str(depth)], 1.0)
             yield captured
 

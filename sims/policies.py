@@ -21,6 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from sglang_hooks.contract import PolicyTable, TierSelector
+from sglang_hooks.draft_shape import label
 
 
 class DepthPolicy(Protocol):
@@ -231,3 +232,29 @@ class SGLangAdaptivePolicy:
     def slot_steps(self) -> dict[int, int]:
         """Current depth of every slot (for /server_info and tests)."""
         return {k: s.steps for k, s in self._slots.items()}
+
+
+class ShapeTablePolicy:
+    """A pushed table on a shape server that switches among captured shapes (the plugin's
+    `choose_shape`): the tier's shape, mapped to the engine lane that runs it."""
+
+    wants_feedback = False
+
+    def __init__(self, table: PolicyTable, rng: random.Random, lanes: dict[str, int]) -> None:
+        missing = sorted({label(s) for t in table.tiers for s in (t.shape, *t.explore_shapes)}
+                         - set(lanes))  # fmt: skip
+        if missing:
+            raise ValueError(f"table {table.describe()} runs {', '.join(missing)}, which the "
+                             f"server did not capture (it has {', '.join(lanes)})")
+        self.table = table
+        self.selector = TierSelector(table, rng=rng)
+        self._lane = {shape: lanes[label(shape)] for t in table.tiers
+                      for shape in (t.shape, *t.explore_shapes)}  # fmt: skip
+        self.name = f"table-v{table.version}"
+
+    def select(self, batch_size: int) -> tuple[int, bool]:
+        shape, explore = self.selector.select_shape(batch_size)
+        return self._lane[shape], explore
+
+    def observe(self, batch_size: int, depth: int, accepted_drafts_sum: int) -> None:
+        return None

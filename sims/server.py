@@ -22,10 +22,18 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from sglang_hooks import contract
 from sglang_hooks.contract import PolicyError, PolicyTable
+from sglang_hooks.draft_shape import DraftShape, dominating, parse_shape
 from sims.engine import Engine, RequestListener, SimStats
 from sims.metrics import new_registry, render
-from sims.policies import DepthPolicy, FixedDepthPolicy, SGLangAdaptivePolicy, TablePolicy
+from sims.policies import (
+    DepthPolicy,
+    FixedDepthPolicy,
+    SGLangAdaptivePolicy,
+    ShapeTablePolicy,
+    TablePolicy,
+)
 from sims.profile import Profile
+from sims.shape_server import SwitchingServer, switching_server
 from sims.workload import Workload
 
 log = logging.getLogger(__name__)
@@ -44,6 +52,9 @@ _BODY = TypeAdapter(_SetInternalStateBody)
 # runs depth 0 through the verify.
 _NO_DECODE_GRAPHS = ("the profile runs depth 0 through the verify "
                      "(draft.plain_decode_at_depth0 false; docs/simulator.md)")
+
+
+_TREE_VERIFY = "top-k above 1 (tree verify)"  # the plugin's reason on a shape server
 
 
 def off_path_of(profile: Profile) -> tuple[str, frozenset[contract.OffPathFeature]]:
@@ -74,11 +85,26 @@ class SimulatedServer:
         table: PolicyTable | None = None,
         policy: DepthPolicy | None = None,
         device_timer: bool = False,
+        shapes: list[str] | None = None,
     ) -> None:
         """`table`: a policy file frozen at start-up (source "startup"). `policy`: run this
         policy instead (a fixed depth or the oracle, for baselines); both optional.
         `device_timer`: export SGLang's GPU seconds per forward kind, as SGLang does with
-        SGLANG_ENABLE_METRICS_DEVICE_TIMER=1."""
+        SGLANG_ENABLE_METRICS_DEVICE_TIMER=1. `shapes`: a shape server (`specctl serve
+        --shapes`): started at the listed shape that dominates the others, having captured
+        every one, running the start-up shape until a table says otherwise (profile shapes,
+        `sims.shape_server.switching_server`)."""
+        self.shape_server: SwitchingServer | None = None
+        self.startup_shape: str | None = None
+        if shapes is not None:
+            if not speculative:
+                raise ValueError("a shape server drafts: drop --no-speculative or --shapes")
+            self.shape_server = switching_server(profile, shapes)
+            top = dominating([parse_shape(s) for s in shapes])  # ShapeError: none dominates
+            assert top is not None  # switching_server refused a list that drafts nothing
+            self.startup_shape = top.label
+            profile = self.shape_server.profile
+            policy = FixedDepthPolicy(self.shape_server.keys[top.label])
         self.profile = profile
         self.workload = workload
         self.speculative = speculative
@@ -89,14 +115,25 @@ class SimulatedServer:
         self.gc_freezes = 0  # POST /freeze_gc calls answered (nothing to freeze in a simulator)
         self.cache_flushes = 0  # /flush_cache calls answered (no prefix cache to flush)
         self._lock = threading.RLock()
-        self.engine = Engine(profile, workload, seed=seed, speculative=speculative)
+        lanes = None if self.shape_server is None else self.shape_server.lanes
+        self.engine = Engine(profile, workload, seed=seed, speculative=speculative,
+                             policy=policy if lanes else None, lanes=lanes)  # fmt: skip
+        # What runs with no table: SGLang's adaptive choice, or a shape server's start-up shape.
         self._adaptive = self.engine.policy
         self._captured = list(profile.captured_depths) if speculative else []
+        self._trees: list[DraftShape] = []
+        if self.shape_server is not None:
+            shaped = [parse_shape(s) for s in self.shape_server.keys]
+            self._captured = [s.steps for s in shaped if s is not None and s.is_chain]
+            self._trees = [s for s in shaped if s is not None and not s.is_chain]
         self._table: PolicyTable | None = None
         self._source = "none"
         self._last_rejection: str | None = None
-        # What depth 0 runs, as the profile models it; fixed, as on a real server.
+        # What depth 0 runs, as the profile models it; fixed, as on a real server. A shape
+        # server has no depth 0 of its own yet: SGLang's path, no piece of the plugin's.
         self._off_path, self._features = off_path_of(profile)
+        if self.shape_server is not None:
+            self._off_path, self._features = contract.OFF_PATH_SGLANG, frozenset()
         self._applied_iteration: int | None = None
         self._live_version = 0
         # Of finished streaming requests: tokens, requests, TTFT seconds, latency seconds.
@@ -110,8 +147,8 @@ class SimulatedServer:
         if table is not None:
             self._table = table
             self._source = "startup"
-            self._install_now(TablePolicy(table, self.engine.policy_rng), table.version)
-        elif policy is not None:
+            self._install_now(self._table_policy(table), table.version)
+        elif policy is not None and self.shape_server is None:
             self._source = "startup"
             if isinstance(policy, FixedDepthPolicy):
                 self._table = contract.single_depth_table(policy.depth)
@@ -235,7 +272,8 @@ class SimulatedServer:
             table: PolicyTable | None = None
             if ours:
                 try:
-                    table = contract.decode_table(ours, captured_depths=self._captured)
+                    table = contract.decode_table(ours, captured_depths=self._captured,
+                                                  captured_trees=self._trees)  # fmt: skip
                 except PolicyError as err:
                     self._last_rejection = f"{err.field}: {err.message}"
                     log.warning("specctl: policy push rejected: %s", self._last_rejection)
@@ -282,8 +320,13 @@ class SimulatedServer:
             self.engine.set_policy(self._adaptive, on_applied=self._applied(0))
         else:
             self._source = "push"
-            policy = TablePolicy(table, self.engine.policy_rng)
+            policy = self._table_policy(table)
             self.engine.set_policy(policy, on_applied=self._applied(table.version))
+
+    def _table_policy(self, table: PolicyTable) -> DepthPolicy:
+        if self.shape_server is None:
+            return TablePolicy(table, self.engine.policy_rng)
+        return ShapeTablePolicy(table, self.engine.policy_rng, self.shape_server.keys)
 
     def _applied(self, version: int):  # type: ignore[no-untyped-def]
         def on_applied(forward_ct: int) -> None:
@@ -308,6 +351,7 @@ class SimulatedServer:
                 source=self._source,
                 last_rejection=self._last_rejection,
                 applied_iteration=self._applied_iteration,
+                captured_trees=self._trees,
             )
             # The plugin's extra keys (sglang_hooks/runtime.py), so readers see the same shape:
             # the simulated plugin is always active and attributes every result.
@@ -331,10 +375,43 @@ class SimulatedServer:
                 state["host_trim_runs"] = {}  # no piece of its own (`off_path_of`)
                 state["plain_decode"] = {
                     "runners": 1 if graphs else 0,
-                    "unbuilt_reasons": [] if graphs else [_NO_DECODE_GRAPHS], "build_s": 0.0,
+                    "unbuilt_reasons": [] if graphs else [
+                        _TREE_VERIFY if self.shape_server is not None else _NO_DECODE_GRAPHS],
+                    "build_s": 0.0,
                     "memory_gb": None, "launches": 0, "fallbacks": 0, "last_fallback": None,
                     "settled": 0, "light_inputs": 0}
+            if self.shape_server is not None:
+                state.update(self._shape_report())
             return state
+
+    @property
+    def captured_depths(self) -> list[int]:
+        return list(self._captured)
+
+    @property
+    def lane_labels(self) -> dict[int, str]:
+        """A shape server's tree lanes by key (its chains count as their depths)."""
+        if self.shape_server is None:
+            return {}
+        return {k: lane.label for k, lane in self.shape_server.lanes.items()
+                if parse_shape(lane.label) in self._trees}  # fmt: skip
+
+    def _shape_report(self) -> dict[str, Any]:
+        """What the plugin adds on a shape server: results of a tree, and its shapes."""
+        assert self.shape_server is not None and self.startup_shape is not None
+        engine = self.engine
+        label_of = {k: lane.label for k, lane in self.shape_server.lanes.items()}
+        trees = set(self.lane_labels)
+        tree_results = sum(int(c[0]) for (lane, _), c in engine.counters.items() if lane in trees)
+        live = label_of.get(engine.last_lane, self.startup_shape)
+        captured = {label: {"capture_s": 0.0, "memory_gb": None,
+                            "target_topk": parse_shape(label).topk,  # type: ignore[union-attr]
+                            "mask_read": label_of[k] in {t.label for t in self._trees}}
+                    for k, label in label_of.items()}  # fmt: skip
+        return {"tree_results": tree_results,
+                "shapes": {"startup": self.startup_shape, "live": live,
+                           "switches": engine.lane_switches, "captured": captured,
+                           "refused": {}}}  # fmt: skip
 
     # ------------------------------------------------------------------ readback
 
@@ -361,10 +438,7 @@ class SimulatedServer:
                 "model_path": self.model_name,
                 "served_model_name": self.model_name,
                 "speculative_algorithm": "EAGLE3" if self.speculative else None,
-                "speculative_num_steps": p.full_depth if self.speculative else None,
-                "speculative_eagle_topk": 1 if self.speculative else None,
-                "speculative_num_draft_tokens": p.full_depth + 1 if self.speculative else None,
-                "speculative_adaptive": self.speculative,
+                **self._speculative_args(),
                 "max_running_requests": engine.max_running,
                 "max_prefill_tokens": sched.max_prefill_tokens,
                 # The engine runs a long prompt's chunks back to back in one prefill iteration.
@@ -392,6 +466,22 @@ class SimulatedServer:
                     "speedup": self.speedup,
                 },
             }
+
+    def _speculative_args(self) -> dict[str, Any]:
+        """SGLang's EAGLE flags as the server was started: a shape server statically at its
+        start-up shape, otherwise adaptive at the profile's full depth."""
+        if not self.speculative:
+            return {"speculative_num_steps": None, "speculative_eagle_topk": None,
+                    "speculative_num_draft_tokens": None, "speculative_adaptive": False}
+        if self.startup_shape is not None:
+            shape = parse_shape(self.startup_shape)
+            assert shape is not None
+            return {"speculative_num_steps": shape.steps, "speculative_eagle_topk": shape.topk,
+                    "speculative_num_draft_tokens": shape.draft_tokens,
+                    "speculative_adaptive": False}  # fmt: skip
+        depth = self.profile.full_depth
+        return {"speculative_num_steps": depth, "speculative_eagle_topk": 1,
+                "speculative_num_draft_tokens": depth + 1, "speculative_adaptive": True}
 
     def metrics_text(self) -> str:
         """GET /metrics body (Prometheus text exposition format)."""

@@ -5,13 +5,21 @@ its one captured depth, costed by the shape (`Profile.shape_iteration_ms`), and 
 acceptance is the chain of that depth with a constant per-position rate whose mean accept
 length is the shape's (a tree's mean is what tok/s follows; its spread over requests is not
 modelled). `plain` is the server without speculation, costed by its shape entry.
+
+`switching_server(profile, names)` is the plugin's shape server: started at the shape that
+dominates the list, it captured every listed shape and runs, per iteration, the one the
+pushed table picks. Each shape is an engine lane costed and accepting as its static server
+does: on the GPU a shape held inside such a server ran at its stock server's tok/s (0.98-1.01,
+docs/measurements.md#tree-switch). Plain is not among them: a shape server has no off yet.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
-from sglang_hooks.draft_shape import parse_shape
+from sglang_hooks.draft_shape import PLAIN, parse_shape
+from sims.engine import TREE_LANE_BASE, Lane
 from sims.fit.framing import acceptance_rates
 from sims.profile import AcceptanceModel, Profile
 
@@ -64,3 +72,48 @@ def shape_server(profile: Profile, name: str) -> ShapeServer:
     view = profile.model_copy(update={**update, "acceptance": acceptance, "static_shape": name})
     return ShapeServer(Profile.model_validate(view.model_dump()),
                        None if shape is None else shape.steps)
+
+
+@dataclass(frozen=True)
+class SwitchingServer:
+    profile: Profile  # acceptance phases: the shapes'; depths: the lanes' steps
+    lanes: dict[int, Lane]
+    keys: dict[str, int]  # shape label -> the lane that runs it
+
+
+def switching_server(profile: Profile, names: list[str]) -> SwitchingServer:
+    """The shape server `profile` describes, having captured the shapes `names` (drafting
+    shapes of the profile, a chain at most once per depth)."""
+    shapes = known_shapes(profile)
+    if PLAIN in names:
+        raise ShapeQuestionError(
+            "plain is not switchable on a shape server (it captures drafting shapes only); "
+            "compare plain as a static server"
+        )
+    unknown = [n for n in names if n not in shapes]
+    if unknown:
+        raise ShapeQuestionError(
+            f"shape {unknown[0]} is not in profile {profile.name} (it has {', '.join(shapes)})"
+        )
+    if not names:
+        raise ShapeQuestionError("a shape server needs at least one drafting shape")
+    assert profile.shapes is not None
+    phases = profile.shape_phases
+    lanes: dict[int, Lane] = {}
+    keys: dict[str, int] = {}
+    for i, name in enumerate(dict.fromkeys(names)):
+        shape = parse_shape(name)
+        assert shape is not None
+        key = shape.steps if shape.is_chain else TREE_LANE_BASE + i
+        lengths = profile.shapes[name].accept_length
+        rates = {p: acceptance_rates({shape.steps: lengths[p]}, shape.steps) for p in phases}
+        lanes[key] = Lane(name, shape.steps, rates, partial(profile.shape_iteration_ms, name))
+        keys[name] = key
+    deepest = max(lane.steps for lane in lanes.values())
+    widest = next(lane for lane in lanes.values() if lane.steps == deepest)
+    acceptance = AcceptanceModel(phases=dict(widest.rates), default_phase=phases[0])
+    view = profile.model_copy(update={
+        "acceptance": acceptance, "full_depth": deepest,
+        "captured_depths": sorted({lane.steps for lane in lanes.values()}),
+    })  # fmt: skip
+    return SwitchingServer(Profile.model_validate(view.model_dump()), lanes, keys)

@@ -4,13 +4,16 @@ per load, the table a shape-aware policy would use.
 Each point is its own simulation, as a sweep's are (`sims.sweep.run_point`): `streams` clients
 in a closed loop against a server started at one shape (`sims.shape_server`), measured after a
 warm-up. Per acceptance phase (a bench of shapes' prompt family) one table: the shapes' tok/s
-per load and the fastest shape at each.
+per load and the fastest shape at each. Where two or more drafting shapes were run, the best
+drafting shape per load as a table also runs on a shape server that captured them
+(`sims.shape_switch`), at each load and, with `closed_loop_step_s`, over a closed loop that
+steps through the loads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +24,11 @@ from sglang_hooks.draft_shape import PLAIN
 from sims.policies import FixedDepthPolicy
 from sims.profile import Profile
 from sims.shape_server import shape_server
+from sims.shape_switch import TABLE, ClosedLoop, closed_loop, drafting, switch_table, table_window
 from sims.shape_table import shape_table
 from sims.sweep import Point, SweepSpec, run_point
 from sims.sweep import _point as window_point  # the window between two snapshots, as a point
+from sims.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -36,9 +41,20 @@ class ShapeSweepSpec:
     prompt_tokens: int = 1024
     output_tokens: int | tuple[int, int] = 256  # (low, high): each request's drawn evenly
     seed: int = 0
+    closed_loop_step_s: float = 0.0  # seconds per load of the closed loop; 0: none
+
+    @property
+    def switches(self) -> bool:
+        """Whether a shape server's table is run: two or more drafting shapes to switch."""
+        return len(drafting(self.shapes)) >= 2
 
     def points(self) -> int:
-        return len(self.shapes) * len(self.phases) * len(self.streams)
+        per_phase = len(self.shapes) * len(self.streams)
+        if self.switches:
+            per_phase += len(self.streams)
+            if self.closed_loop_step_s > 0:
+                per_phase += len(self.shapes) + 1
+        return per_phase * len(self.phases)
 
 
 @dataclass(frozen=True)
@@ -61,7 +77,9 @@ class ShapePoint:
 class ShapeSweepResult:
     profile: str
     spec: ShapeSweepSpec
-    points: list[ShapePoint]
+    points: list[ShapePoint]  # the static shapes'; the table's per load are `switched`
+    switched: list[ShapePoint] = field(default_factory=list)
+    closed: dict[str, ClosedLoop] = field(default_factory=dict)  # by phase
 
     def at(self, phase: str, streams: int) -> list[ShapePoint]:
         return [p for p in self.points if p.phase == phase and p.point.concurrency == streams]
@@ -85,13 +103,38 @@ class ShapeSweepResult:
                 runs.append((s, s, name))
         return " | ".join(f"{a}: {n}" if a == b else f"{a}-{b}: {n}" for a, b, n in runs)
 
+    def _tok(self, phase: str) -> dict[str, list[float | None]]:
+        return {name: [next((p.tok_per_s if p.point.scored else None) for p in self.at(phase, s)
+                            if p.shape == name) for s in self.spec.streams]
+                for name in self.spec.shapes}  # fmt: skip
+
     def table(self, phase: str) -> PolicyTable | None:
         """The best shape per load as a policy table (None when some load has no best)."""
         if any(self.best(phase, s) is None for s in self.spec.streams):
             return None
-        tok = {name: [next(p.tok_per_s for p in self.at(phase, s) if p.shape == name)
-                      for s in self.spec.streams] for name in self.spec.shapes}  # fmt: skip
-        return shape_table(self.spec.streams, tok)
+        return shape_table(self.spec.streams, self._tok(phase))
+
+    def switch_table(self, phase: str) -> PolicyTable | None:
+        """The best drafting shape per load as a table, what a shape server runs (None: fewer
+        than two drafting shapes, or some load with none scored)."""
+        if not self.spec.switches:
+            return None
+        return switch_table(self.spec.streams, self._tok(phase))
+
+    def runnable_table(self, phase: str) -> PolicyTable | None:
+        """The table a server can run: the best shape per load, unless it mixes trees with
+        off (a shape server has no off yet); then the best drafting shape per load."""
+        table = self.table(phase)
+        if table is None:
+            return None
+        tiers = table.tiers
+        if any(t.topk > 1 for t in tiers) and any(t.depth == 0 for t in tiers):
+            return self.switch_table(phase)
+        return table
+
+    def switched_at(self, phase: str, streams: int) -> ShapePoint | None:
+        return next((p for p in self.switched
+                     if p.phase == phase and p.point.concurrency == streams), None)  # fmt: skip
 
     def to_json(self) -> dict[str, Any]:
         spec = self.spec
@@ -110,27 +153,54 @@ class ShapeSweepResult:
                      for phase in spec.phases},
             "tables": {phase: None if (t := self.table(phase)) is None else t.to_json()
                        for phase in spec.phases},
+            "switch_tables": {phase: None if (t := self.switch_table(phase)) is None
+                              else t.to_json() for phase in spec.phases},
+            "switched": [p.to_json() for p in self.switched],
+            "closed_loop": {phase: c.to_json() for phase, c in self.closed.items()},
         }  # fmt: skip
 
 
 def run_shape_sweep(profile: Profile, spec: ShapeSweepSpec,
                     on_point: Callable[[], None] | None = None) -> ShapeSweepResult:  # fmt: skip
-    points = []
+    result = ShapeSweepResult(profile.name, spec, [])
     for phase in spec.phases:
-        for name in spec.shapes:
-            server = shape_server(profile, name)
-            sweep = SweepSpec(concurrency=spec.streams, depths=[], duration_s=spec.duration_s,
-                              warmup_s=spec.warmup_s, prompt_tokens=spec.prompt_tokens,
-                              output_tokens=spec.output_tokens, phase=phase, seed=spec.seed)
-            for s in spec.streams:
-                policy = None if server.depth is None else FixedDepthPolicy(server.depth)
-                a, b = run_point(server.profile, sweep, s, speculative=server.speculative,
-                                 policy=policy)
-                mode = "spec" if server.speculative else "nospec"
-                points.append(ShapePoint(name, phase, window_point(mode, server.depth, s, a, b)))
-                if on_point is not None:
-                    on_point()
-    return ShapeSweepResult(profile.name, spec, points)
+        result.points += _static_points(profile, spec, phase, on_point)
+        table = result.switch_table(phase)
+        if table is None:
+            continue
+        for s in spec.streams:
+            workload = Workload.closed(s, prompt_tokens=spec.prompt_tokens,
+                                       output_tokens=spec.output_tokens, phase=phase)  # fmt: skip
+            a, b = table_window(profile, table, spec.shapes, workload, spec.seed,
+                                spec.warmup_s, spec.duration_s)  # fmt: skip
+            result.switched.append(ShapePoint(TABLE, phase, window_point("spec", None, s, a, b)))
+            if on_point is not None:
+                on_point()
+        if spec.closed_loop_step_s > 0:
+            result.closed[phase] = closed_loop(
+                profile, spec.shapes, table, phase, spec.streams, spec.closed_loop_step_s,
+                spec.prompt_tokens, spec.output_tokens, spec.seed, on_run=on_point,
+            )  # fmt: skip
+    return result
+
+
+def _static_points(profile: Profile, spec: ShapeSweepSpec, phase: str,
+                   on_point: Callable[[], None] | None) -> list[ShapePoint]:  # fmt: skip
+    points = []
+    for name in spec.shapes:
+        server = shape_server(profile, name)
+        sweep = SweepSpec(concurrency=spec.streams, depths=[], duration_s=spec.duration_s,
+                          warmup_s=spec.warmup_s, prompt_tokens=spec.prompt_tokens,
+                          output_tokens=spec.output_tokens, phase=phase, seed=spec.seed)
+        for s in spec.streams:
+            policy = None if server.depth is None else FixedDepthPolicy(server.depth)
+            a, b = run_point(server.profile, sweep, s, speculative=server.speculative,
+                             policy=policy)
+            mode = "spec" if server.speculative else "nospec"
+            points.append(ShapePoint(name, phase, window_point(mode, server.depth, s, a, b)))
+            if on_point is not None:
+                on_point()
+    return points
 
 
 def _cell(p: ShapePoint, best: ShapePoint | None) -> str:
@@ -163,22 +233,61 @@ def render_tables(result: ShapeSweepResult) -> list[Table]:
                 f"\nL={decoded[0].point.accept_length:.2f}"
             table.add_column(f"{name}{accept}", justify="right")
         table.add_column("best", justify="right")
+        switching = result.switch_table(phase)
+        if switching is not None:
+            table.add_column("table", justify="right")
+            table.add_column("table\n/ best", justify="right")
         for s in spec.streams:
             best = result.best(phase, s)
             by_shape = {p.shape: p for p in result.at(phase, s)}
-            table.add_row(str(s), *(_cell(by_shape[n], best) for n in spec.shapes),
-                          "-" if best is None else best.shape)
+            cells = [_cell(by_shape[n], best) for n in spec.shapes]
+            cells.append("-" if best is None else best.shape)
+            if switching is not None:
+                cells += _table_cells(result.switched_at(phase, s), best)
+            table.add_row(str(s), *cells)
         policy = result.table(phase)
         table.caption = f"best shape per load: {result.best_line(phase)}" + (
             "" if policy is None else f"\nas a table: {policy.describe()}"
-        )
+        ) + ("" if switching is None or switching == policy else
+             f"\non a shape server (no off yet): {switching.describe()}")
         out.append(table)
+        if phase in result.closed:
+            out.append(closed_loop_table(result, phase))
     return out
 
 
+def _table_cells(point: ShapePoint | None, best: ShapePoint | None) -> list[str]:
+    if point is None or not point.point.decoded:
+        return ["-", "-"]
+    if best is None or best.tok_per_s <= 0:
+        return [_cell(point, None), "-"]
+    return [_cell(point, None), f"{point.tok_per_s / best.tok_per_s:.3f}"]
+
+
+def closed_loop_table(result: ShapeSweepResult, phase: str) -> Table:
+    """The closed loop over the loads: each server's tok/s over the whole trace, and the
+    table's over it (whole trace and per step)."""
+    loop = result.closed[phase]
+    ratios, per_step = loop.ratios(), loop.step_ratios()
+    table = Table(title=f"{result.profile}: closed loop over {', '.join(map(str, loop.steps))} "
+                  f"streams ({loop.step_s:g} s each), phase {phase}")  # fmt: skip
+    for column in ("server", "tok/s", "table over it", "per step (geo. mean)"):
+        table.add_column(column, justify="right")
+    for run in loop.runs:
+        label = "table (switching)" if run.label == TABLE else run.label
+        over = ratios.get(run.label)
+        step = per_step.get(run.label)
+        table.add_row(label, f"{run.tok_per_s:,.0f}", "" if over is None else f"{over:.3f}",
+                      "" if step is None else f"{step:.3f}")
+    envelope = loop.envelope()
+    table.caption = (f"best static shape at every step, switched for free: {envelope:,.0f} "
+                     f"tok/s (the table reaches {loop.run(TABLE).tok_per_s / envelope:.3f})")
+    return table
+
+
 def plot(result: ShapeSweepResult, path: Path) -> None:
-    """One panel per phase: each shape's tok/s against the load (trees dashed), the best
-    shape per load in the title."""
+    """One panel per phase: each shape's tok/s against the load (trees dashed), the table
+    switching on a shape server (a wide grey line), the best shape per load in the title."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -195,6 +304,11 @@ def plot(result: ShapeSweepResult, path: Path) -> None:
                 tree = name != PLAIN and name.split("x")[1] != "1"
                 ax.plot(*zip(*points, strict=True), marker="o", label=name,
                         linestyle="--" if tree else "-")
+        switched = [(p.point.concurrency, p.tok_per_s) for p in result.switched
+                    if p.phase == phase and p.point.decoded]  # fmt: skip
+        if switched:
+            ax.plot(*zip(*switched, strict=True), color="black", linewidth=2.2, alpha=0.45,
+                    label="table (one server switching)")  # fmt: skip
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xticks(streams, [str(s) for s in streams])
@@ -204,7 +318,7 @@ def plot(result: ShapeSweepResult, path: Path) -> None:
         ax.set_title(f"phase {phase}\nbest: {result.best_line(phase)}", fontsize=9)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
-    figure.suptitle(f"{result.profile}: static draft shapes (steps x topk x draft tokens, "
+    figure.suptitle(f"{result.profile}: static draft shapes\n(steps x topk x draft tokens, "
                     "trees dashed), simulated", fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=110)

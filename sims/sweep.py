@@ -13,7 +13,7 @@ from typing import Any
 
 from rich.table import Table
 
-from sims.engine import Engine, SimStats
+from sims.engine import Engine, Lane, SimStats
 from sims.oracle import OraclePolicy
 from sims.policies import DepthPolicy, FixedDepthPolicy
 from sims.profile import Profile
@@ -87,15 +87,18 @@ def run_point(
     *,
     speculative: bool = True,
     policy: DepthPolicy | None = None,
+    lanes: dict[int, Lane] | None = None,
 ) -> tuple[SimStats, SimStats]:
-    """Stats at the end of warm-up and at the end of the run."""
+    """Stats at the end of warm-up and at the end of the run (`lanes`: a switching shape
+    server's, `sims.shape_server.switching_server`)."""
     workload = Workload.closed(
         concurrency,
         prompt_tokens=spec.prompt_tokens,
         output_tokens=spec.output_tokens,
         phase=spec.phase,
     )
-    engine = Engine(profile, workload, seed=spec.seed, speculative=speculative, policy=policy)
+    engine = Engine(profile, workload, seed=spec.seed, speculative=speculative, policy=policy,
+                    lanes=lanes)  # fmt: skip
     engine.run_until(spec.warmup_s)
     start = engine.stats.copy()
     engine.run_until(spec.warmup_s + spec.duration_s)

@@ -15,7 +15,8 @@ no background load, seed 0. Change them with indirect parametrisation:
 
 Recognised keys: profile (name or path), admin_key, api_key, speedup, concurrency (closed-loop
 background clients), seed, speculative, device_timer, record (note every POST's path and JSON
-body, in arrival order, in `handle.posts`, and its headers in `handle.post_headers`). For
+body, in arrival order, in `handle.posts`, and its headers in `handle.post_headers`), shapes
+(a shape server capturing these profile shapes, as `specctl sim serve --shapes`). For
 several servers in one test, or options chosen inside the test, use the `sim_server_factory`
 fixture:
 `factory(**same_keys) -> SimHandle`.
@@ -58,6 +59,7 @@ def _start(
     speculative: bool = True,
     device_timer: bool = False,
     record: bool = False,
+    shapes: list[str] | None = None,
 ) -> SimHandle:
     server = SimulatedServer(
         load_profile(profile),
@@ -67,6 +69,7 @@ def _start(
         api_key=api_key,
         speculative=speculative,
         device_timer=device_timer,
+        shapes=shapes,
     )
     served = ServedSimulation(server, speedup=speedup)
     posts: list[tuple[str, Any]] = []

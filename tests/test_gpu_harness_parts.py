@@ -462,5 +462,9 @@ def test_a_shape_run_starts_its_speculative_server_through_serve_shapes(tmp_path
                          ("3x1x4", "--spec-shapes: shapes 3x1x4 are chains only")):
         with pytest.raises(OptionError, match=re.escape(words)):
             validate(Options(spec_shapes=value))
-    with pytest.raises(OptionError, match="the simulator captures no draft shapes"):
-        validate(Options(spec_shapes="3x4x16", backend="sim"))
+    # the stand-in: a simulated shape server, the list passed as it is
+    validate(Options(spec_shapes="3x4x16,3x1x4", backend="sim"))
+    sim = servers.ServerOptions(backend="sim", admin_key="k", spec_port=1, plain_port=2,
+                                python=sys.executable, shapes="3x4x16,3x1x4")
+    spec, plain = servers.plans(None, sim, tmp_path)
+    assert spec.argv[-2:] == ["--shapes", "3x4x16,3x1x4"] and "--shapes" not in plain.argv

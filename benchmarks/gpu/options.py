@@ -94,6 +94,9 @@ class Options:
                               "model folders only, e.g. before the shapes step, which starts "
                               "its own)", "setup")
     sim_speedup: float = opt(1.0, "--backend sim: the stand-ins' clock speed-up", "setup")
+    sim_profile: str = opt("h200-llama8b-eagle3", "--backend sim: the stand-ins' profile (the "
+                           "treeswitch step's needs shapes, e.g. "
+                           "benchmarks/results/shape_sim_run30.yaml)", "setup")
     # acceptance
     acceptance_depths: str = opt("1,3", "draft depths measured per prompt family",
                                  "acceptance")
@@ -199,6 +202,12 @@ class Options:
     switch_stress_streams: int = opt(16, "streams kept in flight while the shapes switch at "
                                      "random", "treeswitch")
     switch_stress_seconds: float = opt(60.0, "seconds of that load", "treeswitch")
+    switch_greedy_only: bool = opt(False, "the greedy passes alone: no held benches, table, "
+                                   "stress or stock servers", "treeswitch")
+    switch_reference: str = opt("", "the plain server's greedy outputs from an earlier run of "
+                                "the same models, prompts and tokens (its treeswitch/"
+                                "reference.json), in place of starting a plain server",
+                                "treeswitch")
     # shapes
     shapes: str = opt("3x1x4,3x4x16,5x8x32,4x2x8,plain,1x1x2,5x1x6", "draft "
                       "shapes STEPSxTOPKxDRAFT (topk 1: a chain) and plain, each benched on its "
@@ -344,6 +353,7 @@ HARNESS_POLICIES = {"daemon-warm": "daemon", "daemon-from-bench": "daemon",
 
 def _trace_checks(opts: Options, captured: set[int]) -> None:
     from benchmarks.gpu.seeded.trace import TraceError, parse_phases, parse_policy
+    from sglang_hooks.draft_shape import DraftShape, ShapeError, parse_shapes
 
     try:
         phases = parse_phases(opts.trace_phases)
@@ -351,11 +361,22 @@ def _trace_checks(opts: Options, captured: set[int]) -> None:
         if not policies:
             raise TraceError("--trace-policies: give at least one policy, e.g. static:3")
         for name in policies:
-            _, depth = parse_policy(HARNESS_POLICIES.get(name, name))
-            if depth is not None and depth not in captured:
-                raise TraceError(f"--trace-policies: static:{depth} needs depth {depth} in "
+            _, held = parse_policy(HARNESS_POLICIES.get(name, name))
+            if held is None:
+                continue
+            if opts.spec_shapes:  # a shape server runs the listed shapes, chains and trees
+                listed = {s.label for s in parse_shapes(opts.spec_shapes) if s is not None}
+                text = held.label if isinstance(held, DraftShape) else f"{held}x1x{held + 1}"
+                if text not in listed:
+                    raise TraceError(f"--trace-policies: {name} needs {text} in --spec-shapes "
+                                     f"{opts.spec_shapes}")
+            elif isinstance(held, DraftShape):
+                raise TraceError(f"--trace-policies: {name} needs a shape server: list the "
+                                 "tree in --spec-shapes")
+            elif held not in captured:
+                raise TraceError(f"--trace-policies: static:{held} needs depth {held} in "
                                  f"--depths {opts.depths}")
-    except TraceError as err:
+    except (TraceError, ShapeError) as err:
         raise OptionError(str(err).replace("--phases", "--trace-phases")
                           .replace("--policy", "--trace-policies")) from None
     names = trace_datasets(opts.trace_datasets)
@@ -366,13 +387,11 @@ def _trace_checks(opts: Options, captured: set[int]) -> None:
 
 
 def _spec_shape_checks(opts: Options) -> None:
-    """--spec-shapes: a list `specctl serve --shapes` takes, on a real server."""
+    """--spec-shapes: a list `specctl serve --shapes` takes (on the stand-ins, `specctl sim
+    serve --shapes`, which the --sim-profile's shapes bound when it starts)."""
     from sglang_hooks.draft_shape import ShapeError, parse_shapes
     from sglang_hooks.shape_launch import shape_launch
 
-    if opts.backend == "sim":
-        raise OptionError("--spec-shapes needs SGLang (--backend sglang): the simulator "
-                          "captures no draft shapes")
     try:
         shape_launch(parse_shapes(opts.spec_shapes), ["--speculative-algorithm", "EAGLE3"])
     except ShapeError as err:

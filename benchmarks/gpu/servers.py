@@ -221,7 +221,11 @@ def _sim_argv(role: str, port: int, opts: ServerOptions) -> list[str]:
     # SGLang reads its device timer's switch from the environment; the stand-in takes a flag.
     if opts.device_timer:
         argv.append("--device-timer")
-    return argv + (["--no-speculative"] if role == PLAIN else [])
+    if role == PLAIN:
+        return [*argv, "--no-speculative"]
+    # `specctl serve --shapes` on the stand-in: a simulated shape server (a --sim-profile with
+    # shapes)
+    return [*argv, "--shapes", opts.shapes] if opts.shapes else argv
 
 
 class StartError(RuntimeError):

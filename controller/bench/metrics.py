@@ -15,11 +15,14 @@ from prometheus_client.samples import Sample
 
 from controller.daemon.scrape import ScrapeError, first_rank, parse_counters, split_key
 from sglang_hooks.contract import (
+    COUNTER_FAMILIES,
+    LABEL_SHAPE,
     METRIC_EXPLORE_ITERATIONS,
     METRIC_GPU_SECONDS,
     METRIC_ITERATIONS,
     METRIC_REQUEST_STEPS,
     METRIC_TOKENS,
+    TREE_COUNTER_FAMILIES,
 )
 
 _FIELD_BY_FAMILY = {
@@ -28,6 +31,11 @@ _FIELD_BY_FAMILY = {
     METRIC_TOKENS: "tokens",
     METRIC_GPU_SECONDS: "gpu_seconds",
     METRIC_EXPLORE_ITERATIONS: "explore_iterations",
+}
+# A shape server's tree series carry the same fields, by shape instead of depth.
+_TREE_FIELD_BY_FAMILY = {
+    tree: _FIELD_BY_FAMILY[family]
+    for family, tree in zip(COUNTER_FAMILIES, TREE_COUNTER_FAMILIES, strict=True)
 }
 
 
@@ -129,6 +137,9 @@ class Scrape:
     evictions: tuple[float, float] | None = None
     # `GENERATION_TOKENS` and `VERIFY_CALLS`, summed over label sets; absent when not exported.
     spec_totals: Mapping[str, float] = field(default_factory=dict)
+    # A shape server's decode work of each draft tree (by shape, over buckets), read as the
+    # contract counters are: TP and PP rank 0, summed over DP ranks.
+    trees: Mapping[str, DepthWork] = field(default_factory=dict)
 
     def by_depth(self) -> dict[int, DepthWork]:
         out: dict[int, DepthWork] = {}
@@ -164,7 +175,16 @@ def parse_scrape(text: str) -> Scrape:
     passes: dict[str, float] = {}
     evictions: tuple[float, float] | None = None
     spec_totals: dict[str, float] = {}
+    trees: dict[str, dict[str, float]] = {}
     for metric in families:
+        tree_field = _TREE_FIELD_BY_FAMILY.get(metric.name)
+        if metric.type == "counter" and tree_field is not None:
+            for sample in metric.samples:
+                shape = sample.labels.get(LABEL_SHAPE)
+                if (shape and sample.name.endswith("_total") and first_rank(sample.labels)
+                        and math.isfinite(sample.value) and sample.value >= 0):
+                    slot = trees.setdefault(shape, {})
+                    slot[tree_field] = slot.get(tree_field, 0.0) + sample.value
         if metric.type == "counter" and metric.name in (GENERATION_TOKENS, VERIFY_CALLS):
             spec_totals[metric.name] = sum(
                 max(x.value, 0.0) for x in metric.samples
@@ -193,6 +213,7 @@ def parse_scrape(text: str) -> Scrape:
     return Scrape(
         counters=counters, gauges=gauges, histograms=histograms, forward_seconds=forward,
         forward_passes=passes, evictions=evictions, spec_totals=spec_totals,
+        trees={shape: DepthWork(**fields) for shape, fields in trees.items()},
     )  # fmt: skip
 
 
@@ -294,6 +315,17 @@ def work_between(before: Scrape, after: Scrape) -> dict[int, DepthWork]:
         delta = work - b.get(depth, DepthWork())
         if delta.iterations > 0:
             out[depth] = delta
+    return out
+
+
+def tree_work_between(before: Scrape, after: Scrape) -> dict[str, DepthWork]:
+    """Work per draft tree done between two scrapes (a shape server; trees with no new
+    iterations are left out)."""
+    out = {}
+    for shape, work in after.trees.items():
+        delta = work - before.trees.get(shape, DepthWork())
+        if delta.iterations > 0:
+            out[shape] = delta
     return out
 
 

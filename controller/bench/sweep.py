@@ -60,6 +60,7 @@ from controller.bench.metrics import (
     passes_between,
     sglang_accept_length_between,
     total,
+    tree_work_between,
     work_between,
 )
 from controller.bench.prompts import Prompt
@@ -419,9 +420,11 @@ def summarize(
         ttft_s = mean_between(before, after, TTFT_HISTOGRAM)
         itl_s = mean_between(before, after, ITL_HISTOGRAM)
         work = work_between(before, after)
-        # Only the forced depth should have run; exploration off, so take every depth's work.
-        w = work.get(depth) if depth is not None else total(work.values())
-        if w is not None:
+        # Only the forced depth should have run; exploration off, so take every depth's work
+        # (and on a shape server run as it is, every tree's too).
+        trees = tree_work_between(before, after).values()
+        w = work.get(depth) if depth is not None else total([*work.values(), *trees])
+        if w is not None and w.iterations > 0:
             mean_batch, accept, step = w.mean_batch, w.accept_length, w.step_ms
         if accept is None:  # no plugin counters: SGLang's own, where it speculates
             accept = sglang_accept_length_between(before, after)

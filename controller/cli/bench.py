@@ -28,6 +28,8 @@ from sglang_hooks.contract import MAX_DEPTH
 
 if TYPE_CHECKING:
     from controller.bench.latency import Slo
+    from controller.cli.bench_setup import Keys
+    from sglang_hooks.draft_shape import DraftShape
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128,256"
 DEFAULT_DURATION_S = 20.0
@@ -116,6 +118,39 @@ def _dataset_options(dataset: str | None, given: dict[str, object]) -> None:
             )
 
 
+def _shape_list(text: str, instead: dict[str, object]) -> list[DraftShape]:
+    """The drafting shapes `--shapes` names; the options it replaces or cannot go with."""
+    from sglang_hooks.draft_shape import ShapeError, parse_shapes
+
+    given = [name for name, value in instead.items() if value is not None]
+    if given:
+        raise typer.BadParameter(
+            f"holds each captured shape in turn on one server, closed loop, once: drop "
+            f"{given[0]}", param_hint="--shapes")  # fmt: skip
+    try:
+        parsed = parse_shapes(text)
+    except ShapeError as err:
+        raise typer.BadParameter(str(err), param_hint="--shapes") from None
+    drafting = [s for s in parsed if s is not None]
+    if len(drafting) < len(parsed):
+        raise typer.BadParameter(
+            "plain is not held on a shape server (it has no off yet); bench a server without "
+            "speculation with `specctl bench --no-spec-url`", param_hint="--shapes")  # fmt: skip
+    return drafting
+
+
+def _check_held(url: str, held: list[DraftShape], keys: Keys) -> None:
+    """Every shape to hold was captured by the server (before --out is made)."""
+    from controller.bench.server_client import ServerError
+    from controller.bench.shape_sweep import ShapeSweepError, check_captured
+
+    try:
+        with keys.client(url) as client:
+            check_captured(held, client.state())
+    except (ShapeSweepError, ServerError) as err:
+        raise fail(f"--url {url}: {err}" if isinstance(err, ServerError) else str(err)) from None
+
+
 @app.command("bench", cls=PanelCommand)
 def bench(
     url: Annotated[
@@ -157,6 +192,16 @@ def bench(
         typer.Option(
             help="Comma-separated depths to force, 0 = drafting off. "
             "Default: every depth the server captured.",
+            rich_help_panel=LOAD,
+        ),
+    ] = None,
+    shapes: Annotated[
+        str | None,
+        typer.Option(
+            help="On a shape server (`specctl serve --shapes`): hold each of these captured "
+            "shapes in turn (STEPSxTOPKxDRAFT, comma-separated; a chain of depth d is "
+            "dx1x(d+1)) and bench every level as it runs; writes shapes.json, the best shape "
+            "per load as shapes-table.yaml and shapes.png. In place of --depths.",
             rich_help_panel=LOAD,
         ),
     ] = None,
@@ -449,6 +494,8 @@ def bench(
       specctl bench --url http://gpu1:30000 --api-key $API_KEY \\
           --tokenizer /models/k2 --dataset generated-shared-prefix \\
           --gsp-groups 16 --percentiles 50,99,99.9
+      specctl bench --url http://gpu1:30000 --shapes 3x4x16,3x1x4 \\
+          --concurrency 1,4,16,64 --out bench-shapes
       specctl sim serve --profile h200-moe-eagle3 --port 30000 --admin-key k &
       specctl bench --url http://127.0.0.1:30000 --admin-key k \\
           --concurrency 1,8,64 --requests-per-level 64 --output-tokens 64
@@ -502,6 +549,9 @@ def bench(
         "--gsp-system-tokens": gsp_system_tokens, "--gsp-question-tokens": gsp_question_tokens,
         "--gsp-output-tokens": gsp_output_tokens,
     })  # fmt: skip
+    held = None if shapes is None else _shape_list(shapes, {
+        "--depths": depths, "--no-spec-url": no_spec_url, "--request-rate": request_rate,
+        "--paired": paired or None, "--repeats": repeats if repeats > 1 else None})  # fmt: skip
     forced = None if depths is None else parse_int_list(depths, "--depths", 0, MAX_DEPTH)
     slo = _slo(goodput)
     headers = parse_headers(header)
@@ -535,6 +585,8 @@ def bench(
         stop = StopRule(duration_s=duration_s, warmup_s=warmup_per_level)
     # Reached before anything is written: an unreachable --url leaves no empty --out folder.
     captured = check_servers(url, no_spec_url, Keys(admin_key, api_key, headers))
+    if held is not None:
+        _check_held(url, held, Keys(admin_key, api_key, headers))
     if forced is None:
         forced = captured
     out_dir = out or Path(f"bench-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -554,6 +606,13 @@ def bench(
         exact_prompt_size=chosen.exact,
     )  # fmt: skip
     _warn_if_more_than_cores(client_processes)
+    if held is not None:
+        from controller.cli.bench_shapes import run_shape_bench
+
+        code = run_shape_bench(plan, held, out_dir)
+        if code:
+            raise typer.Exit(code)
+        return
     code = run_bench(plan, out_dir)
     if code:
         raise typer.Exit(code)

@@ -14,6 +14,7 @@ from controller.cli.args import parse_int_list, parse_length
 from sglang_hooks.contract import MAX_DEPTH
 
 if TYPE_CHECKING:
+    from sglang_hooks.draft_shape import DraftShape
     from sims.profile import Profile
     from sims.workload import Scenario
 
@@ -198,6 +199,48 @@ def sweep(
         console.print(f"[yellow]warning:[/yellow] {warning}", soft_wrap=True)
 
 
+def _shape_server_list(prof: Profile, text: str, speculative: bool) -> list[str]:
+    """The shapes `--shapes` names, checked as `specctl serve --shapes` checks them: drafting
+    shapes of the profile, one of them dominating the others."""
+    from sglang_hooks.draft_shape import PLAIN, ShapeError, dominating, label, parse_shapes
+    from sims.shape_server import ShapeQuestionError, known_shapes
+
+    if not speculative:
+        raise typer.BadParameter("a shape server drafts; drop --no-speculative",
+                                 param_hint="--shapes")  # fmt: skip
+    try:
+        parsed = parse_shapes(text)
+        known = known_shapes(prof)
+    except (ShapeError, ShapeQuestionError) as err:
+        raise typer.BadParameter(str(err), param_hint="--shapes") from None
+    names = [label(s) for s in parsed]
+    for name in names:
+        if name == PLAIN:
+            raise typer.BadParameter("plain is not switchable on a shape server yet; list "
+                                     "drafting shapes", param_hint="--shapes")  # fmt: skip
+        if name not in known:
+            raise typer.BadParameter(f"shape {name} is not in the profile (it has "
+                                     f"{', '.join(known)})", param_hint="--shapes")  # fmt: skip
+    try:
+        dominating(parsed)  # SGLang starts at it: every other shape must fit what it sizes
+    except ShapeError as err:
+        raise typer.BadParameter(str(err), param_hint="--shapes") from None
+    return names
+
+
+def _captured(prof: Profile, shapes: list[str] | None,
+              speculative: bool) -> tuple[list[int], list[DraftShape]]:  # fmt: skip
+    """(depths, trees) a table may name on the server these options start."""
+    from sglang_hooks.draft_shape import parse_shape
+
+    if not speculative:
+        return [], []
+    if shapes is None:
+        return list(prof.captured_depths), []
+    parsed = [s for s in map(parse_shape, shapes) if s is not None]
+    return [s.steps for s in parsed if s.is_chain], [s for s in parsed if not s.is_chain]
+
+
 @sim_app.command("serve")
 def serve(
     profile: Annotated[str, typer.Option(help="Built-in profile name or path to a YAML file")],
@@ -234,6 +277,13 @@ def serve(
             "SPECCTL_POLICY_FILE: the server starts with it (source startup)",
         ),
     ] = None,
+    shapes: Annotated[
+        str | None,
+        typer.Option(help="A shape server, as `specctl serve --shapes` starts one: the "
+                     "profile's drafting shapes to capture, STEPSxTOPKxDRAFT comma-separated; "
+                     "it starts at the one that dominates the others and switches as a table "
+                     "says (the profile needs shapes: specctl sim fit --shapes)"),
+    ] = None,
 ) -> None:
     """Serve a simulated SGLang server (SGLang's HTTP API + the specctl plugin's contract).
 
@@ -243,6 +293,7 @@ def serve(
       specctl sim serve --profile h200-moe-eagle3 --port 30001 --no-speculative
       specctl sim serve --profile h200-llama8b-eagle3 --scenario ramp --speedup 10
       specctl sim serve --profile h200-moe-eagle3 --policy-file policy.yaml
+      specctl sim serve --profile shapes.yaml --shapes 3x4x16,3x1x4
     """
     from sims.http import ServedSimulation
     from sims.server import SimulatedServer
@@ -257,14 +308,16 @@ def serve(
         workload = scenario_option(scenario).workload
     else:
         workload = Workload.closed(concurrency)
+    shape_list = None if shapes is None else _shape_server_list(prof, shapes, speculative)
+    captured, trees = _captured(prof, shape_list, speculative)
     table = None
     if policy_file is not None:
         from sglang_hooks.contract import PolicyError
         from sglang_hooks.policy_file import load_policy_file
 
         try:
-            # Checked against the captured depths, as the plugin checks it at start-up.
-            table = load_policy_file(policy_file, prof.captured_depths if speculative else ())
+            # Checked against what the server captured, as the plugin checks it at start-up.
+            table = load_policy_file(policy_file, captured, trees)
         except PolicyError as err:
             raise typer.BadParameter(str(err), param_hint="--policy-file") from None
     server = SimulatedServer(
@@ -276,6 +329,7 @@ def serve(
         speculative=speculative,
         device_timer=device_timer,
         table=table,
+        shapes=shape_list,
     )
     try:
         served = ServedSimulation(server, host=host, port=port, speedup=speedup, log_level="info")
@@ -287,8 +341,11 @@ def serve(
         )
         raise typer.Exit(2) from None
     startup = "" if table is None else f", start-up table {table.label()} {table.describe()}"
+    mode = "EAGLE-3" if speculative else "no speculation"
+    if server.startup_shape is not None:
+        mode = f"EAGLE-3 at {server.startup_shape}, shapes {', '.join(shape_list or [])}"
     typer.echo(
-        f"simulated {prof.name} ({'EAGLE-3' if speculative else 'no speculation'}) on "
+        f"simulated {prof.name} ({mode}) on "
         f"{served.base_url}, clock x{speedup:g}{startup}; Ctrl-C to stop"
     )
     served.serve_forever()

@@ -4,6 +4,7 @@ shapes, and the best shape per load."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -46,7 +47,7 @@ def _write_policy(result: ShapeSweepResult, phase: str, path: Path) -> None:
 
     from controller.daemon.policy_file import PolicyFile, Provenance, dump
 
-    table = result.table(phase)
+    table = result.runnable_table(phase)
     if table is None:
         raise fail(f"--policy-out {path}: no table for phase {phase}: some load has no best "
                    "shape (fewer requests finished than there are streams); lengthen --duration")
@@ -101,13 +102,22 @@ def shapes(
     policy_out: Annotated[
         Path | None,
         typer.Option(help="With --phase: write that phase's best shape per load as a policy "
-                     "file (its tree tiers need a server that captured the trees)"),
+                     "file (its tree tiers need a server that captured the trees; a table "
+                     "of trees has no off, as a shape server has none yet)"),
     ] = None,
+    closed_loop: Annotated[
+        float,
+        typer.Option(help="Also step the clients through the loads, up and back down, this "
+                     "many simulated seconds each: every static shape and the table on one "
+                     "trace (0: not run)"),
+    ] = 0.0,
 ) -> None:
     """Closed-loop tok/s per static draft shape (SGLang started at STEPSxTOPKxDRAFT, chains
     and trees, and the plain server) and load, and the best shape per load: the table a
-    shape-aware policy would use. The profile needs shapes: `specctl sim fit --shapes` fits
-    them from a bench of shapes.
+    shape-aware policy would use. With two or more drafting shapes, that table also runs on
+    a shape server that captured them (the plugin's `specctl serve --shapes`), at each load
+    and with --closed-loop over a trace of the loads. The profile needs shapes: `specctl sim
+    fit --shapes` fits them from a bench of shapes.
 
     \b
     Examples:
@@ -116,6 +126,7 @@ def shapes(
       specctl sim shapes --profile shapes.yaml --phase b --plot shapes.png
       specctl sim shapes --profile shapes.yaml --shapes 3x1x4,3x4x16,plain --json
       specctl sim shapes --profile shapes.yaml --phase b --policy-out b.yaml
+      specctl sim shapes --profile shapes.yaml --phase b --closed-loop 60
     """
     from sims.shape_server import ShapeQuestionError, known_shapes
     from sims.shape_sweep import ShapeSweepSpec, render_tables, run_shape_sweep
@@ -135,6 +146,9 @@ def shapes(
             param_hint="--phase",
         )
     finite_positive(duration, "--duration", "simulated seconds per point")
+    if not (math.isfinite(closed_loop) and closed_loop >= 0):
+        raise typer.BadParameter(f"must be >= 0 simulated seconds per load, got {closed_loop:g}",
+                                 param_hint="--closed-loop")  # fmt: skip
     if not 0 <= warmup < duration:
         raise typer.BadParameter(f"must be >= 0 and shorter than --duration ({duration:g} s), "
                                  f"got {warmup:g}", param_hint="--warmup")  # fmt: skip
@@ -152,7 +166,8 @@ def shapes(
     _fits(prof, prompt, out if isinstance(out, int) else out[1])
     spec = ShapeSweepSpec(shapes=names, phases=[phase] if phase else phases, streams=loads,
                           duration_s=duration, warmup_s=warmup, prompt_tokens=prompt,
-                          output_tokens=out, seed=seed)  # fmt: skip
+                          output_tokens=out, seed=seed,
+                          closed_loop_step_s=closed_loop)  # fmt: skip
     if as_json:
         result = run_shape_sweep(prof, spec)
     else:

@@ -16,6 +16,10 @@ each server alone on the GPU in turn (the run's two servers are stopped first):
 3. a stock server at each shape of --switch-bench-shapes (no plugin): its greedy outputs and
    its tok/s at --switch-streams, the baseline of the held shapes.
 
+--switch-greedy-only keeps the greedy passes alone (no bench, table, stress or stock server),
+and --switch-reference takes the plain server's outputs from an earlier run's reference.json
+instead of starting one: the shortest run that checks greedy identity over the switches.
+
 Into treeswitch/: server_info.json, passes.json and reference.json (the greedy outputs),
 greedy.json, held/<shape>/<family>.json (the shape server's benches, with held/shapes.txt and
 one policy file per family, held/table_<family>.json: the best held shape per load),
@@ -109,7 +113,13 @@ def start(run: Run, shape: Shape, env: dict[str, str] | None) -> tuple[str, int,
     if env is not None:
         launch_env.pop("SGLANG_PLUGINS", None)  # the plugin loads
         launch_env |= env
-    plan = servers.LaunchPlan(plan.role, plan.url, plan.argv,
+    argv = plan.argv
+    if o.backend == "sim" and shape is not None:
+        # The stand-in: a simulated shape server of the profile's shapes (--sim-profile), at
+        # the shape alone for a stock server, with the plugin's others captured beside it.
+        argv = [*argv, "--shapes", ",".join([label(shape), *filter(None, [
+            (env or {}).get(SHAPES_ENV)])])]
+    plan = servers.LaunchPlan(plan.role, plan.url, argv,
                               plan.log.with_name(f"treeswitch_{label(shape)}"
                                                  f"{'_plugin' if env is not None else ''}.log"),
                               launch_env)
@@ -131,6 +141,19 @@ def stop(run: Run, pid: int) -> str:
 
 def greedy_prompts(run: Run) -> list[GreedyPrompt]:
     return word_prompts(run.opts.switch_greedy_prompts, seed=7)
+
+
+def reference_from(path: Path, prompts: int) -> RunResult:
+    """A plain server's greedy outputs as an earlier run wrote them (reference.json)."""
+    try:
+        outputs = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise StepError(f"--switch-reference {path}: not readable ({err})") from None
+    if not (isinstance(outputs, list) and len(outputs) == prompts and all(
+            isinstance(o, list) and all(isinstance(t, int) for t in o) for o in outputs)):
+        raise StepError(f"--switch-reference {path}: not {prompts} lists of token ids (a "
+                        "treeswitch/reference.json of the same --switch-greedy-prompts)")
+    return RunResult("plain", outputs=outputs)
 
 
 def greedy_pass(run: Run, url: str, mode: str) -> RunResult:
@@ -203,9 +226,9 @@ def stress(run: Run, url: str, pid: int, version: int) -> dict[str, Any]:
 def run(run: Run) -> dict[str, Any]:
     o = run.opts
     top, others = plan_shapes(o.switch_shapes)
-    if server_options(run).backend == "sim":
-        raise StepError("treeswitch needs SGLang (--backend sglang): the simulator captures no "
-                        "draft shapes")
+    # read first: a reference that cannot serve stops the step before any server starts
+    earlier = (reference_from(Path(o.switch_reference), len(greedy_prompts(run)))
+               if o.switch_reference else None)  # fmt: skip
     out = run.dir / FOLDER
     out.mkdir(parents=True, exist_ok=True)
     prompts = shape_step.draw_requests(run, out, shape_step.family_files(run))
@@ -237,14 +260,18 @@ def run(run: Run) -> dict[str, Any]:
             push(url, run.admin_key, held_table(shape, version))
             version += 1
             passes.append(greedy_pass(run, url, f"held {shape.label}"))
+            if o.switch_greedy_only:
+                continue
             result.setdefault("held_bench", {})[shape.label] = bench(
                 run, url, shape.label, out / "held", prompts)
             # the server's answer beside each held shape's bench: `specctl sim fit --shapes
             # treeswitch/held` reads it there (the shape is among those it reports captured)
             shutil.copy(out / "server_info.json", out / "held" / shape.label / "server_info.json")
             save()
-        result["held_tables"] = held_tables(out / "held", [top, *others])
-        run.say(f"  the held shapes' best per load: {json.dumps(result['held_tables'])}")
+        result["held_tables"] = {} if o.switch_greedy_only else held_tables(
+            out / "held", [top, *others])
+        if not o.switch_greedy_only:
+            run.say(f"  the held shapes' best per load: {json.dumps(result['held_tables'])}")
         for family in result["held_tables"]:
             table_file = out / "held" / f"table_{family}.json"
             if not table_file.is_file():
@@ -266,9 +293,10 @@ def run(run: Run) -> dict[str, Any]:
             switches = plugin_state(url).get("shapes", {}).get("switches", 0) - before
         result["greedy_switches"] = switches
         run.say(f"  {switches} switches over {k} greedy passes at batch 1")
-        result["stress"] = stress(run, url, pid, version)
-        run.say(f"  stress: {json.dumps(result['stress'])}")
-        (out / "stress.json").write_text(json.dumps(result["stress"], indent=1) + "\n")
+        if not o.switch_greedy_only:
+            result["stress"] = stress(run, url, pid, version)
+            run.say(f"  stress: {json.dumps(result['stress'])}")
+            (out / "stress.json").write_text(json.dumps(result["stress"], indent=1) + "\n")
         push(url, run.admin_key, None)
         result["after_release"] = plugin_state(url).get("shapes")
     finally:
@@ -277,14 +305,19 @@ def run(run: Run) -> dict[str, Any]:
             {p.mode: p.outputs for p in passes}) + "\n")
         save()
 
-    # 2. the plain server's greedy outputs, the reference
-    url, pid, seconds = start(run, None, None)
-    try:
-        reference = greedy_pass(run, url, "plain")
-    finally:
-        stop(run, pid)
+    # 2. the plain server's greedy outputs, the reference (or an earlier run's)
+    if earlier is not None:
+        reference = earlier
+        result["reference"] = o.switch_reference
+        run.say(f"  plain: the greedy outputs of {o.switch_reference}")
+    else:
+        url, pid, seconds = start(run, None, None)
+        try:
+            reference = greedy_pass(run, url, "plain")
+        finally:
+            stop(run, pid)
+        result["plain_start_s"] = round(seconds, 1)
     (out / "reference.json").write_text(json.dumps(reference.outputs) + "\n")
-    result["plain_start_s"] = round(seconds, 1)
     greedy = {p.mode: {k: v for k, v in compare(reference, p, greedy_prompts(run)).items()
                        if k != "per_prompt"} for p in passes}
     for mode, row in greedy.items():
@@ -295,7 +328,7 @@ def run(run: Run) -> dict[str, Any]:
 
     # 3. stock servers of the shapes benched for comparison
     stock: dict[str, Any] = {}
-    for text in filter(None, o.switch_bench_shapes.split(",")):
+    for text in filter(None, [] if o.switch_greedy_only else o.switch_bench_shapes.split(",")):
         url, pid, seconds = start(run, parse_shapes(text)[0], None)
         try:
             own = greedy_pass(run, url, f"stock {text}")

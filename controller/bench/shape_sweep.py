@@ -1,0 +1,147 @@
+"""`specctl bench --shapes`: a shape server's captured shapes benched in turn, without a restart.
+
+Each listed shape is held by a one-tier table (pushed and read back live), then every load of
+the plan runs as the server runs (`sweep_as_is`, a level's accept length from the plugin's
+per-depth or per-tree series). The table the server had is pushed back however this ends.
+The best shape per load over the levels that decide something (no flag) is the table such a
+server would run (`sims.shape_table`, edges where two shapes' tok/s cross in log load).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.bench.server_client import ServerError, ServerState
+from controller.bench.sweep import LevelObserver, LevelResult, SweepPlan, sweep_as_is
+from sglang_hooks.contract import PolicyTable, shape_tier, tier_label
+from sglang_hooks.draft_shape import DraftShape, label
+from sims.shape_table import shape_table
+
+
+class ShapeSweepError(ValueError):
+    """A shape list this server cannot hold; the message names the fix."""
+
+
+def held_table(shape: DraftShape, version: int) -> PolicyTable:
+    return PolicyTable.build([shape_tier(1, shape)], version=version)
+
+
+def check_captured(shapes: Sequence[DraftShape], state: ServerState) -> None:
+    """Refuse a shape the server did not capture, naming what it did."""
+    trees = {t.label for t in state.captured_trees}
+    for shape in shapes:
+        held = shape.label in trees if not shape.is_chain else shape.steps in state.captured_depths
+        if not held:
+            have = [f"d{d}" for d in state.captured_depths if d > 0] + sorted(trees)
+            raise ShapeSweepError(
+                f"--shapes: {shape.label} was not captured by the server (it holds "
+                f"{', '.join(have) or 'none'}); start it with `specctl serve --shapes` listing "
+                "every shape to bench"
+            )
+
+
+@dataclass
+class ShapeSweepOutcome:
+    plan: SweepPlan
+    shapes: list[DraftShape]
+    before: ServerState | None = None
+    results: dict[str, list[LevelResult]] = field(default_factory=dict)
+    restored: str | None = None  # the table pushed back, described; None: not restored
+    interrupted: str | None = None
+
+    def tok(self) -> dict[str, list[float | None]]:
+        """Each shape's output tok/s per load, None where its level decided nothing."""
+        loads = list(self.plan.concurrencies)
+        out: dict[str, list[float | None]] = {}
+        for name, levels in self.results.items():
+            by_load = {r.concurrency: r for r in levels}
+            out[name] = [None if (r := by_load.get(c)) is None or r.flags
+                         else r.output_tok_per_s for c in loads]  # fmt: skip
+        return out
+
+    def table(self) -> PolicyTable | None:
+        """The best shape per load as a table (None: some load has no unflagged level)."""
+        if not self.results:
+            return None
+        return shape_table(list(self.plan.concurrencies), self.tok())
+
+    def best(self) -> list[tuple[int, str | None]]:
+        tok = self.tok()
+        out: list[tuple[int, str | None]] = []
+        for i, c in enumerate(self.plan.concurrencies):
+            scored = {n: t[i] for n, t in tok.items() if t[i] is not None}
+            out.append((c, max(scored, key=lambda n: scored[n] or 0.0) if scored else None))
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        table = self.table()
+        return {
+            "url": self.plan.url, "prompt_source": self.plan.prompt_source,
+            "concurrency": list(self.plan.concurrencies),
+            "shapes": [s.label for s in self.shapes],
+            "table_before": None if self.before is None else self.before.describe(),
+            "restored": self.restored, "interrupted": self.interrupted,
+            "levels": {name: [{**r.to_json(), "flags": r.flags} for r in levels]
+                       for name, levels in self.results.items()},
+            "best": [{"streams": c, "shape": b} for c, b in self.best()],
+            "recommended_table": None if table is None else table.to_json(),
+            "recommended": None if table is None else
+            " | ".join(_tier_text(table, i) for i in range(len(table.tiers))),
+        }  # fmt: skip
+
+
+def _tier_text(table: PolicyTable, i: int) -> str:
+    tiers = table.tiers
+    top = tiers[i + 1].min_batch - 1 if i + 1 < len(tiers) else math.inf
+    span = f"{tiers[i].min_batch}+" if top == math.inf else f"{tiers[i].min_batch}-{top}"
+    return f"{span}: {tier_label(tiers[i])}"
+
+
+async def sweep_shapes(plan: SweepPlan, shapes: Sequence[DraftShape],
+                       outcome: ShapeSweepOutcome,
+                       observer: LevelObserver | None = None) -> None:  # fmt: skip
+    """Hold each shape and run every load; the server's table is pushed back however this
+    ends. Fills `outcome` as it goes, so what finished survives an interruption."""
+    observer = observer or LevelObserver()
+    with plan.server(plan.url) as server:
+        before = server.state()
+        check_captured(shapes, before)
+        outcome.before = before
+        observer.message(f"server table before the sweep: {before.describe()}")
+        try:
+            for i, shape in enumerate(shapes):
+                held = server.push(held_table(shape, before.version + 1 + i))
+                observer.message(f"holding {label(shape)}: {held.describe()}")
+                outcome.results[shape.label] = []
+                levels = await sweep_as_is(plan, shape.label, observer)
+                outcome.results[shape.label] = levels
+        finally:
+            try:
+                outcome.restored = server.push(before.table).describe()
+            except ServerError as err:
+                observer.warning(f"the previous table could not be restored: {err}")
+
+
+def run_shape_sweep(plan: SweepPlan, shapes: Sequence[DraftShape], outcome: ShapeSweepOutcome,
+                    observer: LevelObserver | None = None) -> None:  # fmt: skip
+    """`sweep_shapes` in a fresh event loop; SIGTERM cancels it like Ctrl-C does."""
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        if task is not None:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        try:
+            await sweep_shapes(plan, shapes, outcome, observer)
+        finally:
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signal.SIGTERM)
+
+    asyncio.run(main())

@@ -3,8 +3,9 @@
 Each listed shape is held by a one-tier table (pushed and read back live), then every load of
 the plan runs as the server runs (`sweep_as_is`, a level's accept length from the plugin's
 per-depth or per-tree series). The table the server had is pushed back however this ends.
-The best shape per load over the levels that decide something (no flag) is the table such a
-server would run (`sims.shape_table`, edges where two shapes' tok/s cross in log load).
+The tok/s of the levels that decide something (no flag) per shape and load is what the best
+shape per load as a table is made from (`specctl bench --shapes` does it with
+`sims.shape_table`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from controller.bench.server_client import ServerError, ServerState
 from controller.bench.sweep import LevelObserver, LevelResult, SweepPlan, sweep_as_is
 from sglang_hooks.contract import PolicyTable, shape_tier, tier_label
 from sglang_hooks.draft_shape import DraftShape, label
-from sims.shape_table import shape_table
 
 
 class ShapeSweepError(ValueError):
@@ -65,12 +65,6 @@ class ShapeSweepOutcome:
                          else r.output_tok_per_s for c in loads]  # fmt: skip
         return out
 
-    def table(self) -> PolicyTable | None:
-        """The best shape per load as a table (None: some load has no unflagged level)."""
-        if not self.results:
-            return None
-        return shape_table(list(self.plan.concurrencies), self.tok())
-
     def best(self) -> list[tuple[int, str | None]]:
         tok = self.tok()
         out: list[tuple[int, str | None]] = []
@@ -79,8 +73,8 @@ class ShapeSweepOutcome:
             out.append((c, max(scored, key=lambda n: scored[n] or 0.0) if scored else None))
         return out
 
-    def to_json(self) -> dict[str, Any]:
-        table = self.table()
+    def to_json(self, table: PolicyTable | None) -> dict[str, Any]:
+        """Everything measured, and `table`: the best shape per load as a table, if any."""
         return {
             "url": self.plan.url, "prompt_source": self.plan.prompt_source,
             "concurrency": list(self.plan.concurrencies),

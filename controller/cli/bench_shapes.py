@@ -22,7 +22,9 @@ from controller.bench.sweep import LevelObserver, LevelResult, SweepPlan
 from controller.cli.args import fail
 from controller.cli.bench_run import level_line
 from controller.cli.tables import print_table
+from sglang_hooks.contract import PolicyTable
 from sglang_hooks.draft_shape import DraftShape
+from sims.shape_table import shape_table
 
 JSON_NAME = "shapes.json"
 TABLE_NAME = "shapes-table.yaml"
@@ -42,6 +44,13 @@ class _Lines(LevelObserver):
 
     def warning(self, text: str) -> None:
         self.console.print(f"[yellow]warning:[/yellow] {text}", soft_wrap=True)
+
+
+def best_table(outcome: ShapeSweepOutcome) -> PolicyTable | None:
+    """The best shape per load as a table (None: some load has no level that decides)."""
+    if not outcome.results:
+        return None
+    return shape_table(list(outcome.plan.concurrencies), outcome.tok())
 
 
 def shapes_table(outcome: ShapeSweepOutcome) -> Table:
@@ -65,7 +74,7 @@ def shapes_table(outcome: ShapeSweepOutcome) -> Table:
             text = f"{r.output_tok_per_s:,.0f}"
             cells.append(f"[dim]{text}?[/dim]" if r.flags else text)
         table.add_row(str(c), *cells, best.get(c) or "-")
-    recommended = outcome.to_json()["recommended"]
+    recommended = outcome.to_json(best_table(outcome))["recommended"]
     table.caption = ("as a table: " + recommended) if recommended else \
         "no table: some load has no level that decides (see the flags in shapes.json)"
     return table
@@ -91,7 +100,7 @@ def _plot(outcome: ShapeSweepOutcome, path: Path) -> None:
     ax.minorticks_off()
     ax.set_xlabel("concurrent streams")
     ax.set_ylabel("output tok/s")
-    recommended = outcome.to_json()["recommended"] or "no table"
+    recommended = outcome.to_json(best_table(outcome))["recommended"] or "no table"
     ax.set_title(f"draft shapes held on one server (trees dashed)\n{recommended}", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
@@ -103,10 +112,10 @@ def _plot(outcome: ShapeSweepOutcome, path: Path) -> None:
 def _write(outcome: ShapeSweepOutcome, out_dir: Path, console: Console) -> None:
     from controller.daemon.policy_file import PolicyFile, Provenance, dump
 
-    doc = outcome.to_json()
+    table = best_table(outcome)
+    doc = outcome.to_json(table)
     paths = [out_dir / JSON_NAME]
     paths[0].write_text(json.dumps(doc, indent=1) + "\n")
-    table = outcome.table()
     if table is not None:
         provenance = Provenance(
             created_at=dt.datetime.now(dt.UTC).replace(microsecond=0),

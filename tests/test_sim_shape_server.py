@@ -5,6 +5,7 @@ run 30's real bench of shapes (benchmarks/shape_sim_check.py)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -121,3 +122,38 @@ def test_sim_serve_refuses_a_shape_list_it_cannot_start_with_one_line(
     res = CliRunner().invoke(load_commands(), ["sim", "serve", "--profile", str(path), *args])
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert res.exit_code == 2 and len(lines) == 1 and lines[0].startswith(expected), res.output
+
+
+def test_status_reads_a_tree_s_decode_work_by_shape(sim_server_factory) -> None:  # type: ignore[no-untyped-def]
+    """A tree runs with no per-depth series: status counts it by shape, not as idle."""
+    handle = sim_server_factory(profile=PROFILE, shapes=["3x1x4", "3x4x16"], concurrency=4.0,
+                                speedup=20.0)  # fmt: skip
+    time.sleep(0.5)
+    res = CliRunner().invoke(load_commands(), ["status", "--url", handle.base_url, "--json",
+                                               "--window", "1"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    (server,) = json.loads(res.output)["servers"]
+    assert [(d["shape"], d["depth"]) for d in server["depths"]] == [("3x4x16", 3)]
+    assert server["depths"][0]["accept_length"] > 3.0 and server["decoding"] is True
+    assert server["metrics_note"] is None
+
+
+def test_the_daemon_leaves_a_shape_server_as_it_runs_and_says_why(
+    sim_server_factory: Callable[..., object], tmp_path: Path
+) -> None:
+    handle = sim_server_factory(profile=PROFILE, shapes=["3x1x4", "3x4x16"], admin_key="k",
+                                concurrency=4.0, speedup=20.0)  # fmt: skip
+    config = tmp_path / "daemon.yaml"
+    config.write_text(yaml.safe_dump({
+        "targets": [{"name": "shapes", "url": handle.base_url, "admin_key": "k"}],  # type: ignore[attr-defined]
+        "schedule": {"clock": "wall", "duration_s": 4, "scrape_interval_s": 0.5,
+                     "fit_interval_s": 1, "decide_interval_s": 1},
+        "metrics": {"enabled": False}, "store": {"path": str(tmp_path / "d.sqlite")}}))
+    res = CliRunner().invoke(load_commands(), ["daemon", "-c", str(config)])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 0, res.output
+    assert ("shapes: the server switches draft shapes (trees 3x4x16 captured); the daemon "
+            "learns chain depths only") in text
+    assert "0 pushes" in text and "no specctl_* counters" not in text
+    with ServerClient(handle.base_url, "k") as client:  # type: ignore[attr-defined]
+        assert client.state().table is None

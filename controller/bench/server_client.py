@@ -99,7 +99,11 @@ class ServerState:
                 + refused)
 
     def describe(self) -> str:
-        return "released (SGLang's own choice)" if self.table is None else self.table.describe()
+        if self.table is not None:
+            return self.table.describe()
+        if self.shapes is not None:  # a shape server with no table runs its start-up shape
+            return f"released (the start-up shape, {self.shapes['startup']})"
+        return "released (SGLang's own choice)"
 
     def describe_off_path(self) -> str | None:
         """What depth 0 runs, in a few words; None where the server does not say."""

@@ -38,6 +38,11 @@ class DepthActivity:
     step_ms: float | None
     decode_tok_per_s: float | None  # while this depth ran
     output_tok_per_s: float  # this depth's tokens over the whole window
+    shape: str | None = None  # a draft tree of a shape server (`depth` its steps)
+
+    @property
+    def label(self) -> str:
+        return self.shape or ("off" if self.depth == 0 else f"d{self.depth}")
 
 
 @dataclass
@@ -76,10 +81,19 @@ class ServerStatus:
 
 
 def activity(before: Scrape, after: Scrape, window_s: float) -> list[DepthActivity]:
-    from controller.bench.metrics import work_between
+    """Decode work per depth in the window, then per draft tree on a shape server."""
+    from controller.bench.metrics import DepthWork, tree_work_between, work_between
+    from sglang_hooks.draft_shape import ShapeError, parse_shape
 
-    work = work_between(before, after)
-    all_iters = sum(w.iterations for w in work.values())
+    rows: list[tuple[int, str | None, DepthWork]] = [
+        (d, None, w) for d, w in sorted(work_between(before, after).items())]
+    for name, w in sorted(tree_work_between(before, after).items()):
+        try:
+            tree = parse_shape(name)
+        except ShapeError:
+            continue  # a label the plugin would not write: not shown
+        rows.append((0 if tree is None else tree.steps, name, w))
+    all_iters = sum(w.iterations for _, _, w in rows)
     return [
         DepthActivity(
             depth=d,
@@ -90,8 +104,9 @@ def activity(before: Scrape, after: Scrape, window_s: float) -> list[DepthActivi
             step_ms=w.step_ms,
             decode_tok_per_s=w.decode_tok_per_s,
             output_tok_per_s=w.tokens / window_s if window_s > 0 else 0.0,
+            shape=name,
         )
-        for d, w in sorted(work.items())
+        for d, name, w in rows
     ]
 
 
@@ -157,7 +172,7 @@ def collect(
             st.depths = activity(before, after, elapsed)
             _gauges(st, after)
             st.decoding = any(d.iterations > 0 for d in st.depths)
-            if not after.has_contract_counters():
+            if not (after.has_contract_counters() or after.trees):
                 # The plugin answered /server_info, so it is loaded: it exports its counters
                 # from the first decode iteration on.
                 st.metrics_note = "no specctl_* counters yet: nothing decoded since start-up"
@@ -248,7 +263,8 @@ def server_panel(st: ServerStatus) -> Panel:
         lines.append(f"[yellow]last rejected push: {st.last_rejection}[/yellow]")
     body: list[Any] = ["\n".join(lines)]
     if st.depths:
-        t = Table(title=f"last {st.window_s:g} s, per depth", box=None, title_justify="left")
+        per = "per depth and tree" if any(d.shape for d in st.depths) else "per depth"
+        t = Table(title=f"last {st.window_s:g} s, {per}", box=None, title_justify="left")
         for col in (
             "depth",
             "iters",
@@ -262,7 +278,7 @@ def server_panel(st: ServerStatus) -> Panel:
             t.add_column(col, justify="right", no_wrap=True)
         for d in st.depths:
             t.add_row(
-                "off" if d.depth == 0 else f"d{d.depth}",
+                d.label,
                 f"{d.iterations:.0f}",
                 f"{d.iteration_share:.0%}",
                 _fmt(d.mean_batch),

@@ -252,8 +252,10 @@ class Controller:
         st.next_scrape_at = now + backoff
         self.metrics.scrape_errors.labels(st.name, kind).inc()
         self.metrics.target_up.labels(st.name).set(0)
-        # Log the first failure and then rarely: a dead target must not flood the log.
-        if st.failures == 1 or st.failures % 20 == 0:
+        # Log the first failure and then rarely: a dead target must not flood the log. A shape
+        # server running a tree has no per-depth series: said once when it was first read.
+        shapes = kind == "no_series" and st.live is not None and bool(st.live.captured_trees)
+        if (st.failures == 1 or st.failures % 20 == 0) and not shapes:
             log.warning(
                 "%s: scrape failed (%s, %d in a row; next try in %.0f s): %s",
                 st.name,
@@ -317,7 +319,15 @@ class Controller:
         if st.found is not None or st.pushed_this_run:
             return
         st.found = Found(table, live.source)
-        if self.frozen is not None:
+        if live.captured_trees and self.frozen is None:
+            log.error(
+                "%s: the server switches draft shapes (trees %s captured); the daemon learns "
+                "chain depths only and leaves it as it runs: bench its shapes with `specctl "
+                "bench --shapes` and start it with the table that writes (`specctl serve "
+                "--shapes ... --policy-file shapes-table.yaml`)",
+                st.name, ", ".join(live.captured_trees),
+            )  # fmt: skip
+        elif self.frozen is not None:
             frozen = "frozen mode keeps the policy file's table there"
             log.info("%s: found %s; %s", st.name, describe(table), frozen)
         elif table is None:
@@ -447,7 +457,7 @@ class Controller:
         if gm.learner is None or gm.fitted_at is None:
             return None
         live = self._read_live(st)
-        if live is None:
+        if live is None or live.captured_trees:  # a shape server: not steered (_note_live)
             return None
         hist = self.batch_histogram(st, now)
         current = self.batch_histogram(st, now, window_s=CURRENT_LOAD_S)

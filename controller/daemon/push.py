@@ -33,6 +33,8 @@ class LiveState:
     last_rejection: str | None
     ranks_agree: bool
     max_running: int | None = None  # the server's running-request cap, when it reports one
+    # Draft trees a shape server captured (`specctl serve --shapes`); empty on other servers.
+    captured_trees: tuple[str, ...] = ()
 
 
 class ServerStateError(RuntimeError):
@@ -66,6 +68,7 @@ def read_live(transport: ServerTransport) -> LiveState:
         last_rejection=first.get("last_rejection"),
         ranks_agree=agree,
         max_running=_max_running(info),
+        captured_trees=tuple(str(t) for t in first.get("captured_trees") or ()),
     )
 
 

@@ -10,16 +10,19 @@ shape per load as a table is made from (`specctl bench --shapes` does it with
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
-import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from controller.bench.server_client import ServerError, ServerState
-from controller.bench.sweep import LevelObserver, LevelResult, SweepPlan, sweep_as_is
+from controller.bench.sweep import (
+    LevelObserver,
+    LevelResult,
+    SweepPlan,
+    run_cancellable,
+    sweep_as_is,
+)
 from sglang_hooks.contract import PolicyTable, shape_tier, tier_label
 from sglang_hooks.draft_shape import DraftShape, label
 
@@ -125,17 +128,4 @@ async def sweep_shapes(plan: SweepPlan, shapes: Sequence[DraftShape],
 def run_shape_sweep(plan: SweepPlan, shapes: Sequence[DraftShape], outcome: ShapeSweepOutcome,
                     observer: LevelObserver | None = None) -> None:  # fmt: skip
     """`sweep_shapes` in a fresh event loop; SIGTERM cancels it like Ctrl-C does."""
-
-    async def main() -> None:
-        task = asyncio.current_task()
-        loop = asyncio.get_running_loop()
-        if task is not None:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signal.SIGTERM, task.cancel)
-        try:
-            await sweep_shapes(plan, shapes, outcome, observer)
-        finally:
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(signal.SIGTERM)
-
-    asyncio.run(main())
+    run_cancellable(lambda: sweep_shapes(plan, shapes, outcome, observer))

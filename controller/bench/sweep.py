@@ -23,9 +23,9 @@ import math
 import signal
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -69,6 +69,7 @@ from controller.bench.server_client import ServerClient, ServerError, ServerStat
 from controller.bench.server_facts import server_facts
 from sglang_hooks.contract import PolicyError, single_depth_table, validate_tiers
 
+T = TypeVar("T")
 NO_SPEC = "no-spec"
 RUNNING_GAUGE = "sglang:num_running_reqs"
 QUEUED_GAUGE = "sglang:num_queue_reqs"
@@ -988,10 +989,10 @@ def _restore(
     observer.message(f"restored the previous table on {server.url}: {before.describe()}")
 
 
-def run_sweep(plan: SweepPlan, observer: LevelObserver | None = None) -> SweepOutcome:
-    """Run `sweep` in a fresh event loop; SIGTERM cancels it like Ctrl-C does."""
+def run_cancellable(work: Callable[[], Awaitable[T]]) -> T:
+    """`work()` in a fresh event loop; SIGTERM cancels it like Ctrl-C does."""
 
-    async def main() -> SweepOutcome:
+    async def main() -> T:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
         if task is not None:
@@ -999,9 +1000,14 @@ def run_sweep(plan: SweepPlan, observer: LevelObserver | None = None) -> SweepOu
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(signal.SIGTERM, task.cancel)
         try:
-            return await sweep(plan, observer)
+            return await work()
         finally:
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.remove_signal_handler(signal.SIGTERM)
 
     return asyncio.run(main())
+
+
+def run_sweep(plan: SweepPlan, observer: LevelObserver | None = None) -> SweepOutcome:
+    """Run `sweep` in a fresh event loop; SIGTERM cancels it like Ctrl-C does."""
+    return run_cancellable(lambda: sweep(plan, observer))

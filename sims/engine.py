@@ -13,7 +13,7 @@ Each loop turn is one scheduler iteration, as in SGLang's default (non-mixed) sc
 
 A server started at a static draft shape (a tree among them, `sims.shape_server`) runs as the
 chain of the shape's steps, costed by the shape and accepting its mean accept length. A shape
-server that switches among captured shapes (`sims.shape_server.switching_lanes`) runs each as
+server that switches among captured shapes (`sims.shape_server.switching_server`) runs each as
 a lane: its own steps, cost and acceptance, keyed by the depth for a chain and from
 `TREE_LANE_BASE` for a tree; the policy picks a lane per iteration as it picks a depth.
 
@@ -291,11 +291,12 @@ class Engine:
         # Per lane (a depth, or a switching shape server's shape): its steps, its survival rows
         # (phase x steps) and, per phase, those rows negated: -surv is increasing, so
         # searchsorted(-surv[:d], -u) counts the k with u < surv[k].
-        self._lane_steps = {d: d for d in range(width + 1)}
-        self._lane_surv = {d: surv[:, :d] for d in range(width + 1)}
         if self.lanes:
             self._lane_steps = {k: lane.steps for k, lane in self.lanes.items()}
             self._lane_surv = {k: self._lane_rows(lane) for k, lane in self.lanes.items()}
+        else:
+            self._lane_steps = {d: d for d in range(width + 1)}
+            self._lane_surv = {d: surv[:, :d] for d in range(width + 1)}
         self._lane_neg_surv = {
             k: [np.ascontiguousarray(-row) for row in rows] for k, rows in self._lane_surv.items()
         }
@@ -328,14 +329,14 @@ class Engine:
             list(self.profile.captured_depths) if self.speculative else [None]
         )
         self._cost_grid = (padded[:, None], ctx)
-        self._cost: dict[int, list[list[float]]] = {}
-        for d in depths:
-            self._cost[0 if d is None else d] = self._cost_table(d)
+        self._cost: dict[int, list[list[float]]]
         if self.lanes:
             self._cost = {
                 k: np.asarray(lane.cost_ms(*self._cost_grid), dtype=float).tolist()
                 for k, lane in self.lanes.items()
             }
+        else:
+            self._cost = {0 if d is None else d: self._cost_table(d) for d in depths}
         self._ctx_grid = _CTX_GRID.tolist()
         cv = self.profile.step_time_cv
         self._noise_sigma = math.sqrt(math.log1p(cv * cv))
@@ -350,12 +351,13 @@ class Engine:
     def _init_host(self) -> None:
         # Keyed as the cost tables: depth, 0 for a server without speculation.
         depths = list(self.profile.captured_depths) if self.speculative else [0]
-        self._host_us_per_req = {
-            d: self.profile.host_us_per_req(self.speculative, d if self.speculative else None)
-            for d in depths
-        }
         if self.lanes:
             self._host_us_per_req = {k: lane.host_us_per_req for k, lane in self.lanes.items()}
+        else:
+            self._host_us_per_req = {
+                d: self.profile.host_us_per_req(self.speculative, d if self.speculative else None)
+                for d in depths
+            }
         self._host_us_per_token = self.profile.scheduler.host_us_per_token
         self._host_bound = self.profile.host_bound and (
             self._host_us_per_token > 0 or any(self._host_us_per_req.values())

@@ -122,10 +122,17 @@ class SimulatedServer:
         self._adaptive = self.engine.policy
         self._captured = list(profile.captured_depths) if speculative else []
         self._trees: list[DraftShape] = []
+        self._tree_lanes: dict[int, str] = {}  # a shape server's tree lanes by key
         if self.shape_server is not None:
-            shaped = [parse_shape(s) for s in self.shape_server.keys]
-            self._captured = [s.steps for s in shaped if s is not None and s.is_chain]
-            self._trees = [s for s in shaped if s is not None and not s.is_chain]
+            self._captured = []
+            for label, key in self.shape_server.keys.items():
+                shape = parse_shape(label)
+                assert shape is not None  # switching_server captures drafting shapes only
+                if shape.is_chain:
+                    self._captured.append(shape.steps)
+                else:
+                    self._trees.append(shape)
+                    self._tree_lanes[key] = label
         self._table: PolicyTable | None = None
         self._source = "none"
         self._last_rejection: str | None = None
@@ -391,17 +398,14 @@ class SimulatedServer:
     @property
     def lane_labels(self) -> dict[int, str]:
         """A shape server's tree lanes by key (its chains count as their depths)."""
-        if self.shape_server is None:
-            return {}
-        return {k: lane.label for k, lane in self.shape_server.lanes.items()
-                if parse_shape(lane.label) in self._trees}  # fmt: skip
+        return self._tree_lanes
 
     def _shape_report(self) -> dict[str, Any]:
         """What the plugin adds on a shape server: results of a tree, and its shapes."""
         assert self.shape_server is not None and self.startup_shape is not None
         engine = self.engine
         label_of = {k: lane.label for k, lane in self.shape_server.lanes.items()}
-        trees = set(self.lane_labels)
+        trees = self._tree_lanes
         tree_results = sum(int(c[0]) for (lane, _), c in engine.counters.items() if lane in trees)
         live = label_of.get(engine.last_lane, self.startup_shape)
         captured = {label: {"capture_s": 0.0, "memory_gb": None,

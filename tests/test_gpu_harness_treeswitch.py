@@ -135,3 +135,30 @@ def test_the_treeswitch_step_on_a_simulated_shape_server(tmp_path: Path) -> None
     same = closed.get("same_runs") or {}
     assert ran == ["static:3x4x16", "static:3"] + ([] if "bench-table" in same
                                                     else ["bench-table"]), (ran, same)
+
+    # The closed loop on the treeswitch step's own shape server, kept up for the trace
+    # (--switch-keep-server): no second start of the server whose held benches made the table
+    third = [
+        "treeswitch", "trace", "stop", "--run-dir", str(run_dir), "--switch-greedy-only",
+        "--switch-reference", str(out / "reference.json"), "--switch-greedy-switches", "20",
+        "--switch-bench-shapes", "", "--switch-keep-server", "--trace-phases", "2:1:a",
+    ]  # fmt: skip
+    try:
+        code = harness.main(third)
+    finally:
+        harness.main(["stop", "--run-dir", str(run_dir)])
+    state = json.loads((run_dir / "state.json").read_text())
+    assert code == 0, (state["steps"]["treeswitch"], state["steps"]["trace"])
+    kept = state["steps"]["treeswitch"]["result"]
+    assert kept["kept_as"] == "spec" and "shape_server_stopped" not in kept
+    server = state["servers"]["spec"]
+    assert "--shapes 3x4x16,3x1x4" in " ".join(server["argv"]) and "shape" not in state["servers"]
+    assert not pid_alive(server["pid"]) and "stopped" in server
+    closed = json.loads((run_dir / "trace" / "closed_loop.json").read_text())
+    assert set(closed["policies"]) == {"static:3x4x16", "static:3", "bench-table"}, closed
+    for r in closed["runs"]:  # every run of this trace against the kept server
+        doc = json.loads((run_dir / "trace" / f"{r['name']}.json").read_text())
+        assert doc["url"] == server["url"] and r["tok_per_s"] > 0, (r, doc["url"])
+    # the kept server refuses to be the GPU's only server where another must start after it
+    assert harness.main(["treeswitch", "--run-dir", str(run_dir),
+                         "--switch-bench-shapes", "3x1x4"]) == 2

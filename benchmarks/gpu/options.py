@@ -208,6 +208,10 @@ class Options:
                                 "the same models, prompts and tokens (its treeswitch/"
                                 "reference.json), in place of starting a plain server",
                                 "treeswitch")
+    switch_keep_server: bool = opt(False, "leave the shape server up at the step's end as the "
+                                   "run's speculative server, for a `trace` step after it "
+                                   "(one server start fewer; needs --switch-reference and "
+                                   "--switch-bench-shapes '')", "treeswitch")
     # shapes
     shapes: str = opt("3x1x4,3x4x16,5x8x32,4x2x8,plain,1x1x2,5x1x6", "draft "
                       "shapes STEPSxTOPKxDRAFT (topk 1: a chain) and plain, each benched on its "
@@ -488,6 +492,10 @@ def validate(opts: Options) -> None:
     if opts.parity_tag and not opts.parity_tag.replace("-", "").replace("_", "").isalnum():
         raise OptionError(f"--parity-tag: letters, digits, - and _ only (it names a folder), "
                           f"got {opts.parity_tag!r}")
+    if opts.switch_keep_server and (not opts.switch_reference or opts.switch_bench_shapes):
+        # the kept server holds the GPU: no plain or stock server can start beside it
+        raise OptionError("--switch-keep-server starts no other server after the shape "
+                          "server: give --switch-reference FILE and --switch-bench-shapes ''")
     output_span(opts.output_spread)
     output_span(opts.shape_output_spread, "--shape-output-spread")
     _shape_checks(opts)

@@ -19,6 +19,10 @@ each server alone on the GPU in turn (the run's two servers are stopped first):
 --switch-greedy-only keeps the greedy passes alone (no bench, table, stress or stock server),
 and --switch-reference takes the plain server's outputs from an earlier run's reference.json
 instead of starting one: the shortest run that checks greedy identity over the switches.
+--switch-keep-server (with --switch-reference and no stock shapes) leaves the shape server up
+as the run's speculative server, so that a `trace` step after this one runs its closed loop
+(`static:3x4x16 static:3 bench-table`, --trace-bench treeswitch/held/table_<family>.json) on
+the very server whose held benches made the table, without starting it again.
 
 Into treeswitch/: server_info.json, passes.json and reference.json (the greedy outputs),
 greedy.json, held/<shape>/<family>.json (the shape server's benches, with held/shapes.txt and
@@ -137,6 +141,13 @@ def stop(run: Run, pid: int) -> str:
     run.state.servers[servers.SHAPE]["stopped"] = out
     run.state.save()
     return out
+
+
+def keep_as_spec(run: Run) -> None:
+    """The shape server becomes the run's speculative server (a `trace` step's), replacing
+    any earlier one in the run's state, which the step stopped before the shapes."""
+    run.state.servers[servers.SPEC] = run.state.servers.pop(servers.SHAPE)
+    run.state.save()
 
 
 def greedy_prompts(run: Run) -> list[GreedyPrompt]:
@@ -299,8 +310,13 @@ def run(run: Run) -> dict[str, Any]:
             (out / "stress.json").write_text(json.dumps(result["stress"], indent=1) + "\n")
         push(url, run.admin_key, None)
         result["after_release"] = plugin_state(url).get("shapes")
+        if o.switch_keep_server:
+            keep_as_spec(run)
+            result["kept_as"] = servers.SPEC
+            run.say(f"  the shape server stays up as the run's {servers.SPEC} server at {url}")
     finally:
-        result["shape_server_stopped"] = stop(run, pid)
+        if result.get("kept_as") is None:
+            result["shape_server_stopped"] = stop(run, pid)
         (out / "passes.json").write_text(json.dumps(
             {p.mode: p.outputs for p in passes}) + "\n")
         save()

@@ -96,7 +96,7 @@ def test_best_chain_and_tree_per_load_and_where_a_tree_wins(tmp_path: Path) -> N
         "first_below_plain": {"3x1x4": None, "5x1x6": None, "3x4x16": None, "4x2x8": None},
         "table": {"version": 0, "tiers": [{"min_batch": 1, "depth": 3, "hysteresis": 0,
                                            "explore_share": 0.0, "explore_depths": []}]},
-        "table_line": "1+: d3"}
+        "table_line": "1+: d3", "closed_loop_bound": None}
     # Family a as tiers: 3x4x16 / 4x2x8 crosses 1 at 3.8 streams, 4x2x8 / 3x1x4 at 11.8.
     assert a["table_line"] == "1-3: 3x4x16 | 4-11: 4x2x8 | 12+: d3"
     assert [t["hysteresis"] for t in a["table"]["tiers"]] == [0, 0, 2]
@@ -205,3 +205,29 @@ def test_a_flagged_level_is_shown_marked_and_decides_nothing(tmp_path: Path) -> 
     doc["levels"][0].update(requests=40)
     path.write_text(json.dumps(doc))
     assert len(shape_report.write(folder, ["plain", "3x1x4", "3x4x16"])["tree_wins"]) == 1
+
+
+def test_the_closed_loop_bound_over_the_loads_up_and_down(tmp_path: Path) -> None:
+    """Family a's loads 1, 4, 16, 4, 1, each step alike: one shape throughout, and the best
+    shape per step (1049, 2120, 3100, 2120, 1049 without off; plain best at 16 once it
+    streams 3200 there). Family b lacks levels of three shapes: no bound."""
+    analysis = shape_report.analyse(shape_report.load(_write(tmp_path / "one")), ORDER)
+    bound = analysis["families"]["a"]["closed_loop_bound"]
+    assert bound["steps"] == [1, 4, 16, 4, 1] and bound["flagged_steps"] == []
+    assert bound["static_tok_per_s"] == pytest.approx(
+        {"plain": 1580.0, "3x1x4": 1780.0, "5x1x6": 1660.0, "3x4x16": 1819.6, "4x2x8": 1618.0})
+    assert bound["drafting"]["best_per_step"] == pytest.approx(1887.6)
+    assert bound["drafting"]["best_static"] == "3x4x16"
+    assert bound["drafting"]["over_best_static"] == pytest.approx(1887.6 / 1819.6)
+    assert bound["with_plain"]["over_best_static"] == pytest.approx(1887.6 / 1819.6)
+    assert analysis["families"]["b"]["closed_loop_bound"] is None
+
+    plain_at_16 = {**TOK, "plain": {"a": {1: 500, 4: 1950, 16: 3200}}}
+    again = shape_report.analyse(shape_report.load(_write(tmp_path / "two", plain_at_16)), ORDER)
+    bound = again["families"]["a"]["closed_loop_bound"]
+    assert bound["drafting"]["over_best_static"] == pytest.approx(1887.6 / 1819.6)
+    assert bound["with_plain"]["best_per_step"] == pytest.approx(1907.6)
+    assert bound["with_plain"]["over_best_static"] == pytest.approx(1907.6 / 1819.6)
+    text = shape_report.text(shape_report.load(tmp_path / "two"), again)
+    assert "the best shape or plain per step: 1,908 tok/s, x1.048 the best single one " \
+        "(3x4x16)" in text

@@ -2,6 +2,8 @@
 shape's tok/s (and its ratio to the plain server), TPOT p50/p99 and accept length; the best
 chain and the best tree at each load; where each shape falls below the plain server; and the
 verdict the tree-tier work waits on: does any tree beat the best chain by `TREE_MARGIN`?
+And the bound on a closed loop over these loads (`closed_loop_bound`): what switching shapes
+for free at every step could give over the best single shape, with plain among them or not.
 
     python -m benchmarks.gpu.shape_report SHAPES_DIR   # rewrites shapes.txt, .json and .png
 
@@ -19,6 +21,7 @@ from typing import Any
 
 from benchmarks.gpu.draft_shapes import PLAIN, ShapeError, parse_shape
 from controller.bench.level_flags import level_flags
+from sims.shape_switch import staircase
 from sims.shape_table import shape_table
 
 WIDTH = 20  # a table cell
@@ -81,6 +84,45 @@ def _best(fig: Figures, labels: Sequence[str], family: str, streams: int
     return max(scored, key=lambda x: x[1]) if scored else None
 
 
+def closed_loop_bound(fig: Figures, labels: Sequence[str], family: str,
+                      streams: Sequence[int]) -> dict[str, Any] | None:
+    """A closed loop stepping the loads up and back down (1, 4, ..., 256, ..., 4, 1), each
+    step lasting alike: each shape's tok/s over it (the mean of its levels, a flagged level's
+    streamed tok/s included: every shape needs a figure at every step), and the best shape
+    per step switched for free, among the drafting shapes (a shape server, no off) and with
+    plain. No table on one server beats that best per step, so its ratio over the best single
+    shape bounds what any table can win on this trace. None: a shape lacks a level."""
+    steps = staircase(streams)
+    per_step: dict[str, list[float]] = {}
+    for lb in labels:
+        figures = [_tok(fig, lb, family, s, flagged=True) for s in steps]
+        if any(t is None for t in figures):
+            return None
+        per_step[lb] = [float(t or 0.0) for t in figures]
+    drafting = [lb for lb in labels if lb != PLAIN]
+    if not drafting:
+        return None
+    static = {lb: sum(v) / len(v) for lb, v in per_step.items()}
+
+    def best_per_step(among: Sequence[str]) -> float:
+        return sum(max(per_step[lb][i] for lb in among) for i in range(len(steps))) / len(steps)
+
+    top_drafting = max(drafting, key=lambda lb: static[lb])
+    top = max(static, key=lambda lb: static[lb])
+    out: dict[str, Any] = {
+        "steps": steps, "static_tok_per_s": static,
+        "flagged_steps": sorted({s for lb in labels for s in steps
+                                 if _flagged(fig[lb][family][s])}),
+        "drafting": {"best_per_step": best_per_step(drafting), "best_static": top_drafting},
+    }  # fmt: skip
+    out["drafting"]["over_best_static"] = out["drafting"]["best_per_step"] / static[top_drafting]
+    if PLAIN in per_step:
+        with_off = best_per_step(list(per_step))
+        out["with_plain"] = {"best_per_step": with_off, "best_static": top,
+                             "over_best_static": with_off / static[top]}
+    return out
+
+
 def analyse(fig: Figures, order: Sequence[str] | None = None) -> dict[str, Any]:
     """Per family: the levels' best chain and tree and their ratio, each shape's first load
     below the plain server, and the tree wins of at least TREE_MARGIN."""
@@ -119,6 +161,7 @@ def analyse(fig: Figures, order: Sequence[str] | None = None) -> dict[str, Any]:
             "first_below_plain": below,
             "table": None if table is None else table.to_json(),
             "table_line": None if table is None else table.describe(),
+            "closed_loop_bound": closed_loop_bound(fig, labels, family, streams),
         }
     result["verdict"] = verdict(result)
     return result
@@ -180,12 +223,29 @@ def text(fig: Figures, analysis: Mapping[str, Any]) -> str:
                           for lb, s in part["first_below_plain"].items())
         lines.append(f"  first load below the plain server: {below}")
         lines += [f"  as a table: {part['table_line'] or 'none (a load has no unflagged shape)'}",
-                  ""]
+                  *bound_lines(part.get("closed_loop_bound")), ""]
     lines.append("* flagged by the bench (too short: no request that started in the window "
                  "finished in it; too few requests; ...): the window's streamed tok/s, shown "
                  "but left out of the best shapes and the verdict")
     lines.append(f"verdict: {analysis['verdict']}")
     return "\n".join(lines) + "\n"
+
+
+def bound_lines(bound: Mapping[str, Any] | None) -> list[str]:
+    if bound is None:
+        return ["  closed loop bound: none (a shape lacks a level)"]
+    steps = bound["steps"]
+    statics = ", ".join(f"{lb} {t:,.0f}" for lb, t in bound["static_tok_per_s"].items())
+    flagged = ",".join(map(str, bound["flagged_steps"]))
+    lines = [f"  closed loop {'-'.join(map(str, steps))} streams, steps alike"
+             f"{f' (c={flagged}: flagged levels streamed)' if flagged else ''}:",
+             f"    one shape throughout: {statics} tok/s"]
+    for key, what in (("drafting", "drafting shape (no off)"), ("with_plain", "shape or plain")):
+        if key in bound:
+            b = bound[key]
+            lines.append(f"    the best {what} per step: {b['best_per_step']:,.0f} tok/s, "
+                         f"x{b['over_best_static']:.3f} the best single one ({b['best_static']})")
+    return lines
 
 
 def plot(fig: Figures, analysis: Mapping[str, Any], path: Path) -> None:

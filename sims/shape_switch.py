@@ -28,7 +28,7 @@ from sims.engine import Engine, Lane, SimStats
 from sims.policies import DepthPolicy, FixedDepthPolicy, ShapeTablePolicy
 from sims.profile import Profile
 from sims.shape_server import shape_server, switching_server
-from sims.shape_table import shape_table
+from sims.shape_table import shape_table, staircase
 from sims.workload import Trace, Workload
 
 TABLE = "table"  # the label of the switching server's runs beside the static shapes'
@@ -96,12 +96,6 @@ class ClosedLoop:
             "table_over_per_step": {k: round(v, 4) for k, v in self.step_ratios().items()},
             "best_static_per_step_tok_per_s": round(self.envelope(), 2),
         }  # fmt: skip
-
-
-def staircase(streams: Sequence[int]) -> list[int]:
-    """The loads up and back down: 1, 4, 16, 4, 1 for 1, 4, 16."""
-    up = sorted(set(streams))
-    return up + up[-2::-1]
 
 
 Server = tuple[Profile, DepthPolicy | None, dict[int, Lane] | None, bool]

@@ -6,12 +6,17 @@ and the GPU harness's report of a bench of shapes. Between two measured loads wh
 differ, the tier edge is where the two shapes' tok/s ratio, read linearly in log load, crosses
 1 (the loads are spaced geometrically); hysteresis is about an eighth of the edge, as in the
 depth table a bench recommends.
+
+`loop_bound` reads the same figures as a closed loop over those loads: what switching to the
+best shape at every step, for free, gives over the best single shape. No table on one server
+does better, so it bounds what any table can win there.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from sglang_hooks.contract import PolicyError, PolicyTable, Tier, shape_tier
 from sglang_hooks.draft_shape import parse_shape
@@ -56,3 +61,52 @@ def _crossing(lo: int, hi: int, was: Sequence[float | None], now: Sequence[float
     r_lo, r_hi = math.log(a_lo / b_lo), math.log(a_hi / b_hi)
     x = r_lo / (r_lo - r_hi)
     return math.exp(math.log(lo) + x * (math.log(hi) - math.log(lo)))
+
+
+def staircase(streams: Sequence[int]) -> list[int]:
+    """The loads up and back down: 1, 4, 16, 4, 1 for 1, 4, 16."""
+    up = sorted(set(streams))
+    return up + up[-2::-1]
+
+
+@dataclass(frozen=True)
+class LoopBound:
+    """A closed loop over `steps`, each lasting alike: each shape's tok/s held throughout
+    (`held`), and the best shape at every step switched for free (`best_per_step`)."""
+
+    steps: list[int]
+    held: dict[str, float]
+    best_per_step: float
+
+    @property
+    def best_single(self) -> str:
+        return max(self.held, key=lambda label: self.held[label])
+
+    @property
+    def gain(self) -> float:
+        """The best per step over the best single shape: the most a table can win here."""
+        return self.best_per_step / self.held[self.best_single]
+
+    def to_json(self) -> dict[str, object]:
+        return {"steps": self.steps, "held_tok_per_s": self.held,
+                "best_per_step_tok_per_s": self.best_per_step,
+                "best_single": self.best_single, "gain": self.gain}
+
+
+def loop_bound(streams: Sequence[int], tok: Mapping[str, Sequence[float | None]]
+               ) -> LoopBound | None:  # fmt: skip
+    """`tok[label][i]`: shape `label`'s tok/s at `streams[i]`. The bound over the loads'
+    staircase; None when a shape lacks a figure at some load (or there is no shape)."""
+    at = {s: i for i, s in enumerate(streams)}
+    steps = staircase(streams)
+    per_step: dict[str, list[float]] = {}
+    for label, figures in tok.items():
+        row = [figures[at[s]] for s in steps]
+        if any(t is None for t in row):
+            return None
+        per_step[label] = [float(t) for t in row if t is not None]
+    if not per_step:
+        return None
+    best = [max(row[i] for row in per_step.values()) for i in range(len(steps))]
+    return LoopBound(steps, {lb: sum(row) / len(row) for lb, row in per_step.items()},
+                     sum(best) / len(best))

@@ -61,6 +61,15 @@ def test_each_shape_is_held_and_benched_and_the_table_restored(
         assert all(low < lv["accept_length"] < high for lv in levels), (shape, levels)
         assert all(lv["series"] == shape and lv["output_tok_per_s"] > 0 for lv in levels)
     assert [b["streams"] for b in doc["best"]] == [1, 4]
+    # the closed loop 1, 4, 1: each shape held throughout, and the best one at every step
+    tok = {s: {lv["concurrency"]: lv["output_tok_per_s"] for lv in doc["levels"][s]}
+           for s in doc["shapes"]}
+    held = {s: (2 * t[1] + t[4]) / 3 for s, t in tok.items()}
+    best = (2 * max(t[1] for t in tok.values()) + max(t[4] for t in tok.values())) / 3
+    bound = doc["closed_loop_bound"]
+    assert bound["steps"] == [1, 4, 1] and bound["held_tok_per_s"] == pytest.approx(held)
+    assert bound["gain"] == pytest.approx(best / max(held.values())) and bound["gain"] >= 1
+    assert f"x{bound['gain']:.3f} the best single one ({bound['best_single']})" in text
     assert (out / "shapes.png").stat().st_size > 10_000
     if doc["recommended_table"] is not None:  # every load decided something
         policy = load(out / "shapes-table.yaml", captured_depths=[3], captured_trees=[TREE])

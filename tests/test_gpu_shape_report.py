@@ -214,20 +214,22 @@ def test_the_closed_loop_bound_over_the_loads_up_and_down(tmp_path: Path) -> Non
     analysis = shape_report.analyse(shape_report.load(_write(tmp_path / "one")), ORDER)
     bound = analysis["families"]["a"]["closed_loop_bound"]
     assert bound["steps"] == [1, 4, 16, 4, 1] and bound["flagged_steps"] == []
-    assert bound["static_tok_per_s"] == pytest.approx(
+    drafting, with_plain = bound["drafting"], bound["with_plain"]
+    assert with_plain["held_tok_per_s"] == pytest.approx(
         {"plain": 1580.0, "3x1x4": 1780.0, "5x1x6": 1660.0, "3x4x16": 1819.6, "4x2x8": 1618.0})
-    assert bound["drafting"]["best_per_step"] == pytest.approx(1887.6)
-    assert bound["drafting"]["best_static"] == "3x4x16"
-    assert bound["drafting"]["over_best_static"] == pytest.approx(1887.6 / 1819.6)
-    assert bound["with_plain"]["over_best_static"] == pytest.approx(1887.6 / 1819.6)
+    assert "plain" not in drafting["held_tok_per_s"]
+    assert drafting["best_per_step_tok_per_s"] == pytest.approx(1887.6)
+    assert drafting["best_single"] == with_plain["best_single"] == "3x4x16"
+    assert drafting["gain"] == pytest.approx(1887.6 / 1819.6)
+    assert with_plain["gain"] == pytest.approx(1887.6 / 1819.6)
     assert analysis["families"]["b"]["closed_loop_bound"] is None
 
     plain_at_16 = {**TOK, "plain": {"a": {1: 500, 4: 1950, 16: 3200}}}
     again = shape_report.analyse(shape_report.load(_write(tmp_path / "two", plain_at_16)), ORDER)
     bound = again["families"]["a"]["closed_loop_bound"]
-    assert bound["drafting"]["over_best_static"] == pytest.approx(1887.6 / 1819.6)
-    assert bound["with_plain"]["best_per_step"] == pytest.approx(1907.6)
-    assert bound["with_plain"]["over_best_static"] == pytest.approx(1907.6 / 1819.6)
+    assert bound["drafting"]["gain"] == pytest.approx(1887.6 / 1819.6)
+    assert bound["with_plain"]["best_per_step_tok_per_s"] == pytest.approx(1907.6)
+    assert bound["with_plain"]["gain"] == pytest.approx(1907.6 / 1819.6)
     text = shape_report.text(shape_report.load(tmp_path / "two"), again)
     assert "the best shape or plain per step: 1,908 tok/s, x1.048 the best single one " \
         "(3x4x16)" in text

@@ -21,8 +21,7 @@ from typing import Any
 
 from benchmarks.gpu.draft_shapes import PLAIN, ShapeError, parse_shape
 from controller.bench.level_flags import level_flags
-from sims.shape_switch import staircase
-from sims.shape_table import shape_table
+from sims.shape_table import loop_bound, shape_table
 
 WIDTH = 20  # a table cell
 TREE_MARGIN = 0.05  # a tree must beat the best chain by this share to earn tiers of its own
@@ -86,40 +85,23 @@ def _best(fig: Figures, labels: Sequence[str], family: str, streams: int
 
 def closed_loop_bound(fig: Figures, labels: Sequence[str], family: str,
                       streams: Sequence[int]) -> dict[str, Any] | None:
-    """A closed loop stepping the loads up and back down (1, 4, ..., 256, ..., 4, 1), each
-    step lasting alike: each shape's tok/s over it (the mean of its levels, a flagged level's
-    streamed tok/s included: every shape needs a figure at every step), and the best shape
-    per step switched for free, among the drafting shapes (a shape server, no off) and with
-    plain. No table on one server beats that best per step, so its ratio over the best single
-    shape bounds what any table can win on this trace. None: a shape lacks a level."""
-    steps = staircase(streams)
-    per_step: dict[str, list[float]] = {}
-    for lb in labels:
-        figures = [_tok(fig, lb, family, s, flagged=True) for s in steps]
-        if any(t is None for t in figures):
-            return None
-        per_step[lb] = [float(t or 0.0) for t in figures]
-    drafting = [lb for lb in labels if lb != PLAIN]
-    if not drafting:
+    """`sims.shape_table.loop_bound` over the loads up and back down (1, 4, ..., 256, ...,
+    4, 1), among the drafting shapes (a shape server, no off) and with plain. A flagged
+    level counts with its streamed tok/s: every shape needs a figure at every step. None: a
+    shape lacks a level."""
+    tok = {lb: [_tok(fig, lb, family, s, flagged=True) for s in streams] for lb in labels}
+    drafting = loop_bound(streams, {lb: t for lb, t in tok.items() if lb != PLAIN})
+    if drafting is None:
         return None
-    static = {lb: sum(v) / len(v) for lb, v in per_step.items()}
-
-    def best_per_step(among: Sequence[str]) -> float:
-        return sum(max(per_step[lb][i] for lb in among) for i in range(len(steps))) / len(steps)
-
-    top_drafting = max(drafting, key=lambda lb: static[lb])
-    top = max(static, key=lambda lb: static[lb])
     out: dict[str, Any] = {
-        "steps": steps, "static_tok_per_s": static,
-        "flagged_steps": sorted({s for lb in labels for s in steps
-                                 if _flagged(fig[lb][family][s])}),
-        "drafting": {"best_per_step": best_per_step(drafting), "best_static": top_drafting},
+        "steps": drafting.steps,
+        "flagged_steps": [s for s in streams if any(
+            (lv := fig[lb][family].get(s)) is not None and _flagged(lv) for lb in labels)],
+        "drafting": drafting.to_json(),
     }  # fmt: skip
-    out["drafting"]["over_best_static"] = out["drafting"]["best_per_step"] / static[top_drafting]
-    if PLAIN in per_step:
-        with_off = best_per_step(list(per_step))
-        out["with_plain"] = {"best_per_step": with_off, "best_static": top,
-                             "over_best_static": with_off / static[top]}
+    with_plain = loop_bound(streams, tok) if PLAIN in tok else None
+    if with_plain is not None:
+        out["with_plain"] = with_plain.to_json()
     return out
 
 
@@ -234,17 +216,17 @@ def text(fig: Figures, analysis: Mapping[str, Any]) -> str:
 def bound_lines(bound: Mapping[str, Any] | None) -> list[str]:
     if bound is None:
         return ["  closed loop bound: none (a shape lacks a level)"]
-    steps = bound["steps"]
-    statics = ", ".join(f"{lb} {t:,.0f}" for lb, t in bound["static_tok_per_s"].items())
+    widest = bound.get("with_plain") or bound["drafting"]
+    held = ", ".join(f"{lb} {t:,.0f}" for lb, t in widest["held_tok_per_s"].items())
     flagged = ",".join(map(str, bound["flagged_steps"]))
-    lines = [f"  closed loop {'-'.join(map(str, steps))} streams, steps alike"
+    lines = [f"  closed loop {'-'.join(map(str, bound['steps']))} streams, steps alike"
              f"{f' (c={flagged}: flagged levels streamed)' if flagged else ''}:",
-             f"    one shape throughout: {statics} tok/s"]
+             f"    one shape throughout: {held} tok/s"]
     for key, what in (("drafting", "drafting shape (no off)"), ("with_plain", "shape or plain")):
         if key in bound:
             b = bound[key]
-            lines.append(f"    the best {what} per step: {b['best_per_step']:,.0f} tok/s, "
-                         f"x{b['over_best_static']:.3f} the best single one ({b['best_static']})")
+            lines.append(f"    the best {what} per step: {b['best_per_step_tok_per_s']:,.0f} "
+                         f"tok/s, x{b['gain']:.3f} the best single one ({b['best_single']})")
     return lines
 
 

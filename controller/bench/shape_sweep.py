@@ -68,6 +68,16 @@ class ShapeSweepOutcome:
                          else r.output_tok_per_s for c in loads]  # fmt: skip
         return out
 
+    def streamed(self) -> dict[str, list[float | None]]:
+        """Each shape's output tok/s per load as its window streamed it, flagged levels too
+        (None: no level there)."""
+        loads = list(self.plan.concurrencies)
+        out: dict[str, list[float | None]] = {}
+        for name, levels in self.results.items():
+            by_load = {r.concurrency: r.output_tok_per_s for r in levels}
+            out[name] = [by_load.get(c) for c in loads]
+        return out
+
     def best(self) -> list[tuple[int, str | None]]:
         tok = self.tok()
         out: list[tuple[int, str | None]] = []

@@ -24,7 +24,7 @@ from controller.cli.bench_run import level_line
 from controller.cli.tables import print_table
 from sglang_hooks.contract import PolicyTable
 from sglang_hooks.draft_shape import DraftShape
-from sims.shape_table import shape_table
+from sims.shape_table import LoopBound, loop_bound, shape_table
 
 JSON_NAME = "shapes.json"
 TABLE_NAME = "shapes-table.yaml"
@@ -77,7 +77,19 @@ def shapes_table(outcome: ShapeSweepOutcome) -> Table:
     recommended = outcome.to_json(best_table(outcome))["recommended"]
     table.caption = ("as a table: " + recommended) if recommended else \
         "no table: some load has no level that decides (see the flags in shapes.json)"
+    bound = closed_loop_bound(outcome)
+    if bound is not None and len(outcome.results) > 1:
+        table.caption += (
+            f"\nover a closed loop of {'-'.join(map(str, bound.steps))} streams, steps "
+            f"alike, the best shape per step gives x{bound.gain:.3f} the best single one "
+            f"({bound.best_single}): the most any table can win there")
     return table
+
+
+def closed_loop_bound(outcome: ShapeSweepOutcome) -> LoopBound | None:
+    """What the best shape per load, switched for free over the loads up and back down,
+    gives over the best single shape (streamed tok/s, flagged levels too)."""
+    return loop_bound(list(outcome.plan.concurrencies), outcome.streamed())
 
 
 def _plot(outcome: ShapeSweepOutcome, path: Path) -> None:
@@ -113,7 +125,8 @@ def _write(outcome: ShapeSweepOutcome, out_dir: Path, console: Console) -> None:
     from controller.daemon.policy_file import PolicyFile, Provenance, dump
 
     table = best_table(outcome)
-    doc = outcome.to_json(table)
+    bound = closed_loop_bound(outcome)
+    doc = {**outcome.to_json(table), "closed_loop_bound": bound and bound.to_json()}
     paths = [out_dir / JSON_NAME]
     paths[0].write_text(json.dumps(doc, indent=1) + "\n")
     if table is not None:

@@ -2,8 +2,8 @@
 30's bench of shapes (`benchmarks/shape_sim_check.py`: SGLang 0.5.17 on an H200, the chain
 3x1x4, the trees 3x4x16 and 5x8x32, the plain server, families a and b, 1-256 streams):
 
-1. per load, the best drafting shape per load as a table, run on a server that captured the
-   three drafting shapes, over the best single shape there (plain included);
+1. per load, the best shape per load as a table, run on a server that captured the four
+   shapes (plain as its off), over the best single shape there;
 2. a closed loop stepping 1, 4, 16, 64, 128, 256 and back down: every static shape and the
    table over the same trace, whole-trace tok/s and the per-step geometric mean.
 

@@ -213,6 +213,17 @@ def tier_label(tier: Tier) -> str:
     return "off" if tier.depth == 0 else f"d{tier.depth}"
 
 
+def off_field(tiers: Sequence[Tier]) -> str | None:
+    """The first field that runs or probes off (depth 0), like `tiers[2].depth`; None if none.
+    A shape server captures off only when plain was listed, so its refusal names this field."""
+    for i, tier in enumerate(tiers):
+        if tier.topk == 1 and tier.depth == 0:
+            return f"tiers[{i}].depth"
+        if 0 in tier.explore_depths:
+            return f"tiers[{i}].explore_depths[{tier.explore_depths.index(0)}]"
+    return None
+
+
 def single_depth_table(depth: int, version: int = 0) -> PolicyTable:
     """A one-tier table that runs `depth` at every batch size (used to force a depth)."""
     return PolicyTable.build([Tier(min_batch=1, depth=depth)], version=version)

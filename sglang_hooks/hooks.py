@@ -243,7 +243,8 @@ def shapes_build(ret: Any, worker: Any, *args: Any, **kwargs: Any) -> Any:
         registry = None
         if reason is None:
             registry = shapes.ShapeRegistry.start(worker)
-            wanted = shapes.to_capture(list(listed), registry.startup)
+            wanted = shapes.to_capture(list(listed), registry.startup,
+                                       settings.SGLANG_SKIP_EXTEND.get())
             _capture_shapes(worker, registry, wanted)
     except shapes.ShapeSetupError as err:
         reason = str(err)
@@ -275,16 +276,16 @@ def _capture_shapes(worker: Any, registry: shapes.ShapeRegistry,
     for shape in wanted:
         state = shapes.capture(worker, shape, graphs=graphs, gpu_free_gb=free)
         registry.add(state)
-        logger.info("specctl: shape %s captured in %.1f s%s%s", shape.label, state.capture_s,
+        name = shapes.shape_label(shape)
+        logger.info("specctl: shape %s captured in %.1f s%s%s", name, state.capture_s,
                     "" if state.memory_gb is None else f", {state.memory_gb:.2f} GB",
-                    f"; refused: {registry.refused[shape.label]}"
-                    if shape.label in registry.refused else "")
+                    f"; refused: {registry.refused[name]}" if name in registry.refused else "")
 
 
 def _start_shape_steering(registry: shapes.ShapeRegistry) -> None:
     rt = RUNTIME
     rt.timer = make_timer()
-    rt.use_off_path(settings.SGLANG, ())  # no depth 0 on a shape server yet
+    rt.use_off_path(*shape_off_path(registry))
     startup = None
     path = policy_file_from_env()
     if path is not None:
@@ -295,9 +296,21 @@ def _start_shape_steering(registry: shapes.ShapeRegistry) -> None:
             logger.error("specctl: start-up table not used, the start-up shape stays: %s", err)
             rt.last_rejection = str(err)
     rt.activate(registry.chains, startup, None, captured_trees=registry.trees)
-    logger.info("specctl: active on shapes %s (started at %s); start-up table: %s%s",
-                ", ".join(sorted(s.label for s in registry.states)), registry.startup.label,
-                table_fingerprint(startup), f" from {path}" if startup is not None else "")
+    logger.info("specctl: active on shapes %s (started at %s); start-up table: %s%s%s",
+                ", ".join(sorted(shapes.shape_label(s) for s in registry.states)),
+                registry.startup.label, table_fingerprint(startup),
+                f" from {path}" if startup is not None else "",
+                f"; off on the {rt.off_path} path" if registry.off is not None else "")
+
+
+def shape_off_path(registry: shapes.ShapeRegistry) -> tuple[str, frozenset[OffPathFeature]]:
+    """What off runs on a shape server: with plain captured and the plugin's off path here,
+    SGLang's depth 0 with the draft extend skipped (its other pieces assume a chain server's
+    top-k 1 throughout); else SGLang's own depth 0, or none."""
+    if registry.off is None or OFF_PATH != settings.SPECCTL \
+            or OffPathFeature.SKIP_EXTEND not in FEATURES:
+        return settings.SGLANG, frozenset()
+    return settings.SPECCTL, frozenset({OffPathFeature.SKIP_EXTEND})
 
 
 def shape_switch(original: Callable[..., Any], worker: Any, batch_size: int, *args: Any,
@@ -309,6 +322,8 @@ def shape_switch(original: Callable[..., Any], worker: Any, batch_size: int, *ar
         return original(worker, batch_size, *args, **kwargs)
     try:
         chosen, shape = RUNTIME.choose_shape(batch_size)
+        if shape is None:  # an off tier: SGLang's depth 0, captured when plain was listed
+            shape = registry.off
         target = shape if chosen and shape in registry.states else registry.startup
         registry.switch(worker, target)
     except Exception:
@@ -429,7 +444,10 @@ def skip_extend(original: Callable[..., Any], draft_worker: Any, batch: Any, bat
         plain_decode.accept_lens_to_device(batch_result, batch.seq_lens.device)
         return original(draft_worker, batch, batch_result, *args, **kwargs)
     try:
-        if rt.host_trims:
+        if SHAPES is not None:  # the stub at the start-up width, as every extend writes
+            with shapes.full_width(worker, SHAPES.startup.topk):
+                worker._stub_skipped_draft_extend(batch, batch_result)
+        elif rt.host_trims:
             lean_host.stub_skipped_extend(worker, batch, batch_result)
         else:
             worker._stub_skipped_draft_extend(batch, batch_result)

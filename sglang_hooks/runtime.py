@@ -57,8 +57,8 @@ def skippable_tiers(table: PolicyTable | None) -> tuple[bool, ...]:
     warm draft gets."""
     if table is None:
         return ()
-    return tuple(t.depth == 0 and not any(d > 0 for d in t.explore_depths)
-                 for t in table.tiers)
+    return tuple(t.depth == 0 and t.topk == 1 and not any(d > 0 for d in t.explore_depths)
+                 and not t.explore_trees for t in table.tiers)
 
 
 NOT_STARTED = "the adaptive speculative controller has not started"
@@ -273,12 +273,15 @@ class SchedulerRuntime:
         return depth
 
     def choose_shape(self, batch_size: int) -> tuple[bool, Shape]:
-        """`choose` on a shape server: (whether a table chose, the shape for this launch). Its
-        extend always runs: a shape server has no depth 0 of its own yet."""
+        """`choose` on a shape server: (whether a table chose, the shape for this launch; None
+        is off). An off launch skips its extend as `choose` decides for depth 0."""
         selector = self._launch(batch_size)
         if selector is None:
             return False, None
         shape, self.launch_explore = selector.select_shape(batch_size)
+        skippable = self._skippable
+        self.launch_skips_extend = (shape is None and bool(skippable)
+                                    and skippable[selector.tier or 0])
         return True, shape
 
     def _launch(self, batch_size: int) -> TierSelector | None:

@@ -3,9 +3,12 @@
 A list of shapes with a tree in it cannot use SGLang's adaptive states (they are chain-only,
 docs/decisions/draft-shapes.md): SGLang starts statically at the listed shape that dominates
 the others, since it sizes the KV reserve, the draft-input width and the logits buffer once from
-its start-up flags, and every other shape is captured beside it. `shape_launch` checks a list
-and SGLang's arguments against what that needs and returns the arguments to add, or raises
-ShapeError with one line naming the fix. A list of chains alone keeps the depth path.
+its start-up flags, and every other shape is captured beside it. `plain` in such a list is
+captured too, as SGLang's own depth 0 (a one-token verify at top-k 1, the draft extend skipped
+while off); it keeps the start-up shape's KV reserve per request, which is sized once.
+`shape_launch` checks a list and SGLang's arguments against what that needs and returns the
+arguments to add, or raises ShapeError with one line naming the fix. A list of chains alone
+(plain among them or not) keeps the depth path: it goes to `--depths`.
 
 `specctl serve --shapes` applies these rules; the plugin's capture and switch
 (sglang_hooks/shapes.py) then checks the server it finds against the same limits.
@@ -60,10 +63,6 @@ def shape_launch(shapes: Sequence[Shape], sglang_args: Sequence[str]) -> ShapeLa
         depths = sorted(0 if s is None else s.steps for s in shapes)
         raise ShapeError(f"shapes {_listed(shapes)} are chains only: pass --depths "
                          f"{','.join(map(str, depths))}, which keeps SGLang's own depth states")
-    if any(s is None for s in shapes):
-        raise ShapeError(f"shapes {_listed(shapes)}: off (plain) cannot be switched to on a tree "
-                         f"server yet; list drafting shapes only (the smallest chain is the "
-                         f"cheapest tier)")
     start = dominating(list(shapes))
     assert start is not None  # a tree is listed
     _check_args(shapes, start, sglang_args)
@@ -76,6 +75,9 @@ def shape_launch(shapes: Sequence[Shape], sglang_args: Sequence[str]) -> ShapeLa
              f"{kv_slots_per_request(start)} KV slots per decode at every tier "
              f"(a chain server up to the deepest listed chain keeps "
              f"{_chain_slots(shapes)})"]
+    if any(s is None for s in shapes):
+        notes.append(f"plain: off runs SGLang's depth 0 (a one-token verify, the draft extend "
+                     f"skipped) and still keeps {start.label}'s KV reserve per request")
     if not has_flag(sglang_args, "--attention-backend"):
         args += ["--attention-backend", TREE_BACKEND]
         notes.append("added --attention-backend fa3: tree shapes run on FlashAttention 3 only")

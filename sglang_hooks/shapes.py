@@ -33,6 +33,12 @@ logger = logging.getLogger("specctl")
 
 CAPTURE_SOURCE = "specctl.shape_capture"
 TOPK_FIELD = "speculative_eagle_topk"
+# Off (`plain` in the list) on a shape server: SGLang's own depth 0, captured as the state of 0
+# steps and 1 draft token at top-k 1 (no draft; a one-token verify whose target backend attends
+# causally). Its draft extend is skipped at off tiers on the plugin's off path (hooks.py), the
+# stub written at the start-up width like every other producer of the draft input.
+OFF = DraftShape(0, 1, 1)
+_TRUE = ("1", "true", "yes", "y", "on")
 
 
 class ShapeSetupError(RuntimeError):
@@ -97,12 +103,13 @@ def startup_shape(worker: Any) -> DraftShape:
                       int(worker.speculative_num_draft_tokens))
 
 
-def to_capture(listed: list[Shape], startup: DraftShape) -> list[DraftShape]:
-    """The listed shapes beyond the start-up one, in order. Raises ShapeSetupError when the
-    start-up shape does not dominate them or the list names plain (not switchable yet)."""
-    if any(s is None for s in listed):
-        raise ShapeSetupError("plain is not switchable on a tree server yet; list drafting "
-                              "shapes only")
+def to_capture(listed: list[Shape], startup: DraftShape,
+               sglang_skips_extend: str | None = None) -> list[DraftShape]:
+    """The listed shapes beyond the start-up one, in order, plain as OFF. Raises
+    ShapeSetupError when the start-up shape does not dominate them, or when plain is listed
+    and SGLang's own skip of the depth-0 extend is on (`sglang_skips_extend`, its variable's
+    value): its stub is as wide as the live top-k, 1 at off, and the draft input must cross
+    iterations at the start-up width."""
     shapes = [s for s in listed if s is not None]
     try:
         top = dominating([startup, *shapes])
@@ -111,7 +118,17 @@ def to_capture(listed: list[Shape], startup: DraftShape) -> list[DraftShape]:
     if top != startup:
         raise ShapeSetupError(f"the server starts at {startup.label} but {label(top)} dominates "
                               f"the list; start it at {label(top)}")
-    return [s for s in shapes if s != startup]
+    off = any(s is None for s in listed)
+    if off and (sglang_skips_extend or "").strip().lower() in _TRUE:
+        raise ShapeSetupError("SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND writes a one-column draft "
+                              "input at off on a tree server; unset it (the plugin skips the "
+                              "draft extend at off itself)")
+    return [OFF if s is None else s for s in listed if s != startup]
+
+
+def shape_label(shape: DraftShape) -> str:
+    """A captured shape as the user listed it: `plain` for OFF."""
+    return label(None) if shape == OFF else shape.label
 
 
 # ----------------------------------------------------------------------------- capture
@@ -279,11 +296,16 @@ class ShapeRegistry:
         if reason is None:
             self.states[state.shape] = state
         else:
-            self.refused[state.shape.label] = reason
+            self.refused[shape_label(state.shape)] = reason
 
     @property
     def chains(self) -> frozenset[int]:
         return frozenset(s.steps for s in self.states if s.topk == 1)
+
+    @property
+    def off(self) -> DraftShape | None:
+        """OFF when it was captured (plain listed), else None."""
+        return OFF if OFF in self.states else None
 
     @property
     def trees(self) -> frozenset[DraftShape]:
@@ -312,11 +334,23 @@ class ShapeRegistry:
     def report(self) -> dict[str, Any]:
         return {
             "startup": self.startup.label,
-            "live": self.live.label,
+            "live": shape_label(self.live),
             "switches": self.switches,
-            "captured": {s.label: st.report() for s, st in self.states.items()},
+            "captured": {shape_label(s): st.report() for s, st in self.states.items()},
             "refused": dict(self.refused),
         }
+
+
+@contextlib.contextmanager
+def full_width(worker: Any, topk: int) -> Iterator[None]:
+    """The speculative worker at the start-up top-k `topk` for SGLang's stub of a skipped
+    extend (it sizes the draft input by the worker's top-k, which is 1 while off runs)."""
+    live = worker.topk
+    worker.topk = topk
+    try:
+        yield
+    finally:
+        worker.topk = live
 
 
 # ----------------------------------------------------------------------------- the draft

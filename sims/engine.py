@@ -14,8 +14,9 @@ Each loop turn is one scheduler iteration, as in SGLang's default (non-mixed) sc
 A server started at a static draft shape (a tree among them, `sims.shape_server`) runs as the
 chain of the shape's steps, costed by the shape and accepting its mean accept length. A shape
 server that switches among captured shapes (`sims.shape_server.switching_server`) runs each as
-a lane: its own steps, cost and acceptance, keyed by the depth for a chain and from
-`TREE_LANE_BASE` for a tree; the policy picks a lane per iteration as it picks a depth.
+a lane: its own steps, cost and acceptance, keyed by the depth for a chain (0 for off, plain
+listed) and from `TREE_LANE_BASE` for a tree; the policy picks a lane per iteration as it
+picks a depth.
 
 Everything per request lives in numpy arrays so one decode iteration is a handful of vector
 operations whatever the batch size. Randomness comes from seeded streams: the same seed and the

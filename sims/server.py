@@ -69,6 +69,12 @@ def off_path_of(profile: Profile) -> tuple[str, frozenset[contract.OffPathFeatur
     return (contract.OFF_PATH_SPECCTL if features else contract.OFF_PATH_SGLANG), features
 
 
+def _verify_topk(label: str) -> int:
+    """The top-k a captured shape's target verify runs at (off's one-token verify: 1)."""
+    shape = parse_shape(label)
+    return 1 if shape is None else shape.topk
+
+
 class SimulatedServer:
     """A simulated speculative-decoding SGLang server. See docs/simulator.md#in-process-api."""
 
@@ -127,8 +133,9 @@ class SimulatedServer:
             self._captured = []
             for label, key in self.shape_server.keys.items():
                 shape = parse_shape(label)
-                assert shape is not None  # switching_server captures drafting shapes only
-                if shape.is_chain:
+                if shape is None:  # plain: the server's off, depth 0 as the plugin reports it
+                    self._captured.append(0)
+                elif shape.is_chain:
                     self._captured.append(shape.steps)
                 else:
                     self._trees.append(shape)
@@ -137,9 +144,10 @@ class SimulatedServer:
         self._source = "none"
         self._last_rejection: str | None = None
         # What depth 0 runs, as the profile models it; fixed, as on a real server. A shape
-        # server has no depth 0 of its own yet: SGLang's path, no piece of the plugin's.
+        # server runs off only with plain captured, the draft extend skipped (its view's
+        # draft costs, `switching_server`); without it no depth 0, no piece of the plugin's.
         self._off_path, self._features = off_path_of(profile)
-        if self.shape_server is not None:
+        if self.shape_server is not None and 0 not in self._captured:
             self._off_path, self._features = contract.OFF_PATH_SGLANG, frozenset()
         self._applied_iteration: int | None = None
         self._live_version = 0
@@ -407,10 +415,10 @@ class SimulatedServer:
         label_of = {k: lane.label for k, lane in self.shape_server.lanes.items()}
         trees = self._tree_lanes
         tree_results = sum(int(c[0]) for (lane, _), c in engine.counters.items() if lane in trees)
-        live = label_of.get(engine.last_lane, self.startup_shape)
+        # before the first decode the start-up shape is live (lane 0 is off's, not "none yet")
+        live = label_of[engine.last_lane] if engine.counters else self.startup_shape
         captured = {label: {"capture_s": 0.0, "memory_gb": None,
-                            "target_topk": parse_shape(label).topk,  # type: ignore[union-attr]
-                            "mask_read": label_of[k] in {t.label for t in self._trees}}
+                            "target_topk": _verify_topk(label), "mask_read": k in trees}
                     for k, label in label_of.items()}  # fmt: skip
         return {"tree_results": tree_results,
                 "shapes": {"startup": self.startup_shape, "live": live,

@@ -10,7 +10,18 @@ modelled). `plain` is the server without speculation, costed by its shape entry.
 dominates the list, it captured every listed shape and runs, per iteration, the one the
 pushed table picks. Each shape is an engine lane costed and accepting as its static server
 does: on the GPU a shape held inside such a server ran at its stock server's tok/s (0.98-1.01,
-docs/measurements.md#tree-switch). Plain is not among them: a shape server has no off yet.
+docs/measurements.md#tree-switch).
+
+`plain` in the list is the server's off: SGLang's depth 0 as the plugin runs it there (a
+one-token verify at top-k 1, no draft, the draft extend skipped), a lane of 0 steps keyed 0 as
+a chain's lane is keyed by its depth. It accepts nothing and costs the plain server's
+iteration (the profile's `plain` shape) plus `draft.spec_sched_ms`, the spec-v2 scheduling a
+speculative server pays at every iteration, depth 0 included: on the GPU SGLang's depth 0 with
+the draft extend skipped ran at 0.978-0.995 of a plain server at 1-16 streams
+(docs/measurements.md#sglang-depth0), a gap of that size. Its admissions still pay the draft's
+prefill (`draft.prefill_ms`: the plugin skips only the extend at off on a shape server), and
+the KV a tree server reserves per request beyond a plain server's is not modelled (the engine
+reserves a request's prompt and output only).
 """
 
 from __future__ import annotations
@@ -18,10 +29,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
+import numpy as np
+
 from sglang_hooks.draft_shape import PLAIN, parse_shape
 from sims.engine import TREE_LANE_BASE, Lane
 from sims.fit.framing import acceptance_rates
-from sims.profile import AcceptanceModel, Profile
+from sims.profile import AcceptanceModel, DraftCost, Profile
 
 
 class ShapeQuestionError(ValueError):
@@ -81,21 +94,21 @@ class SwitchingServer:
     keys: dict[str, int]  # shape label -> the lane that runs it
 
 
+OFF_LANE = 0  # off's lane: depth 0, as a chain's lane is its depth
+
+
 def switching_server(profile: Profile, names: list[str]) -> SwitchingServer:
-    """The shape server `profile` describes, having captured the shapes `names` (drafting
-    shapes of the profile, a chain at most once per depth)."""
+    """The shape server `profile` describes, having captured the shapes `names` (shapes of the
+    profile, a chain at most once per depth, at least one that drafts; `plain` is its off)."""
     shapes = known_shapes(profile)
     if PLAIN in names:
-        raise ShapeQuestionError(
-            "plain is not switchable on a shape server (it captures drafting shapes only); "
-            "compare plain as a static server"
-        )
+        require_plain(profile)
     unknown = [n for n in names if n not in shapes]
     if unknown:
         raise ShapeQuestionError(
             f"shape {unknown[0]} is not in profile {profile.name} (it has {', '.join(shapes)})"
         )
-    if not names:
+    if all(n == PLAIN for n in names):
         raise ShapeQuestionError("a shape server needs at least one drafting shape")
     assert profile.shapes is not None
     phases = profile.shape_phases
@@ -103,7 +116,10 @@ def switching_server(profile: Profile, names: list[str]) -> SwitchingServer:
     keys: dict[str, int] = {}
     for i, name in enumerate(dict.fromkeys(names)):
         shape = parse_shape(name)
-        assert shape is not None
+        if shape is None:
+            lanes[OFF_LANE] = Lane(PLAIN, 0, {p: [] for p in phases}, partial(_off_ms, profile))
+            keys[name] = OFF_LANE
+            continue
         key = shape.steps if shape.is_chain else TREE_LANE_BASE + i
         lengths = profile.shapes[name].accept_length
         rates = {p: acceptance_rates({shape.steps: lengths[p]}, shape.steps) for p in phases}
@@ -112,8 +128,35 @@ def switching_server(profile: Profile, names: list[str]) -> SwitchingServer:
     deepest = max(lane.steps for lane in lanes.values())
     widest = next(lane for lane in lanes.values() if lane.steps == deepest)
     acceptance = AcceptanceModel(phases=dict(widest.rates), default_phase=phases[0])
-    view = profile.model_copy(update={
+    update = {
         "acceptance": acceptance, "full_depth": deepest,
         "captured_depths": sorted({lane.steps for lane in lanes.values()}),
-    })  # fmt: skip
+    }  # fmt: skip
+    if OFF_LANE in lanes:
+        update["draft"] = _off_draft(profile)
+    view = profile.model_copy(update=update)
     return SwitchingServer(Profile.model_validate(view.model_dump()), lanes, keys)
+
+
+def require_plain(profile: Profile) -> None:
+    """Off on a shape server is costed by the profile's plain shape: say how to get one."""
+    if PLAIN not in (profile.shapes or {}):
+        raise ShapeQuestionError(
+            f"profile {profile.name} has no plain shape, which off on a shape server is costed "
+            "by; fit the profile from a bench of shapes that includes plain: specctl sim fit "
+            f"--shapes SHAPES_DIR --base {profile.name} --out PROFILE.yaml"
+        )
+
+
+def _off_ms(profile: Profile, batch: np.ndarray, context: np.ndarray) -> np.ndarray:
+    """Off on a shape server: the plain server's iteration, plus spec-v2's scheduling."""
+    return profile.shape_iteration_ms(PLAIN, batch, context) + profile.draft.spec_sched_ms
+
+
+def _off_draft(profile: Profile) -> DraftCost:
+    """What off runs on a shape server, as the plugin runs it there: the draft extend skipped,
+    the target's verify (not its plain decode graphs: the server verifies trees), and the
+    draft's prefill at every admission."""
+    return profile.draft.model_copy(update={
+        "extend_at_depth0": False, "plain_decode_at_depth0": False, "prefill_at_depth0": True,
+    })  # fmt: skip

@@ -4,10 +4,10 @@ per load, the table a shape-aware policy would use.
 Each point is its own simulation, as a sweep's are (`sims.sweep.run_point`): `streams` clients
 in a closed loop against a server started at one shape (`sims.shape_server`), measured after a
 warm-up. Per acceptance phase (a bench of shapes' prompt family) one table: the shapes' tok/s
-per load and the fastest shape at each. Where two or more drafting shapes were run, the best
-drafting shape per load as a table also runs on a shape server that captured them
-(`sims.shape_switch`), at each load and, with `closed_loop_step_s`, over a closed loop that
-steps through the loads.
+per load and the fastest shape at each. Where a shape server could switch among the shapes
+run (two or more, one of them drafting; plain is its off), the best shape per load as a table
+also runs on a shape server that captured them (`sims.shape_switch`), at each load and, with
+`closed_loop_step_s`, over a closed loop that steps through the loads.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from sglang_hooks.draft_shape import PLAIN
 from sims.policies import FixedDepthPolicy
 from sims.profile import Profile
 from sims.shape_server import shape_server
-from sims.shape_switch import TABLE, ClosedLoop, closed_loop, drafting, switch_table, table_window
+from sims.shape_switch import TABLE, ClosedLoop, closed_loop, switch_table, switchable, table_window
 from sims.shape_table import shape_table
 from sims.sweep import Point, SweepSpec, run_point
 from sims.sweep import _point as window_point  # the window between two snapshots, as a point
@@ -45,8 +45,9 @@ class ShapeSweepSpec:
 
     @property
     def switches(self) -> bool:
-        """Whether a shape server's table is run: two or more drafting shapes to switch."""
-        return len(drafting(self.shapes)) >= 2
+        """Whether a shape server's table is run: two or more shapes to switch among, one of
+        them drafting (plain is the server's off)."""
+        return len(switchable(self.shapes)) >= 2
 
     def points(self) -> int:
         per_phase = len(self.shapes) * len(self.streams)
@@ -115,22 +116,11 @@ class ShapeSweepResult:
         return shape_table(self.spec.streams, self._tok(phase))
 
     def switch_table(self, phase: str) -> PolicyTable | None:
-        """The best drafting shape per load as a table, what a shape server runs (None: fewer
-        than two drafting shapes, or some load with none scored)."""
+        """The best shape per load as the table a shape server that captured the shapes runs,
+        plain as off (None: nothing to switch, or some load with no shape scored)."""
         if not self.spec.switches:
             return None
         return switch_table(self.spec.streams, self._tok(phase))
-
-    def runnable_table(self, phase: str) -> PolicyTable | None:
-        """The table a server can run: the best shape per load, unless it mixes trees with
-        off (a shape server has no off yet); then the best drafting shape per load."""
-        table = self.table(phase)
-        if table is None:
-            return None
-        tiers = table.tiers
-        if any(t.topk > 1 for t in tiers) and any(t.depth == 0 for t in tiers):
-            return self.switch_table(phase)
-        return table
 
     def switched_at(self, phase: str, streams: int) -> ShapePoint | None:
         return next((p for p in self.switched
@@ -249,7 +239,7 @@ def render_tables(result: ShapeSweepResult) -> list[Table]:
         table.caption = f"best shape per load: {result.best_line(phase)}" + (
             "" if policy is None else f"\nas a table: {policy.describe()}"
         ) + ("" if switching is None or switching == policy else
-             f"\non a shape server (no off yet): {switching.describe()}")
+             f"\non a shape server: {switching.describe()}")
         out.append(table)
         if phase in result.closed:
             out.append(closed_loop_table(result, phase))

@@ -8,9 +8,11 @@ Two questions a bench of static shapes leaves open, answered on the profile:
   `step_s`, up and back down), every static shape and the table over the same trace: output
   tokens over the whole run, and per step.
 
-The table is what a shape server can run: the best drafting shape per load (plain is a static
-server of its own: a shape server has no off yet), so where plain is the best shape the table
-runs the best drafting one and its loss shows there.
+The table is what a shape server that captured the shapes can run: the best shape per load
+among them. With plain among the shapes the server captured off too (`switching_server`), so
+where plain is best the table turns drafting off (an `off` tier, paying spec-v2's scheduling
+beside a plain server's iteration); without it the table runs the best drafting shape there
+and its loss shows.
 """
 
 from __future__ import annotations
@@ -35,13 +37,22 @@ TABLE = "table"  # the label of the switching server's runs beside the static sh
 
 
 def drafting(shapes: Sequence[str]) -> list[str]:
-    """The shapes a shape server can capture and switch among."""
+    """The shapes that draft (all but plain)."""
     return [s for s in shapes if s != PLAIN]
 
 
+def switchable(shapes: Sequence[str]) -> list[str]:
+    """The shapes a shape server that captured `shapes` switches among: all of them, plain as
+    its off, when one drafts (none otherwise: such a list starts no shape server)."""
+    return list(shapes) if drafting(shapes) else []
+
+
 def switch_table(streams: Sequence[int], tok: dict[str, list[float | None]]) -> PolicyTable | None:
-    """The best drafting shape per load as a table (None: some load has none scored)."""
-    return shape_table(streams, {k: v for k, v in tok.items() if k != PLAIN})
+    """The best shape per load among those in `tok`, the shapes the server captured (plain as
+    off when among them), as a table (None: some load has none scored, or none drafts)."""
+    if not drafting(list(tok)):
+        return None
+    return shape_table(streams, tok)
 
 
 @dataclass(frozen=True)
@@ -106,7 +117,7 @@ def _server(profile: Profile, label: str, table: PolicyTable | None,
     """(profile, policy, lanes, speculative) of the server that runs `label`."""
     if label == TABLE:
         assert table is not None
-        server = switching_server(profile, drafting(shapes))
+        server = switching_server(profile, switchable(shapes))
         switching = ShapeTablePolicy(table, random.Random(seed), server.keys)
         return server.profile, switching, server.lanes, True
     static = shape_server(profile, label)

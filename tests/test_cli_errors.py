@@ -210,10 +210,42 @@ def test_serve_shapes_starts_sglang_static_at_the_dominating_tree(tmp_path) -> N
     assert "--policy-file" in flat(refused.output) and "tiers[1].depth" in flat(refused.output)
 
 
+def test_serve_shapes_with_plain_captures_off_beside_the_tree(tmp_path) -> None:
+    """`plain` among the shapes: SGLang still starts at the tree, SPECCTL_SHAPES keeps plain,
+    and a start-up table may turn drafting off only when plain is listed."""
+    result = run("serve", "--dry-run", "--shapes", "3x4x16,3x1x4,plain", *EAGLE)
+    assert result.exit_code == 0, result.output
+    [command] = [ln for ln in result.output.splitlines() if "sglang.launch_server" in ln]
+    assert command.startswith("SPECCTL_SHAPES=3x4x16,3x1x4,plain ")
+    assert "--speculative-eagle-topk 4 --speculative-num-draft-tokens 16" in command
+    assert "draft extend skipped" in flat(result.output)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("table:\n  version: 1\n  tiers: [{min_batch: 1, depth: 3, topk: 4, "
+                      "draft_tokens: 16}, {min_batch: 21, depth: 3}, {min_batch: 101, "
+                      "depth: 0}]\n")
+    ok = run("serve", "--dry-run", "--shapes", "3x4x16,3x1x4,plain", "--policy-file",
+             str(policy), *EAGLE)
+    assert ok.exit_code == 0, ok.output
+    assert "1-20: 3x4x16 | 21-100: d3 | 101+: off" in ok.output
+    refused = run("serve", "--dry-run", "--shapes", "3x4x16,3x1x4", "--policy-file",
+                  str(policy), *EAGLE)
+    assert refused.exit_code == 2
+    [line] = error_lines(refused.output)
+    assert line == (f"error: --policy-file {policy}: table.tiers[2].depth: off (depth 0) is "
+                    f"captured on a shape server only when plain is listed; add plain to "
+                    f"--shapes")
+    policy.write_text("table:\n  version: 1\n  tiers: [{min_batch: 1, depth: 3, "
+                      "explore_share: 0.1, explore_depths: [0]}]\n")
+    probe = run("serve", "--dry-run", "--shapes", "3x4x16,3x1x4", "--policy-file",
+                str(policy), *EAGLE)
+    assert probe.exit_code == 2 and "tiers[0].explore_depths[0]: off" in flat(probe.output)
+
+
 @pytest.mark.parametrize(
     ("extra", "expected"),
     [
-        (["--shapes", "3x4x16,plain"], "error: --shapes: shapes 3x4x16,plain: off (plain)"),
+        (["--shapes", "3x4x8,5x2x12,plain"], "error: --shapes: shapes 3x4x8,5x2x12,plain: no "
+                                             "listed shape"),
         (["--shapes", "3x4"], "error: --shapes: shape '3x4': write STEPSxTOPKxDRAFT"),
         (["--shapes", "3x1x4,1x1x2"], "error: --shapes: shapes 3x1x4,1x1x2 are chains only: "
                                       "pass --depths 1,3"),

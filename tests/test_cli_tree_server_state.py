@@ -82,7 +82,32 @@ def test_freeze_check_holds_a_tree_table_to_the_servers_trees(
     off.write_text("table: {tiers: [{min_batch: 1, depth: 3, topk: 4, draft_tokens: 16},"
                    " {min_batch: 64, depth: 0}]}\n")
     res = CliRunner().invoke(app, ["freeze", "--check", str(off), "--url", url])
-    assert res.exit_code == 2 and "depth 0 was not captured" in flat(res.output), res.output
+    assert res.exit_code == 2, res.output
+    assert ("table.tiers[1].depth: off (depth 0) is captured on a shape server only when plain "
+            "is listed; restart it with plain added to `specctl serve --shapes`") \
+        in flat(res.output)
+
+
+def test_a_shape_server_started_with_plain_holds_off(
+    sim_server_factory: Any, tmp_path: Path
+) -> None:
+    """Plain listed: depth 0 is among the captured depths, a table may turn drafting off,
+    and status names off where it runs."""
+    handle = sim_server_factory(profile=PROFILE, shapes=["3x4x16", "3x1x4", "plain"],
+                                admin_key="k")  # fmt: skip
+    url = str(handle.base_url)
+    off = tmp_path / "off.yaml"
+    off.write_text("table: {version: 4, tiers: [{min_batch: 1, depth: 3, topk: 4, "
+                   "draft_tokens: 16}, {min_batch: 21, depth: 3}, {min_batch: 101, depth: 0}]}\n")
+    res = CliRunner().invoke(app, ["freeze", "--check", str(off), "--url", url])
+    assert res.exit_code == 0, res.output
+    assert "(captured: [0, 3], trees ['3x4x16'])" in flat(res.output)
+    with ServerClient(url, "k") as client:
+        client.push(parse_table({"version": 4, "tiers": [{"min_batch": 1, "depth": 0}]}))
+    res = CliRunner().invoke(app, ["status", "--url", url], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    text = flat(res.output)
+    assert "table 1+: off" in text and "captured depths [0, 3], trees ['3x4x16']" in text
 
 
 def test_a_garbled_shapes_report_is_left_out_not_fatal() -> None:

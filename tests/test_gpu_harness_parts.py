@@ -458,10 +458,20 @@ def test_a_shape_run_starts_its_speculative_server_through_serve_shapes(tmp_path
     assert line.startswith("SPECCTL_SHAPES=3x4x16,3x1x4 ")
     assert "--speculative-eagle-topk 4 --speculative-num-draft-tokens 16" in line
     assert "--speculative-adaptive" not in line
-    for value, words in (("3x4x16,plain", "--spec-shapes: shapes 3x4x16,plain: off (plain)"),
+    for value, words in (("plain,3x1x4", "--spec-shapes: shapes plain,3x1x4 are chains only"),
                          ("3x1x4", "--spec-shapes: shapes 3x1x4 are chains only")):
         with pytest.raises(OptionError, match=re.escape(words)):
             validate(Options(spec_shapes=value))
+    # plain beside a tree is off on the shape server: static:0 holds it, and needs it listed
+    validate(Options(spec_shapes="3x4x16,3x1x4,plain", trace_policies="static:0 static:3"))
+    with pytest.raises(OptionError, match=re.escape("static:0 needs plain in --spec-shapes")):
+        validate(Options(spec_shapes="3x4x16,3x1x4", trace_policies="static:0"))
+    # a kept treeswitch server is the trace's: its shapes are those the policies are checked on
+    kept = {"switch_keep_server": True, "switch_reference": "r.json", "switch_bench_shapes": ""}
+    validate(Options(spec_shapes="3x1x4,plain,3x4x16", switch_shapes="3x4x16,3x1x4,plain",
+                     **kept))
+    with pytest.raises(OptionError, match=re.escape("--spec-shapes 3x4x16,3x1x4,plain must")):
+        validate(Options(spec_shapes="3x4x16,3x1x4,plain", **kept))
     # the stand-in: a simulated shape server, the list passed as it is
     validate(Options(spec_shapes="3x4x16,3x1x4", backend="sim"))
     sim = servers.ServerOptions(backend="sim", admin_key="k", spec_port=1, plain_port=2,

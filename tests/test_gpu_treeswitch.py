@@ -30,11 +30,13 @@ TREE, CHAIN = DraftShape(3, 4, 16), DraftShape(3, 1, 4)
 def test_the_start_up_shape_is_the_dominating_one_whatever_the_order() -> None:
     assert plan_shapes("3x1x4,3x4x16") == (TREE, [CHAIN])
     assert plan_shapes("3x4x16,3x1x4,2x4x8") == (TREE, [CHAIN, DraftShape(2, 4, 8)])
+    assert plan_shapes("plain,3x1x4,3x4x16") == (TREE, [None, CHAIN])  # plain: off, captured
 
 
 @pytest.mark.parametrize(("text", "message"), [
     ("3x4x8,5x2x12", "add 3x4x12"),
-    ("plain,3x4x16", "drafting shapes only"),
+    ("plain", "list a drafting shape to start at"),
+    ("plain,3x1x4", "plain goes with a tree"),
     ("3x4", "STEPSxTOPKxDRAFT"),
 ])  # fmt: skip
 def test_a_list_the_server_cannot_start_at_is_refused_naming_the_fix(text: str,
@@ -56,6 +58,24 @@ def test_the_tables_reach_a_shape_server_intact_and_switch_between_the_shapes() 
     held = decode_table(encode_table(held_table(CHAIN, 2)), captured_depths={3},
                         captured_trees={TREE})
     assert held is not None and TierSelector(held).select_shape(64) == (CHAIN, False)
+
+
+def test_plain_is_held_as_an_off_tier_and_probed_as_depth_0_beside_the_tree() -> None:
+    """Off on a shape server that captured plain (depth 0 among its captured depths): held as
+    a one-tier off table, and one of the switching table's probes."""
+    held = decode_table(encode_table(held_table(None, 3)), captured_depths={0, 3},
+                        captured_trees={TREE})
+    assert held is not None and held.describe() == "1+: off"
+    assert TierSelector(held).select_shape(200) == (None, False)
+    table = switching_table(TREE, [CHAIN, None], version=4)
+    assert table.tiers[0].explore_depths == (0, 3)
+    decoded = decode_table(encode_table(table), captured_depths={0, 3}, captured_trees={TREE})
+    assert decoded == table
+    selector = TierSelector(decoded)
+    probes = {shape for shape, probe in (selector.select_shape(8) for _ in range(400)) if probe}
+    assert probes == {CHAIN, None}
+    with pytest.raises(PolicyError, match="depth 0 was not captured"):
+        decode_table(encode_table(table), captured_depths={3}, captured_trees={TREE})
 
 
 def test_a_server_that_captured_no_tree_refuses_the_switching_table() -> None:
@@ -80,6 +100,25 @@ def test_the_held_benches_give_the_table_a_shape_server_runs(tmp_path: Path) -> 
     assert TierSelector(table).select_shape(1) == (TREE, False)
     assert TierSelector(table).select_shape(64) == (CHAIN, False)
     assert (held / "shapes.txt").is_file()
+
+
+RUN30 = Path(__file__).parent.parent / "benchmarks/results/gpu/h200-sglang-0.5.17-seeded-8b-run30"
+
+
+def test_plain_held_beside_the_shapes_gives_the_table_an_off_tier(tmp_path: Path) -> None:
+    """Run 30's static servers of family b (H200) as if held on one shape server with plain:
+    the tree at 1-16 streams, the chain at 64, plain at 128 and 256. The table's off tier is
+    what a shape server that captured plain (depth 0) accepts."""
+    held = tmp_path / "held"
+    for shape in ("3x4x16", "3x1x4", "plain"):
+        (held / shape).mkdir(parents=True)
+        shutil.copy(RUN30 / "shapes" / shape / "b.json", held / shape / "b.json")
+    lines = held_tables(held, [TREE, CHAIN, None])
+    assert lines == {"b": "1-19: 3x4x16 | 20-100: d3 | 101+: off"}
+    table = load_policy_file(held / "table_b.json", captured_depths={0, 3},
+                             captured_trees={TREE})
+    assert TierSelector(table).select_shape(256) == (None, False)
+    assert "plain" in (held / "shapes.txt").read_text()
 
 
 def test_the_table_is_judged_against_the_best_held_shape_at_each_load(tmp_path: Path) -> None:

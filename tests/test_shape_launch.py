@@ -27,6 +27,18 @@ def test_a_tree_list_starts_sglang_at_the_dominating_shape_on_fa3() -> None:
         "--speculative-num-steps", "3", "--speculative-num-draft-tokens", "16"]  # fmt: skip
 
 
+def test_plain_beside_a_tree_is_captured_as_off_and_kept_in_the_list() -> None:
+    """Off is SGLang's depth 0 on the tree server: the tree still sizes SGLang, and the plugin
+    reads plain from SPECCTL_SHAPES as given."""
+    launch = shape_launch(parse_shapes("3x4x16,3x1x4,plain"), BASE)
+    assert launch.start == DraftShape(3, 4, 16)
+    assert launch.args == shape_launch(parse_shapes("3x4x16,3x1x4"), BASE).args
+    assert launch.env == {SHAPES_ENV: "3x4x16,3x1x4,plain"}
+    [off] = [n for n in launch.notes if n.startswith("plain:")]
+    assert "depth 0" in off and "draft extend skipped" in off and "3x4x16's KV reserve" in off
+    assert shape_launch(parse_shapes("plain,3x4x16"), BASE).env == {SHAPES_ENV: "plain,3x4x16"}
+
+
 @pytest.mark.parametrize(
     ("shapes", "extra", "words"),
     [
@@ -43,7 +55,7 @@ def test_a_tree_list_starts_sglang_at_the_dominating_shape_on_fa3() -> None:
         ("3x4x16", ["--enable-dp-attention"], "drop it"),
         ("3x4x16", ["--pp-size", "2"], "pipeline parallelism"),
         ("3x4x16", ["--tp-size", "2"], "on one GPU for now (--tp-size 2)"),
-        ("plain,3x1x4,3x4x16", [], "off (plain) cannot be switched to on a tree server yet"),
+        ("plain,3x4x8,5x2x12", [], "add 3x4x12"),
     ],
 )
 def test_what_a_shape_server_cannot_run_is_refused_with_the_fix(shapes, extra, words) -> None:  # type: ignore[no-untyped-def]

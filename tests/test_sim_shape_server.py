@@ -20,6 +20,8 @@ from controller.bench.server_client import ServerClient
 from controller.cli import load_commands
 from sglang_hooks.contract import (
     METRIC_ITERATIONS,
+    METRIC_REQUEST_STEPS,
+    METRIC_TOKENS,
     TREE_COUNTER_FAMILIES,
     PolicyTable,
     Tier,
@@ -86,6 +88,54 @@ def test_a_tree_table_switches_the_shape_with_the_load(sim_server_factory) -> No
         v for (_, b), v in _series(high, TREE_ITERATIONS).items())
 
 
+def test_a_shape_server_with_plain_captures_off_and_runs_it_under_an_off_tier(
+    sim_server_factory,  # type: ignore[no-untyped-def]
+) -> None:
+    """`--shapes 3x4x16,3x1x4,plain`: depth 0 among the captured depths and plain among the
+    captured shapes, off on the plugin's path with the extend skipped; a pushed table with an
+    off tier is taken, and under load off runs (depth 0's series, nothing accepted)."""
+    handle = sim_server_factory(profile=PROFILE, shapes=["3x4x16", "3x1x4", "plain"],
+                                admin_key="k", speedup=100.0)  # fmt: skip
+    info = httpx.get(f"{handle.base_url}/server_info", timeout=5).json()
+    assert (info["speculative_num_steps"], info["speculative_eagle_topk"]) == (3, 4)
+    off = PolicyTable.build([shape_tier(1, TREE), shape_tier(21, None)])
+    with ServerClient(handle.base_url, "k") as client:
+        state = client.state()
+        assert state.captured_depths == (0, 3) and state.captured_trees == (TREE,)
+        assert state.shapes is not None and state.shapes["live"] == "3x4x16"
+        assert set(state.shapes["captured"]) == {"3x4x16", "3x1x4", "plain"}
+        assert state.off_path == {"path": "specctl", "features": ["skip-extend"]}
+        assert client.push(off).table == off
+        handle.server.set_concurrency(48)
+        time.sleep(0.8)
+        text = client.metrics_text()
+        state = client.state()
+    depths = _series(text, METRIC_ITERATIONS)
+    assert {depth for depth, _ in depths} == {"0"}  # the tree runs no per-depth series
+    tokens = _series(text, METRIC_TOKENS)
+    steps = _series(text, METRIC_REQUEST_STEPS)
+    assert sum(tokens.values()) == sum(steps.values()) > 0  # the bonus token only
+    assert state.shapes is not None and state.shapes["live"] == "plain"
+    rank = httpx.get(f"{handle.base_url}/server_info", timeout=5).json()
+    info_rank = rank["internal_states"][0]["specctl"]
+    assert info_rank["captured_depths"] == [0, 3]
+    assert info_rank["skipped_draft_extends"] >= sum(depths.values())  # read later
+    assert info_rank["shapes"]["captured"]["plain"]["target_topk"] == 1
+
+
+def test_sim_serve_with_plain_on_a_profile_without_it_says_how_to_fit_one(tmp_path: Path) -> None:
+    profile = yaml.safe_load(Path(PROFILE).read_text())
+    del profile["shapes"]["plain"]
+    path = tmp_path / "drafting.yaml"
+    path.write_text(yaml.safe_dump(profile))
+    res = CliRunner().invoke(load_commands(), ["sim", "serve", "--profile", str(path),
+                                               "--shapes", "3x4x16,3x1x4,plain"])  # fmt: skip
+    lines = [ln for ln in res.output.splitlines() if ln.strip()]
+    assert res.exit_code == 2 and len(lines) == 1, res.output
+    assert lines[0].startswith(f"error: --shapes: profile {profile['name']} has no plain shape")
+    assert "fit the profile from a bench of shapes that includes plain" in lines[0]
+
+
 @pytest.mark.parametrize(("table", "field", "reason"), [
     (PolicyTable.build([shape_tier(1, DraftShape(5, 8, 32))]), "tiers[0]",
      "tree 5x8x32 was not captured by the server (captured trees: 3x4x16)"),
@@ -104,7 +154,8 @@ def test_a_table_the_shape_server_cannot_run_is_refused(
 
 
 @pytest.mark.parametrize(("args", "expected"), [
-    (["--shapes", "3x1x4,plain"], "error: --shapes: plain is not switchable on a shape server"),
+    (["--shapes", "plain"],
+     "error: --shapes: a shape server drafts: list a drafting shape beside plain"),
     (["--shapes", "3x1x4,4x2x8"], "error: --shapes: shape 4x2x8 is not in the profile"),
     (["--shapes", "3x4x16,7x2x8"],
      "error: --shapes: shapes 3x4x16,7x2x8: no listed shape has the largest top-k (4)"),

@@ -35,12 +35,14 @@ Steps run in this order, whatever order a command gives them (`all`: every one):
               prompt family; DIR/shapes/shapes.txt says whether a tree beats the best chain
               (benchmarks/gpu/steps/shapes.py). `setup --no-setup-servers` for shapes alone.
   treeswitch  Draft shapes switched inside one server (--switch-shapes: the dominating one
-              started, the plugin capturing the others), against a plain and stock servers,
-              each alone: capture cost, greedy outputs held and switching, held benches and
-              their best shape per load as a policy file, switches under load
+              started, the plugin capturing the others, plain beside a tree as off),
+              against a plain and stock servers, each alone: capture cost, greedy outputs
+              held and switching, held benches and their best shape per load as a policy
+              file, switches under load
               (benchmarks/gpu/steps/treeswitch.py).
   trace       A closed-loop load trace (--trace-phases) under each policy of
-              --trace-policies (static:D; static:3x4x16 on a server of --spec-shapes;
+              --trace-policies (static:D; static:3x4x16 on a server of --spec-shapes,
+              static:0 off there with plain listed;
               bench-table and daemon-from-bench start from --trace-bench, or the run's
               bench), --trace-repeats times, then every run side by side:
               DIR/trace/compare.md, and each policy's tok/s per repeat in closed_loop.json

@@ -68,8 +68,10 @@ class Options:
     mem_fraction_second: float = opt(0.6, "--mem-fraction-static of the server started "
                                      "second", "setup")
     spec_shapes: str = opt("", "draft shapes the speculative server switches between, a tree "
-                           "among them (`specctl serve --shapes`, like 3x4x16,3x1x4), in place "
-                           "of --depths; then `trace` can hold a tree (static:3x4x16)", "setup")
+                           "among them and plain (off) if wanted (`specctl serve --shapes`, "
+                           "like 3x4x16,3x1x4,plain), in place of --depths; then `trace` can "
+                           "hold a tree (static:3x4x16), and off (static:0) with plain listed",
+                           "setup")
     start_order: str = opt("spec,plain", "which server starts first (gets "
                            "--mem-fraction-first): spec,plain or plain,spec; spec starts the "
                            "speculative server alone (steps that need the plain server refuse)",
@@ -190,7 +192,8 @@ class Options:
                                   "-m benchmarks.gpu.sglang_client)", "compare")
     # treeswitch
     switch_shapes: str = opt("3x4x16,3x1x4", "the shape server's shapes: it starts at the one "
-                             "that dominates and captures the others", "treeswitch")
+                             "that dominates (a tree) and captures the others, plain (off) "
+                             "among them if listed, like 3x4x16,3x1x4,plain", "treeswitch")
     switch_streams: str = opt("1,16,64", "streams of each held shape's bench levels",
                               "treeswitch")
     switch_bench_shapes: str = opt("3x1x4", "stock servers benched beside the held shapes "
@@ -357,7 +360,7 @@ HARNESS_POLICIES = {"daemon-warm": "daemon", "daemon-from-bench": "daemon",
 
 def _trace_checks(opts: Options, captured: set[int]) -> None:
     from benchmarks.gpu.seeded.trace import TraceError, parse_phases, parse_policy
-    from sglang_hooks.draft_shape import DraftShape, ShapeError, parse_shapes
+    from sglang_hooks.draft_shape import DraftShape, ShapeError, chain, label, parse_shapes
 
     try:
         phases = parse_phases(opts.trace_phases)
@@ -369,8 +372,9 @@ def _trace_checks(opts: Options, captured: set[int]) -> None:
             if held is None:
                 continue
             if opts.spec_shapes:  # a shape server runs the listed shapes, chains and trees
-                listed = {s.label for s in parse_shapes(opts.spec_shapes) if s is not None}
-                text = held.label if isinstance(held, DraftShape) else f"{held}x1x{held + 1}"
+                listed = {label(s) for s in parse_shapes(opts.spec_shapes)}
+                # static:0 is off: `plain` in the list
+                text = held.label if isinstance(held, DraftShape) else label(chain(held))
                 if text not in listed:
                     raise TraceError(f"--trace-policies: {name} needs {text} in --spec-shapes "
                                      f"{opts.spec_shapes}")
@@ -400,6 +404,21 @@ def _spec_shape_checks(opts: Options) -> None:
         shape_launch(parse_shapes(opts.spec_shapes), ["--speculative-algorithm", "EAGLE3"])
     except ShapeError as err:
         raise OptionError(f"--spec-shapes: {err}") from None
+
+
+def _kept_shape_checks(opts: Options) -> None:
+    """The kept shape server is the trace's speculative server: its shapes (--switch-shapes)
+    are those the trace's policies are checked against (--spec-shapes)."""
+    from sglang_hooks.draft_shape import ShapeError, label, parse_shapes
+
+    try:
+        kept = {label(s) for s in parse_shapes(opts.switch_shapes)}
+    except ShapeError as err:
+        raise OptionError(f"--switch-shapes: {err}") from None
+    if kept != {label(s) for s in parse_shapes(opts.spec_shapes)}:
+        raise OptionError(f"--switch-keep-server: the kept server runs --switch-shapes "
+                          f"{opts.switch_shapes}, which --spec-shapes {opts.spec_shapes} must "
+                          f"list alike (the trace's policies are checked against it)")
 
 
 def _shape_checks(opts: Options) -> None:
@@ -496,6 +515,8 @@ def validate(opts: Options) -> None:
         # the kept server holds the GPU: no plain or stock server can start beside it
         raise OptionError("--switch-keep-server starts no other server after the shape "
                           "server: give --switch-reference FILE and --switch-bench-shapes ''")
+    if opts.switch_keep_server and opts.spec_shapes:
+        _kept_shape_checks(opts)
     output_span(opts.output_spread)
     output_span(opts.shape_output_spread, "--shape-output-spread")
     _shape_checks(opts)

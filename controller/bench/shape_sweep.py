@@ -1,8 +1,9 @@
 """`specctl bench --shapes`: a shape server's captured shapes benched in turn, without a restart.
 
-Each listed shape is held by a one-tier table (pushed and read back live), then every load of
-the plan runs as the server runs (`sweep_as_is`, a level's accept length from the plugin's
-per-depth or per-tree series). The table the server had is pushed back however this ends.
+Each listed shape is held by a one-tier table (pushed and read back live; plain by an off
+tier, where the server captured depth 0), then every load of the plan runs as the server runs
+(`sweep_as_is`, a level's accept length from the plugin's per-depth or per-tree series: plain's
+from depth 0's). The table the server had is pushed back however this ends.
 The tok/s of the levels that decide something (no flag) per shape and load is what the best
 shape per load as a table is made from (`specctl bench --shapes` does it with
 `sims.shape_table`).
@@ -24,35 +25,58 @@ from controller.bench.sweep import (
     sweep_as_is,
 )
 from sglang_hooks.contract import PolicyTable, shape_tier, tier_label
-from sglang_hooks.draft_shape import DraftShape, label
+from sglang_hooks.draft_shape import PLAIN, Shape, chain, label
 
 
 class ShapeSweepError(ValueError):
     """A shape list this server cannot hold; the message names the fix."""
 
 
-def held_table(shape: DraftShape, version: int) -> PolicyTable:
+def held_table(shape: Shape, version: int) -> PolicyTable:
+    """One tier running `shape` at every load (plain: an off tier)."""
     return PolicyTable.build([shape_tier(1, shape)], version=version)
 
 
-def check_captured(shapes: Sequence[DraftShape], state: ServerState) -> None:
+def check_captured(shapes: Sequence[Shape], state: ServerState) -> None:
     """Refuse a shape the server did not capture, naming what it did."""
     trees = {t.label for t in state.captured_trees}
     for shape in shapes:
-        held = shape.label in trees if not shape.is_chain else shape.steps in state.captured_depths
-        if not held:
-            have = [f"d{d}" for d in state.captured_depths if d > 0] + sorted(trees)
+        if shape is None:
+            held = 0 in state.captured_depths
+        elif shape.is_chain:
+            held = shape.steps in state.captured_depths
+        else:
+            held = shape.label in trees
+        if held:
+            continue
+        have = [f"d{d}" for d in state.captured_depths if d > 0] + sorted(trees)
+        if shape is None:  # a shape server captures off only when plain was listed
             raise ShapeSweepError(
-                f"--shapes: {shape.label} was not captured by the server (it holds "
-                f"{', '.join(have) or 'none'}); start it with `specctl serve --shapes` listing "
-                "every shape to bench"
+                f"--shapes: plain (off) was not captured by the server (it holds "
+                f"{', '.join(have) or 'none'}); start it with `{_with_plain(state)}`"
             )
+        raise ShapeSweepError(
+            f"--shapes: {shape.label} was not captured by the server (it holds "
+            f"{', '.join(have) or 'none'}); start it with `specctl serve --shapes` listing "
+            "every shape to bench"
+        )
+
+
+def _with_plain(state: ServerState) -> str:
+    """The command that captures what the server does and off too: a chain server keeps
+    --depths."""
+    depths = sorted(d for d in state.captured_depths if d > 0)
+    if not state.captured_trees:
+        return f"specctl serve --depths {','.join(map(str, [0, *depths]))}"
+    chains = [label(chain(d)) for d in reversed(depths)]
+    trees = sorted(t.label for t in state.captured_trees)
+    return "specctl serve --shapes " + ",".join([*trees, *chains, PLAIN])
 
 
 @dataclass
 class ShapeSweepOutcome:
     plan: SweepPlan
-    shapes: list[DraftShape]
+    shapes: list[Shape]
     before: ServerState | None = None
     results: dict[str, list[LevelResult]] = field(default_factory=dict)
     restored: str | None = None  # the table pushed back, described; None: not restored
@@ -91,7 +115,7 @@ class ShapeSweepOutcome:
         return {
             "url": self.plan.url, "prompt_source": self.plan.prompt_source,
             "concurrency": list(self.plan.concurrencies),
-            "shapes": [s.label for s in self.shapes],
+            "shapes": [label(s) for s in self.shapes],
             "table_before": None if self.before is None else self.before.describe(),
             "restored": self.restored, "interrupted": self.interrupted,
             "levels": {name: [{**r.to_json(), "flags": r.flags} for r in levels]
@@ -110,7 +134,7 @@ def _tier_text(table: PolicyTable, i: int) -> str:
     return f"{span}: {tier_label(tiers[i])}"
 
 
-async def sweep_shapes(plan: SweepPlan, shapes: Sequence[DraftShape],
+async def sweep_shapes(plan: SweepPlan, shapes: Sequence[Shape],
                        outcome: ShapeSweepOutcome,
                        observer: LevelObserver | None = None) -> None:  # fmt: skip
     """Hold each shape and run every load; the server's table is pushed back however this
@@ -125,9 +149,9 @@ async def sweep_shapes(plan: SweepPlan, shapes: Sequence[DraftShape],
             for i, shape in enumerate(shapes):
                 held = server.push(held_table(shape, before.version + 1 + i))
                 observer.message(f"holding {label(shape)}: {held.describe()}")
-                outcome.results[shape.label] = []
-                levels = await sweep_as_is(plan, shape.label, observer)
-                outcome.results[shape.label] = levels
+                name = label(shape)
+                outcome.results[name] = []
+                outcome.results[name] = await sweep_as_is(plan, name, observer)
         finally:
             try:
                 outcome.restored = server.push(before.table).describe()
@@ -135,7 +159,7 @@ async def sweep_shapes(plan: SweepPlan, shapes: Sequence[DraftShape],
                 observer.warning(f"the previous table could not be restored: {err}")
 
 
-def run_shape_sweep(plan: SweepPlan, shapes: Sequence[DraftShape], outcome: ShapeSweepOutcome,
+def run_shape_sweep(plan: SweepPlan, shapes: Sequence[Shape], outcome: ShapeSweepOutcome,
                     observer: LevelObserver | None = None) -> None:  # fmt: skip
     """`sweep_shapes` in a fresh event loop; SIGTERM cancels it like Ctrl-C does."""
     run_cancellable(lambda: sweep_shapes(plan, shapes, outcome, observer))

@@ -29,7 +29,7 @@ from sglang_hooks.contract import MAX_DEPTH
 if TYPE_CHECKING:
     from controller.bench.latency import Slo
     from controller.cli.bench_setup import Keys
-    from sglang_hooks.draft_shape import DraftShape
+    from sglang_hooks.draft_shape import Shape
 
 DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128,256"
 DEFAULT_DURATION_S = 20.0
@@ -118,8 +118,9 @@ def _dataset_options(dataset: str | None, given: dict[str, object]) -> None:
             )
 
 
-def _shape_list(text: str, instead: dict[str, object]) -> list[DraftShape]:
-    """The drafting shapes `--shapes` names; the options it replaces or cannot go with."""
+def _shape_list(text: str, instead: dict[str, object]) -> list[Shape]:
+    """The shapes `--shapes` names (plain as None); the options it replaces or cannot go
+    with. Whether the server captured each is checked once it is reached."""
     from sglang_hooks.draft_shape import ShapeError, parse_shapes
 
     given = [name for name, value in instead.items() if value is not None]
@@ -128,18 +129,12 @@ def _shape_list(text: str, instead: dict[str, object]) -> list[DraftShape]:
             f"holds each captured shape in turn on one server, closed loop, once: drop "
             f"{given[0]}", param_hint="--shapes")  # fmt: skip
     try:
-        parsed = parse_shapes(text)
+        return parse_shapes(text)
     except ShapeError as err:
         raise typer.BadParameter(str(err), param_hint="--shapes") from None
-    drafting = [s for s in parsed if s is not None]
-    if len(drafting) < len(parsed):
-        raise typer.BadParameter(
-            "plain is not held on a shape server (it has no off yet); bench a server without "
-            "speculation with `specctl bench --no-spec-url`", param_hint="--shapes")  # fmt: skip
-    return drafting
 
 
-def _check_held(url: str, held: list[DraftShape], keys: Keys) -> None:
+def _check_held(url: str, held: list[Shape], keys: Keys) -> None:
     """Every shape to hold was captured by the server (before --out is made)."""
     from controller.bench.server_client import ServerError
     from controller.bench.shape_sweep import ShapeSweepError, check_captured
@@ -200,8 +195,9 @@ def bench(
         typer.Option(
             help="On a shape server (`specctl serve --shapes`): hold each of these captured "
             "shapes in turn (STEPSxTOPKxDRAFT, comma-separated; a chain of depth d is "
-            "dx1x(d+1)) and bench every level as it runs; writes shapes.json, the best shape "
-            "per load as shapes-table.yaml and shapes.png. In place of --depths.",
+            "dx1x(d+1), plain is off where the server captured it) and bench every level as "
+            "it runs; writes shapes.json, the best shape per load as shapes-table.yaml and "
+            "shapes.png. In place of --depths.",
             rich_help_panel=LOAD,
         ),
     ] = None,

@@ -23,7 +23,7 @@ from controller.cli.args import fail
 from controller.cli.bench_run import level_line
 from controller.cli.tables import print_table
 from sglang_hooks.contract import PolicyTable
-from sglang_hooks.draft_shape import DraftShape
+from sglang_hooks.draft_shape import PLAIN, Shape, label, parse_shape
 from sims.shape_table import LoopBound, loop_bound, shape_table
 
 JSON_NAME = "shapes.json"
@@ -102,9 +102,8 @@ def _plot(outcome: ShapeSweepOutcome, path: Path) -> None:
     for name, levels in outcome.results.items():
         points = sorted((r.concurrency, r.output_tok_per_s) for r in levels)
         if points:
-            tree = name.split("x")[1] != "1"
             ax.plot(*zip(*points, strict=True), marker="o", label=name,
-                    linestyle="--" if tree else "-")  # fmt: skip
+                    linestyle=_line_style(parse_shape(name)))  # fmt: skip
     loads = list(outcome.plan.concurrencies)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -113,12 +112,19 @@ def _plot(outcome: ShapeSweepOutcome, path: Path) -> None:
     ax.set_xlabel("concurrent streams")
     ax.set_ylabel("output tok/s")
     recommended = outcome.to_json(best_table(outcome))["recommended"] or "no table"
-    ax.set_title(f"draft shapes held on one server (trees dashed)\n{recommended}", fontsize=9)
+    styles = "trees dashed, plain dotted" if PLAIN in outcome.results else "trees dashed"
+    ax.set_title(f"draft shapes held on one server ({styles})\n{recommended}", fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def _line_style(shape: Shape) -> str:
+    if shape is None:
+        return ":"
+    return "-" if shape.is_chain else "--"
 
 
 def _write(outcome: ShapeSweepOutcome, out_dir: Path, console: Console) -> None:
@@ -143,11 +149,11 @@ def _write(outcome: ShapeSweepOutcome, out_dir: Path, console: Console) -> None:
     console.print("wrote " + ", ".join(str(p) for p in paths))
 
 
-def run_shape_bench(plan: SweepPlan, shapes: Sequence[DraftShape], out_dir: Path) -> int:
+def run_shape_bench(plan: SweepPlan, shapes: Sequence[Shape], out_dir: Path) -> int:
     """Hold each shape, run every level, print and write what finished; the exit status."""
     console = Console(soft_wrap=True)
     loads = ", ".join(map(str, plan.concurrencies))
-    console.print(f"benching {', '.join(s.label for s in shapes)} held in turn on {plan.url}, "
+    console.print(f"benching {', '.join(label(s) for s in shapes)} held in turn on {plan.url}, "
                   f"{loads} streams", highlight=False)  # fmt: skip
     outcome = ShapeSweepOutcome(plan, list(shapes))
     code = 0

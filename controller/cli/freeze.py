@@ -107,6 +107,8 @@ def check(path: Path, url: str | None, console: Console, api_key: str | None = N
         with ServerClient(url, api_key=api_key) as server:
             state = server.state()
             captured, trees = state.captured_depths, state.captured_trees
+        if state.shapes is not None and 0 not in captured:
+            _check_no_off(path)
     policy = load(path, captured_depths=captured, captured_trees=trees)
     console.print(f"[green]ok[/green] {path}: {policy.table.describe()} ({_version(policy.table)})")
     if captured is not None:
@@ -120,6 +122,19 @@ def check(path: Path, url: str | None, console: Console, api_key: str | None = N
             f"from group {prov.group or '?'}, {prov.samples or 0} samples, "
             f"model {prov.model_version or '?'}"
         )
+
+
+def _check_no_off(path: Path) -> None:
+    """A shape server captures off only when started with plain: say so, not "restart it
+    capturing depth 0", which `specctl serve --shapes` has no option for."""
+    from controller.daemon.policy_file import PolicyFileError, load
+    from sglang_hooks.contract import off_field
+
+    where = off_field(load(path).table.tiers)
+    if where is not None:
+        raise PolicyFileError(path, f"table.{where}", "off (depth 0) is captured on a shape "
+                              "server only when plain is listed; restart it with plain added "
+                              "to `specctl serve --shapes`")
 
 
 @app.command("freeze")

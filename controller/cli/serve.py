@@ -5,7 +5,8 @@ size and --enable-metrics, adds specctl to SGLANG_PLUGINS when that variable lis
 (unset, SGLang loads every installed plugin), then prints the admin URL for the daemon. It sets
 no plugin variable but SPECCTL_POLICY_FILE (--policy-file) and, with --shapes, SPECCTL_SHAPES:
 SGLang then starts statically at the shape that dominates the list, on FlashAttention 3, and
-the plugin captures the others. The plugin runs the same code however it was loaded.
+the plugin captures the others (`plain` as depth 0, off). The plugin runs the same code however
+it was loaded.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ import typer
 from controller.cli import app
 from controller.cli.args import parse_int_list
 from sglang_hooks import launch
-from sglang_hooks.contract import MAX_DEPTH, PolicyError, PolicyTable
-from sglang_hooks.draft_shape import DraftShape, ShapeError, parse_shapes
+from sglang_hooks.contract import MAX_DEPTH, PolicyError, PolicyTable, off_field
+from sglang_hooks.draft_shape import DraftShape, Shape, ShapeError, label, parse_shapes
 from sglang_hooks.policy_file import POLICY_FILE_ENV, load_policy_file, table_fingerprint
 from sglang_hooks.shape_launch import shape_launch
 
@@ -55,8 +56,9 @@ def serve(
     shapes: Annotated[
         str | None,
         typer.Option(help="Draft shapes STEPSxTOPKxDRAFT to switch between, a tree among them "
-                     "(like 3x4x16,3x1x4): SGLang starts at the one that dominates the others "
-                     "and the plugin captures the rest. Replaces --depths."),
+                     "(like 3x4x16,3x1x4,plain): SGLang starts at the one that dominates the "
+                     "others and the plugin captures the rest, plain as drafting off. "
+                     "Replaces --depths."),
     ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the command, do not run it.")
@@ -73,7 +75,7 @@ def serve(
           --speculative-algorithm EAGLE3 --speculative-draft-model-path ... \\
           --admin-api-key "$KEY" --max-running-requests 128
       specctl serve --depths 0,1,3 --policy-file policy.yaml -- --model-path ...
-      specctl serve --shapes 3x4x16,3x1x4 -- --model-path ...
+      specctl serve --shapes 3x4x16,3x1x4,plain -- --model-path ...
       specctl serve --dry-run -- --model-path m --speculative-algorithm EAGLE3
     """
     if shapes is not None:
@@ -158,9 +160,7 @@ def _serve_shapes(ctx: typer.Context, text: str, policy_file: Path | None,
     notes = plan.notes + notes
     env = {**env, **plan.env}
     if policy_file is not None:
-        drafting = [s for s in listed if s is not None]
-        table = _startup_table(policy_file, [s.steps for s in drafting if s.is_chain],
-                               [s for s in drafting if not s.is_chain])
+        table = _shapes_table(policy_file, listed)
         notes.append(f"start-up table from {policy_file}: {table.describe()} "
                      f"[{table_fingerprint(table)}]")
         env[POLICY_FILE_ENV] = str(policy_file.resolve())
@@ -170,13 +170,28 @@ def _serve_shapes(ctx: typer.Context, text: str, policy_file: Path | None,
         typer.echo(launch.render(argv, env))
         typer.echo(f"# admin URL for the daemon: {url}")
         return
-    typer.echo(f"shapes {','.join(s.label for s in listed if s is not None)}: SGLang starts at "
+    typer.echo(f"shapes {','.join(label(s) for s in listed)}: SGLang starts at "
                f"{plan.start.label}", err=True)
     typer.echo(f"admin URL for the daemon: {url}  (POST {url}/set_internal_state)", err=True)
     raise typer.Exit(subprocess.call(argv, env={**os.environ, **env}))
 
 
-def _startup_table(policy_file: Path, depths: list[int], trees: list[DraftShape]) -> PolicyTable:
+def _shapes_table(policy_file: Path, listed: list[Shape]) -> PolicyTable:
+    """The start-up table checked against what a shape server captures: its chains' depths
+    and trees, and depth 0 (off) only when plain is listed."""
+    depths = [0 if s is None else s.steps for s in listed if s is None or s.is_chain]
+    trees = [s for s in listed if s is not None and not s.is_chain]
+    if 0 not in depths:
+        # Its own fix: on a shape server depth 0 is captured by listing plain.
+        where = off_field(_startup_table(policy_file, None, []).tiers)
+        if where is not None:
+            _fail(f"--policy-file {policy_file}: table.{where}: off (depth 0) is captured on a "
+                  f"shape server only when plain is listed; add plain to --shapes")
+    return _startup_table(policy_file, depths, trees)
+
+
+def _startup_table(policy_file: Path, depths: list[int] | None,
+                   trees: list[DraftShape]) -> PolicyTable:  # fmt: skip
     if not policy_file.is_file():
         _fail(f"--policy-file {policy_file}: no such file")
     try:

@@ -200,10 +200,10 @@ def sweep(
 
 
 def _shape_server_list(prof: Profile, text: str, speculative: bool) -> list[str]:
-    """The shapes `--shapes` names, checked as `specctl serve --shapes` checks them: drafting
-    shapes of the profile, one of them dominating the others."""
+    """The shapes `--shapes` names, checked as `specctl serve --shapes` checks them: shapes of
+    the profile, plain (off) among them or not, one drafting shape dominating the others."""
     from sglang_hooks.draft_shape import PLAIN, ShapeError, dominating, label, parse_shapes
-    from sims.shape_server import ShapeQuestionError, known_shapes
+    from sims.shape_server import ShapeQuestionError, known_shapes, require_plain
 
     if not speculative:
         raise typer.BadParameter("a shape server drafts; drop --no-speculative",
@@ -211,34 +211,38 @@ def _shape_server_list(prof: Profile, text: str, speculative: bool) -> list[str]
     try:
         parsed = parse_shapes(text)
         known = known_shapes(prof)
+        if None in parsed:
+            require_plain(prof)  # off is costed by the profile's plain shape
     except (ShapeError, ShapeQuestionError) as err:
         raise typer.BadParameter(str(err), param_hint="--shapes") from None
     names = [label(s) for s in parsed]
     for name in names:
-        if name == PLAIN:
-            raise typer.BadParameter("plain is not switchable on a shape server yet; list "
-                                     "drafting shapes", param_hint="--shapes")  # fmt: skip
         if name not in known:
             raise typer.BadParameter(f"shape {name} is not in the profile (it has "
                                      f"{', '.join(known)})", param_hint="--shapes")  # fmt: skip
     try:
-        dominating(parsed)  # SGLang starts at it: every other shape must fit what it sizes
+        top = dominating(parsed)  # SGLang starts at it: every other shape must fit what it sizes
     except ShapeError as err:
         raise typer.BadParameter(str(err), param_hint="--shapes") from None
+    if top is None:
+        raise typer.BadParameter(f"a shape server drafts: list a drafting shape beside {PLAIN}",
+                                 param_hint="--shapes")  # fmt: skip
     return names
 
 
 def _captured(prof: Profile, shapes: list[str] | None,
               speculative: bool) -> tuple[list[int], list[DraftShape]]:  # fmt: skip
-    """(depths, trees) a table may name on the server these options start."""
+    """(depths, trees) a table may name on the server these options start (on a shape
+    server, plain captured as depth 0)."""
     from sglang_hooks.draft_shape import parse_shape
 
     if not speculative:
         return [], []
     if shapes is None:
         return list(prof.captured_depths), []
-    parsed = [s for s in map(parse_shape, shapes) if s is not None]
-    return [s.steps for s in parsed if s.is_chain], [s for s in parsed if not s.is_chain]
+    parsed = list(map(parse_shape, shapes))
+    depths = [0 if s is None else s.steps for s in parsed if s is None or s.is_chain]
+    return depths, [s for s in parsed if s is not None and not s.is_chain]
 
 
 @sim_app.command("serve")
@@ -280,9 +284,10 @@ def serve(
     shapes: Annotated[
         str | None,
         typer.Option(help="A shape server, as `specctl serve --shapes` starts one: the "
-                     "profile's drafting shapes to capture, STEPSxTOPKxDRAFT comma-separated; "
-                     "it starts at the one that dominates the others and switches as a table "
-                     "says (the profile needs shapes: specctl sim fit --shapes)"),
+                     "profile's shapes to capture, STEPSxTOPKxDRAFT comma-separated, and plain "
+                     "for off (depth 0); it starts at the drafting shape that dominates the "
+                     "others and switches as a table says (the profile needs shapes: specctl "
+                     "sim fit --shapes)"),
     ] = None,
 ) -> None:
     """Serve a simulated SGLang server (SGLang's HTTP API + the specctl plugin's contract).
@@ -293,7 +298,7 @@ def serve(
       specctl sim serve --profile h200-moe-eagle3 --port 30001 --no-speculative
       specctl sim serve --profile h200-llama8b-eagle3 --scenario ramp --speedup 10
       specctl sim serve --profile h200-moe-eagle3 --policy-file policy.yaml
-      specctl sim serve --profile shapes.yaml --shapes 3x4x16,3x1x4
+      specctl sim serve --profile shapes.yaml --shapes 3x4x16,3x1x4,plain
     """
     from sims.http import ServedSimulation
     from sims.server import SimulatedServer

@@ -47,7 +47,7 @@ def _write_policy(result: ShapeSweepResult, phase: str, path: Path) -> None:
 
     from controller.daemon.policy_file import PolicyFile, Provenance, dump
 
-    table = result.runnable_table(phase)
+    table = result.table(phase)
     if table is None:
         raise fail(f"--policy-out {path}: no table for phase {phase}: some load has no best "
                    "shape (fewer requests finished than there are streams); lengthen --duration")
@@ -102,8 +102,8 @@ def shapes(
     policy_out: Annotated[
         Path | None,
         typer.Option(help="With --phase: write that phase's best shape per load as a policy "
-                     "file (its tree tiers need a server that captured the trees; a table "
-                     "of trees has no off, as a shape server has none yet)"),
+                     "file (its tree tiers need a shape server that captured the trees, and "
+                     "an off tier beside them one started with plain among its shapes)"),
     ] = None,
     closed_loop: Annotated[
         float,
@@ -114,10 +114,10 @@ def shapes(
 ) -> None:
     """Closed-loop tok/s per static draft shape (SGLang started at STEPSxTOPKxDRAFT, chains
     and trees, and the plain server) and load, and the best shape per load: the table a
-    shape-aware policy would use. With two or more drafting shapes, that table also runs on
-    a shape server that captured them (the plugin's `specctl serve --shapes`), at each load
-    and with --closed-loop over a trace of the loads. The profile needs shapes: `specctl sim
-    fit --shapes` fits them from a bench of shapes.
+    shape-aware policy would use. With two or more shapes, one of them drafting, that table
+    also runs on a shape server that captured them (the plugin's `specctl serve --shapes`;
+    plain is its off), at each load and with --closed-loop over a trace of the loads. The
+    profile needs shapes: `specctl sim fit --shapes` fits them from a bench of shapes.
 
     \b
     Examples:

@@ -394,9 +394,20 @@ def test_a_startup_that_does_not_dominate_is_refused_naming_the_shape_that_does(
     assert "add 3x4x12" in str(err.value)
 
 
-def test_plain_in_the_list_is_refused() -> None:
-    with pytest.raises(ShapeSetupError, match="plain is not switchable"):
-        shapes.to_capture([None, CHAIN, STARTUP], STARTUP)
+def test_plain_in_the_list_is_captured_as_sglangs_depth_0() -> None:
+    assert shapes.to_capture([None, CHAIN, STARTUP], STARTUP) == [shapes.OFF, CHAIN]
+    assert DraftShape(0, 1, 1) == shapes.OFF
+    assert shapes.shape_label(shapes.OFF) == "plain" and shapes.shape_label(CHAIN) == "3x1x4"
+
+
+@pytest.mark.parametrize("value", ["1", "true", " True "])
+def test_plain_is_refused_while_sglangs_own_skip_of_the_extend_is_on(value: str) -> None:
+    """SGLang's stub writes the live top-k's width, 1 at off: the draft input would not cross
+    iterations at the tree's width."""
+    with pytest.raises(ShapeSetupError, match="unset it"):
+        shapes.to_capture([None, STARTUP], STARTUP, value)
+    assert shapes.to_capture([CHAIN, STARTUP], STARTUP, value) == [CHAIN]  # no off: no stub
+    assert shapes.to_capture([None, STARTUP], STARTUP, "0") == [shapes.OFF]
 
 
 # ----------------------------------------------------------------------------- topk_for_capture
@@ -949,10 +960,10 @@ def test_a_listed_shape_the_startup_does_not_dominate_leaves_the_server_static(
     assert calls == [3]
 
 
-def test_a_shape_server_counts_a_chain_at_its_steps_and_a_tree_apart(
-    shape_server: SchedulerRuntime,
-) -> None:
-    """Through SGLang's real `_resolve_spec_v2_tokens` and the plugin's count hook on it."""
+def _count(rt: SchedulerRuntime, width: int, accepted: list[int],
+           shape: DraftShape | None = None) -> None:
+    """One decode result through SGLang's real `_resolve_spec_v2_tokens` and the plugin's
+    count hook on it; `shape` is what the launch hook attached (None: untimed)."""
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.managers.scheduler_components.batch_result_processor import (
         SchedulerBatchResultProcessor,
@@ -960,9 +971,6 @@ def test_a_shape_server_counts_a_chain_at_its_steps_and_a_tree_apart(
     from sglang.srt.managers.utils import GenerationBatchResult
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    rt = shape_server
-    hooks.shapes_build(None, SpecWorker())
-    assert rt.active
     processor = NS(metrics_reporter=NS(snapshot_spec_decode_metrics=lambda batch, result: None),
                    model_worker=NS(on_verify_complete_cpu=lambda *a, **k: None))
     processor.advance_grammar_fsm = lambda result, batch: \
@@ -974,20 +982,28 @@ def test_a_shape_server_counts_a_chain_at_its_steps_and_a_tree_apart(
             r.kv = NS(kv_committed_len=3, kv_allocated_len=8)
         return r
 
-    def run(width: int, accepted: list[int]) -> None:
-        result = GenerationBatchResult(
-            next_token_ids=torch.arange(100, 100 + width * len(accepted)),
-            accept_lens=torch.tensor(accepted), speculative_num_draft_tokens=width)
-        result.specctl_launch = (False, None)
-        reqs = [req(f"r{i}") for i in range(len(accepted))]
-        SchedulerBatchResultProcessor._resolve_spec_v2_tokens(
-            processor, result, NS(reqs=reqs, has_grammar=False))
+    result = GenerationBatchResult(
+        next_token_ids=torch.arange(100, 100 + width * len(accepted)),
+        accept_lens=torch.tensor(accepted), speculative_num_draft_tokens=width)
+    result.specctl_launch = (False, None)
+    if shape is not None:
+        result.specctl_shape = shape
+    reqs = [req(f"r{i}") for i in range(len(accepted))]
+    SchedulerBatchResultProcessor._resolve_spec_v2_tokens(
+        processor, result, NS(reqs=reqs, has_grammar=False))
 
-    run(CHAIN.draft_tokens, [2, 4])
+
+def test_a_shape_server_counts_a_chain_at_its_steps_and_a_tree_apart(
+    shape_server: SchedulerRuntime,
+) -> None:
+    rt = shape_server
+    hooks.shapes_build(None, SpecWorker())
+    assert rt.active
+    _count(rt, CHAIN.draft_tokens, [2, 4])
     [(key, cell)] = rt.counters.pending.items()
     assert key[0] == CHAIN.steps and cell[:3] == [1, 2, 6]
-    run(STARTUP.draft_tokens, [5, 1, 3])  # a tree: no depth of its own
-    run(NARROW.draft_tokens, [2])
+    _count(rt, STARTUP.draft_tokens, [5, 1, 3])  # a tree: no depth of its own
+    _count(rt, NARROW.draft_tokens, [2])
     assert list(rt.counters.pending) == [key] and rt.tree_results == 2
     assert rt.report()["tree_results"] == 2
 
@@ -1054,3 +1070,159 @@ def test_the_kv_reserve_stays_at_the_start_up_shape_across_switches(
             assert get_alloc_len_per_decode() == reserve
         assert registry.switches == len(order)  # no two neighbours alike, the first included
         assert _spec() == (4, 3, 16) and worker.server_args.speculative_eagle_topk == 4
+
+
+# ----------------------------------------------------------------------------- off (plain)
+
+HIDDEN = 64
+
+
+def _with_sglangs_stub(worker: SpecWorker) -> SpecWorker:
+    """SGLang's real `_stub_skipped_draft_extend` bound to the stand-in, with the draft
+    runner's config it reads (the hidden width it zeroes)."""
+    import types
+
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    runner = worker._draft_worker.draft_runner
+    runner.model_config = NS(spec_hidden_size=HIDDEN, dtype=torch.bfloat16)  # type: ignore[attr-defined]
+    runner.spec_algorithm = NS(is_standalone=lambda: False)  # type: ignore[attr-defined]
+    worker.draft_worker = worker._draft_worker  # type: ignore[attr-defined]
+    worker._stub_skipped_draft_extend = types.MethodType(  # type: ignore[attr-defined]
+        EAGLEWorkerV2._stub_skipped_draft_extend, worker)
+    return worker
+
+
+def _extend_after_verify(rt: SchedulerRuntime, worker: SpecWorker, batch_size: int) -> Any:
+    """The draft extend SGLang calls after a verify, through the plugin's hook on it; the
+    stand-in draft worker has nothing, so SGLang's real extend fails at once if it runs."""
+    from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+    rt.spec_worker = worker
+    batch = NS(seq_lens=torch.zeros(batch_size, dtype=torch.int64))
+    result = NS(next_draft_input=NS(topk_p=None, topk_index=None, hidden_states=None))
+    EagleDraftWorker._draft_extend_for_decode(NS(), batch, result)
+    return result.next_draft_input
+
+
+@pytest.fixture
+def off_server(shape_server: SchedulerRuntime, fresh_settings: pytest.MonkeyPatch
+               ) -> tuple[SchedulerRuntime, SpecWorker]:
+    """A shape server given 3x1x4, plain and 3x4x16, on the plugin's off path of 0.5.17."""
+    fresh_settings.setenv("SPECCTL_SHAPES", "3x1x4,plain,3x4x16")
+    fresh_settings.setattr(hooks, "OFF_PATH", settings.SPECCTL)
+    fresh_settings.setattr(hooks, "FEATURES", v0_5_17.ADAPTER.off_path)
+    worker = _with_sglangs_stub(SpecWorker())
+    hooks.shapes_build(None, worker)
+    return shape_server, worker
+
+
+def test_plain_is_captured_as_a_one_token_causal_verify_and_reported_as_depth_0(
+    off_server: tuple[SchedulerRuntime, SpecWorker],
+) -> None:
+    from sglang_hooks.contract import OffPathFeature
+
+    rt, worker = off_server
+    registry = hooks.SHAPES
+    assert registry is not None and registry.off == shapes.OFF
+    assert set(registry.states) == {STARTUP, CHAIN, shapes.OFF} and registry.refused == {}
+    off = registry.states[shapes.OFF]
+    # built inside SGLang's real override at 0 steps and 1 draft token, at top-k 1
+    assert (off.draft_attn_backend.steps, off.draft_attn_backend.topk,
+            off.draft_attn_backend.draft_tokens) == (0, 1, 1)
+    assert off.target_attn_backend.topk == 1 and not off.target_attn_backend.verify_mask.is_read
+    assert off.target_graph_runner.widths == (0, 1) and off.target_graph_runner.record_topk == 1
+    assert _live(worker)["worker topk"] == 4 and worker.server_args.speculative_eagle_topk == 4
+    assert rt.captured_depths == {0, 3} and rt.captured_trees == {STARTUP}
+    assert rt.off_path == settings.SPECCTL and rt.features == {OffPathFeature.SKIP_EXTEND}
+    assert set(registry.report()["captured"]) == {"3x4x16", "3x1x4", "plain"}
+    assert rt.report()["captured_depths"] == [0, 3]
+
+
+def test_an_off_tier_runs_depth_0_and_skips_its_extend_at_the_trees_width(
+    off_server: tuple[SchedulerRuntime, SpecWorker],
+) -> None:
+    rt, worker = off_server
+    registry = hooks.SHAPES
+    assert registry is not None
+    table = PolicyTable.build([shape_tier(1, STARTUP), shape_tier(8, CHAIN),
+                               shape_tier(64, None)], version=1)
+    rt.commit(rt.apply_request(encode_table(table)))
+    buffers = registry.states[CHAIN].chain_buffers
+    assert buffers is not None
+    for batch_size, shape, skips in ((2, STARTUP, False), (16, CHAIN, False),
+                                     (100, shapes.OFF, True), (4, STARTUP, False)):
+        hooks.shape_switch(lambda w, b: None, worker, batch_size)
+        assert registry.live == shape and rt.launch_skips_extend is skips
+        if shape == shapes.OFF:
+            state = registry.states[shape]
+            assert _live(worker) == _expected(state, 4, state.draft_extend_attn_backend,
+                                              state.chain_buffers or buffers)
+            stub = _extend_after_verify(rt, worker, 20)
+            # SGLang's own zeros, four columns wide as every extend writes them
+            assert stub.topk_p.shape == (20, 4) and stub.topk_index.shape == (20, 4)
+            assert float(stub.topk_p.abs().sum()) == 0.0
+            assert stub.hidden_states.shape == (20, HIDDEN)
+            assert worker.topk == 1 and rt.skipped_extends == 1  # the live top-k is back
+    assert registry.switches == 3  # the first launch ran the live start-up shape
+
+
+def test_an_off_tier_that_probes_a_shape_keeps_the_real_extend(
+    off_server: tuple[SchedulerRuntime, SpecWorker],
+) -> None:
+    """Its probes must draft from a current state, as on a chain server."""
+    rt, worker = off_server
+    probing = PolicyTable.build([Tier(1, 0, explore_share=0.5, explore_trees=(STARTUP,))],
+                                version=2)
+    rt.commit(rt.apply_request(encode_table(probing)))
+    for _ in range(200):
+        hooks.shape_switch(lambda w, b: None, worker, 30)
+        if hooks.SHAPES is not None and hooks.SHAPES.live == shapes.OFF:
+            break
+    assert rt.launch_skips_extend is False and worker.speculative_num_steps == 0
+    with pytest.raises(AttributeError):  # SGLang's real extend ran on the stand-in
+        _extend_after_verify(rt, worker, 20)
+    assert rt.skipped_extends == 0
+
+
+def test_without_plain_an_off_table_is_refused_and_off_runs_nothing(
+    shape_server: SchedulerRuntime,
+) -> None:
+    rt = shape_server
+    worker = SpecWorker()
+    hooks.shapes_build(None, worker)
+    assert hooks.SHAPES is not None and hooks.SHAPES.off is None
+    assert rt.off_path == settings.SGLANG and rt.features == frozenset()
+    with pytest.raises(PolicyError, match="depth 0 was not captured"):
+        rt.apply_request(encode_table(PolicyTable.build(
+            [shape_tier(1, STARTUP), shape_tier(64, None)], version=3)))
+
+
+def test_on_sglangs_own_depth_0_path_off_keeps_the_extend(
+    shape_server: SchedulerRuntime, fresh_settings: pytest.MonkeyPatch,
+) -> None:
+    """SPECCTL_OFF_PATH=sglang: the plugin registers no off-path piece, so off runs SGLang's
+    depth 0 unchanged, the extend included."""
+    rt = shape_server
+    fresh_settings.setenv("SPECCTL_SHAPES", "plain,3x4x16")
+    fresh_settings.setattr(hooks, "OFF_PATH", settings.SGLANG)
+    worker = SpecWorker()
+    hooks.shapes_build(None, worker)
+    assert hooks.SHAPES is not None and hooks.SHAPES.off == shapes.OFF
+    assert rt.off_path == settings.SGLANG and rt.captured_depths == {0}
+    rt.commit(rt.apply_request(encode_table(PolicyTable.build(
+        [shape_tier(1, STARTUP), shape_tier(64, None)], version=4))))
+    hooks.shape_switch(lambda w, b: None, worker, 100)
+    assert hooks.SHAPES.live == shapes.OFF and rt.launch_skips_extend is False
+
+
+def test_a_shape_server_counts_off_at_depth_0(off_server: tuple[SchedulerRuntime, SpecWorker],
+                                              ) -> None:
+    """Timed or not: a one-token verify is off's alone on this server."""
+    rt, _ = off_server
+    assert hooks.SHAPES is not None and hooks.SHAPES.by_width(1) == shapes.OFF
+    _count(rt, 1, [1, 1, 1], shape=shapes.OFF)
+    _count(rt, 1, [1, 1])  # untimed: found by its width
+    pending = rt.counters.pending  # (depth, batch-size bucket) -> iterations, steps, tokens
+    assert {key[0] for key in pending} == {0} and rt.tree_results == 0
+    assert [sum(cell[i] for cell in pending.values()) for i in range(3)] == [2, 5, 5]

@@ -2,7 +2,8 @@
 
 Each policy runs `python -m benchmarks.gpu.seeded.trace run` (benchmarks/gpu/seeded/trace.py)
 over the phases of --trace-phases: `static:D` (a one-tier table of depth D; `static:3x4x16` a
-draft tree, on a server started with --spec-shapes), `sglang`
+draft tree, on a server started with --spec-shapes; there `static:0` is off, with plain in
+--spec-shapes), `sglang`
 (control released to SGLang's own adaptive steps), `daemon` (`specctl daemon` learning from
 nothing; its results are named daemon-cold), `daemon-warm` (the daemon again, from the store
 the daemon run learned), `bench-table` (the table the run's bench recommended, pushed once and

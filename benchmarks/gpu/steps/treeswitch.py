@@ -1,15 +1,18 @@
 """`treeswitch`: draft shapes switched inside one server (the plugin's SPECCTL_SHAPES).
 
 One server starts statically at the shape of --switch-shapes that dominates the others (a
-tree), with the plugin capturing the others beside it; it is checked against stock SGLang,
-each server alone on the GPU in turn (the run's two servers are stopped first):
+tree), with the plugin capturing the others beside it; `plain` in the list (beside a tree) is
+off, SGLang's own depth 0 captured too (on the run's --off-path), held and probed like any
+other shape. It is checked against stock SGLang, each server alone on the GPU in turn (the
+run's two servers are stopped first):
 
 1. the shape server, first so that a capture that fails shows at once: what each captured
    shape's target verify runs (top-k, mask) and what its capture cost; per held shape (a
-   one-tier table) its greedy outputs and its tok/s at --switch-streams; the best held shape
-   per load as a table per family, pushed and benched at the same loads against the best
-   held shape; then a table that switches at random between the shapes every iteration
-   (exploration, share 0.5): greedy passes at batch 1 (switches inside requests) until
+   one-tier table, plain an off tier) its greedy outputs and its tok/s at --switch-streams;
+   the best held shape per load as a table per family (an off tier where plain is best),
+   pushed and benched at the same loads against the best held shape; then a table that
+   switches at random between the shapes every iteration (exploration, share 0.5; plain as
+   the depth-0 probe): greedy passes at batch 1 (switches inside requests) until
    --switch-greedy-switches, then --switch-stress-seconds under --switch-stress-streams
    streams with the switch count, errors and GPU memory before and after;
 2. a plain server (no plugin): the greedy reference every pass above is compared with;
@@ -21,8 +24,10 @@ and --switch-reference takes the plain server's outputs from an earlier run's re
 instead of starting one: the shortest run that checks greedy identity over the switches.
 --switch-keep-server (with --switch-reference and no stock shapes) leaves the shape server up
 as the run's speculative server, so that a `trace` step after this one runs its closed loop
-(`static:3x4x16 static:3 bench-table`, --trace-bench treeswitch/held/table_<family>.json) on
-the very server whose held benches made the table, without starting it again.
+(`static:3x4x16 static:3 bench-table`, --trace-bench treeswitch/held/table_<family>.json; with
+plain listed `static:0` holds off) on the very server whose held benches made the table,
+without starting it again (--spec-shapes, which the trace's policies are checked against,
+must then list the shapes of --switch-shapes).
 
 Into treeswitch/: server_info.json, passes.json and reference.json (the greedy outputs),
 greedy.json, held/<shape>/<family>.json (the shape server's benches, with held/shapes.txt and
@@ -59,27 +64,40 @@ SWITCH_SHARE = 0.5  # the exploration share of the switching table: a switch eve
 MAX_SWITCHING_PASSES = 40  # greedy passes while switching, at most, to reach the switches asked
 
 
-def plan_shapes(text: str) -> tuple[DraftShape, list[DraftShape]]:
-    """(the start-up shape, the others) of --switch-shapes."""
+def plan_shapes(text: str) -> tuple[DraftShape, list[Shape]]:
+    """(the start-up shape, the others, plain as None) of --switch-shapes."""
     try:
         listed = parse_shapes(text)
         top = dominating(listed)
     except ShapeError as err:
         raise StepError(f"--switch-shapes: {err}") from None
-    if top is None or any(s is None for s in listed):
-        raise StepError("--switch-shapes: list drafting shapes only, like 3x4x16,3x1x4")
-    return top, [s for s in listed if s is not None and s != top]
+    if top is None:
+        raise StepError("--switch-shapes: list a drafting shape to start at, like "
+                        "3x4x16,3x1x4,plain")
+    if None in listed and top.is_chain:
+        # off beside a tree only: a list of chains and plain is a depth server's (--depths)
+        raise StepError(f"--switch-shapes: plain goes with a tree, like 3x4x16,3x1x4,plain "
+                        f"(chains and plain alone are --depths {_depths(listed)})")
+    return top, [s for s in listed if s != top]
 
 
-def held_table(shape: DraftShape, version: int) -> PolicyTable:
+def _depths(shapes: list[Shape]) -> str:
+    return ",".join(str(0 if s is None else s.steps) for s in shapes)
+
+
+def held_table(shape: Shape, version: int) -> PolicyTable:
+    """One tier running `shape` at every batch size (None: off, SGLang's depth 0)."""
     return PolicyTable.build([shape_tier(1, shape)], version=version)
 
 
-def switching_table(top: DraftShape, others: list[DraftShape], version: int) -> PolicyTable:
-    """One tier at the start-up shape probing every other shape half the time."""
+def switching_table(top: DraftShape, others: list[Shape], version: int) -> PolicyTable:
+    """One tier at the start-up shape probing every other shape half the time: plain as the
+    depth-0 probe, which the contract allows beside a tree tier (a probe depth is checked
+    against the captured depths only, and a tree tier's own depth is its steps, never 0)."""
     base = shape_tier(1, top)
-    chains = tuple(s.steps for s in others if s.topk == 1)
-    trees = tuple(s for s in others if s.topk > 1)
+    # ascending, as the wire's bitmask returns them: the push reads the table back alike
+    chains = tuple(sorted(0 if s is None else s.steps for s in others if s is None or s.is_chain))
+    trees = tuple(s for s in others if s is not None and not s.is_chain)
     tier = Tier(min_batch=1, depth=base.depth, topk=base.topk, draft_tokens=base.draft_tokens,
                 explore_share=SWITCH_SHARE, explore_depths=chains, explore_trees=trees)
     return PolicyTable.build([tier], version=version)
@@ -178,12 +196,12 @@ def bench(run: Run, url: str, series: str, folder: Path, prompts: dict[str, Path
                                    prompts)
 
 
-def held_tables(folder: Path, shapes: list[DraftShape]) -> dict[str, str | None]:
+def held_tables(folder: Path, shapes: list[Shape]) -> dict[str, str | None]:
     """The shapes report of the held benches (folder/shapes.txt, .json, .png) and, per
-    family, the table that runs the best held shape at every load as a policy file,
-    folder/table_<family>.json (for `specctl serve --shapes --policy-file`, or the trace's
-    bench-table with --trace-bench)."""
-    analysis = shape_report.write(folder, [s.label for s in shapes])
+    family, the table that runs the best held shape at every load (plain held: an off tier
+    where it is best) as a policy file, folder/table_<family>.json (for `specctl serve
+    --shapes --policy-file`, or the trace's bench-table with --trace-bench)."""
+    analysis = shape_report.write(folder, [label(s) for s in shapes])
     out: dict[str, str | None] = {}
     for family, found in analysis["families"].items():
         out[family] = found["table_line"]
@@ -243,7 +261,7 @@ def run(run: Run) -> dict[str, Any]:
     out = run.dir / FOLDER
     out.mkdir(parents=True, exist_ok=True)
     prompts = shape_step.draw_requests(run, out, shape_step.family_files(run))
-    result: dict[str, Any] = {"startup": top.label, "captured": [s.label for s in others],
+    result: dict[str, Any] = {"startup": top.label, "captured": [label(s) for s in others],
                               "stopped": shape_step.stop_servers(run)}
 
     def save() -> None:
@@ -251,7 +269,8 @@ def run(run: Run) -> dict[str, Any]:
         run.checkpoint()
 
     # 1. the shape server first: a capture that fails shows at once
-    env = {SHAPES_ENV: ",".join(s.label for s in others)}
+    # the run's --off-path is what off (plain listed) runs, as on the run's speculative server
+    env = {SHAPES_ENV: ",".join(label(s) for s in others), servers.OFF_PATH_ENV: o.off_path}
     url, pid, seconds = start(run, top, env)
     passes: list[RunResult] = []
     try:
@@ -268,16 +287,17 @@ def run(run: Run) -> dict[str, Any]:
             raise StepError(f"the plugin is inactive: {state.get('inactive_reason')}", result)
         version = 1
         for shape in [top, *others]:
+            name = label(shape)
             push(url, run.admin_key, held_table(shape, version))
             version += 1
-            passes.append(greedy_pass(run, url, f"held {shape.label}"))
+            passes.append(greedy_pass(run, url, f"held {name}"))
             if o.switch_greedy_only:
                 continue
-            result.setdefault("held_bench", {})[shape.label] = bench(
-                run, url, shape.label, out / "held", prompts)
+            result.setdefault("held_bench", {})[name] = bench(run, url, name, out / "held",
+                                                              prompts)
             # the server's answer beside each held shape's bench: `specctl sim fit --shapes
             # treeswitch/held` reads it there (the shape is among those it reports captured)
-            shutil.copy(out / "server_info.json", out / "held" / shape.label / "server_info.json")
+            shutil.copy(out / "server_info.json", out / "held" / name / "server_info.json")
             save()
         result["held_tables"] = {} if o.switch_greedy_only else held_tables(
             out / "held", [top, *others])

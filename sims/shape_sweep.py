@@ -24,7 +24,7 @@ from sglang_hooks.draft_shape import PLAIN
 from sims.policies import FixedDepthPolicy
 from sims.profile import Profile
 from sims.shape_server import shape_server
-from sims.shape_switch import TABLE, ClosedLoop, closed_loop, switch_table, switchable, table_window
+from sims.shape_switch import TABLE, ClosedLoop, closed_loop, switchable, table_window
 from sims.shape_table import shape_table
 from sims.sweep import Point, SweepSpec, run_point
 from sims.sweep import _point as window_point  # the window between two snapshots, as a point
@@ -118,9 +118,7 @@ class ShapeSweepResult:
     def switch_table(self, phase: str) -> PolicyTable | None:
         """The best shape per load as the table a shape server that captured the shapes runs,
         plain as off (None: nothing to switch, or some load with no shape scored)."""
-        if not self.spec.switches:
-            return None
-        return switch_table(self.spec.streams, self._tok(phase))
+        return self.table(phase) if self.spec.switches else None
 
     def switched_at(self, phase: str, streams: int) -> ShapePoint | None:
         return next((p for p in self.switched
@@ -238,8 +236,7 @@ def render_tables(result: ShapeSweepResult) -> list[Table]:
         policy = result.table(phase)
         table.caption = f"best shape per load: {result.best_line(phase)}" + (
             "" if policy is None else f"\nas a table: {policy.describe()}"
-        ) + ("" if switching is None or switching == policy else
-             f"\non a shape server: {switching.describe()}")
+        )
         out.append(table)
         if phase in result.closed:
             out.append(closed_loop_table(result, phase))

@@ -30,7 +30,7 @@ from sims.engine import Engine, Lane, SimStats
 from sims.policies import DepthPolicy, FixedDepthPolicy, ShapeTablePolicy
 from sims.profile import Profile
 from sims.shape_server import shape_server, switching_server
-from sims.shape_table import shape_table, staircase
+from sims.shape_table import staircase
 from sims.workload import Trace, Workload
 
 TABLE = "table"  # the label of the switching server's runs beside the static shapes'
@@ -45,14 +45,6 @@ def switchable(shapes: Sequence[str]) -> list[str]:
     """The shapes a shape server that captured `shapes` switches among: all of them, plain as
     its off, when one drafts (none otherwise: such a list starts no shape server)."""
     return list(shapes) if drafting(shapes) else []
-
-
-def switch_table(streams: Sequence[int], tok: dict[str, list[float | None]]) -> PolicyTable | None:
-    """The best shape per load among those in `tok`, the shapes the server captured (plain as
-    off when among them), as a table (None: some load has none scored, or none drafts)."""
-    if not drafting(list(tok)):
-        return None
-    return shape_table(streams, tok)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,13 @@ def chain(depth: int) -> Shape:
     return None if depth == 0 else DraftShape(depth, 1, depth + 1)
 
 
+def depths_and_trees(shapes: list[Shape]) -> tuple[list[int], list[DraftShape]]:
+    """What a server capturing `shapes` names in a table, in list order: the depths (a chain's
+    steps, plain's 0, as off) and the trees."""
+    depths = [0 if s is None else s.steps for s in shapes if s is None or s.is_chain]
+    return depths, [s for s in shapes if s is not None and not s.is_chain]
+
+
 def dominating(shapes: list[Shape]) -> DraftShape | None:
     """The listed shape SGLang must start at so that every listed shape fits what it sizes once:
     the largest top-k (draft-input width), draft tokens (verify width, logits buffer) and steps x

@@ -24,7 +24,14 @@ from controller.cli import app
 from controller.cli.args import parse_int_list
 from sglang_hooks import launch
 from sglang_hooks.contract import MAX_DEPTH, PolicyError, PolicyTable, off_field
-from sglang_hooks.draft_shape import DraftShape, Shape, ShapeError, label, parse_shapes
+from sglang_hooks.draft_shape import (
+    DraftShape,
+    Shape,
+    ShapeError,
+    depths_and_trees,
+    label,
+    parse_shapes,
+)
 from sglang_hooks.policy_file import POLICY_FILE_ENV, load_policy_file, table_fingerprint
 from sglang_hooks.shape_launch import shape_launch
 
@@ -179,8 +186,7 @@ def _serve_shapes(ctx: typer.Context, text: str, policy_file: Path | None,
 def _shapes_table(policy_file: Path, listed: list[Shape]) -> PolicyTable:
     """The start-up table checked against what a shape server captures: its chains' depths
     and trees, and depth 0 (off) only when plain is listed."""
-    depths = [0 if s is None else s.steps for s in listed if s is None or s.is_chain]
-    trees = [s for s in listed if s is not None and not s.is_chain]
+    depths, trees = depths_and_trees(listed)
     if 0 not in depths:
         # Its own fix: on a shape server depth 0 is captured by listing plain.
         where = off_field(_startup_table(policy_file, None, []).tiers)

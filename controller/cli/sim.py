@@ -234,15 +234,13 @@ def _captured(prof: Profile, shapes: list[str] | None,
               speculative: bool) -> tuple[list[int], list[DraftShape]]:  # fmt: skip
     """(depths, trees) a table may name on the server these options start (on a shape
     server, plain captured as depth 0)."""
-    from sglang_hooks.draft_shape import parse_shape
+    from sglang_hooks.draft_shape import depths_and_trees, parse_shape
 
     if not speculative:
         return [], []
     if shapes is None:
         return list(prof.captured_depths), []
-    parsed = list(map(parse_shape, shapes))
-    depths = [0 if s is None else s.steps for s in parsed if s is None or s.is_chain]
-    return depths, [s for s in parsed if s is not None and not s.is_chain]
+    return depths_and_trees(list(map(parse_shape, shapes)))
 
 
 @sim_app.command("serve")

@@ -55,7 +55,7 @@ from benchmarks.gpu.switch_stress import LoadThreads
 from controller.bench.level_flags import level_flags
 from controller.bench.server_client import ServerClient, ServerError
 from sglang_hooks.contract import PolicyTable, Tier, shape_tier
-from sglang_hooks.draft_shape import dominating
+from sglang_hooks.draft_shape import depths_and_trees, dominating
 from sglang_hooks.policy_file import load_policy_file
 
 FOLDER = "treeswitch"
@@ -96,10 +96,10 @@ def switching_table(top: DraftShape, others: list[Shape], version: int) -> Polic
     against the captured depths only, and a tree tier's own depth is its steps, never 0)."""
     base = shape_tier(1, top)
     # ascending, as the wire's bitmask returns them: the push reads the table back alike
-    chains = tuple(sorted(0 if s is None else s.steps for s in others if s is None or s.is_chain))
-    trees = tuple(s for s in others if s is not None and not s.is_chain)
+    depths, trees = depths_and_trees(others)
     tier = Tier(min_batch=1, depth=base.depth, topk=base.topk, draft_tokens=base.draft_tokens,
-                explore_share=SWITCH_SHARE, explore_depths=chains, explore_trees=trees)
+                explore_share=SWITCH_SHARE, explore_depths=tuple(sorted(depths)),
+                explore_trees=tuple(trees))
     return PolicyTable.build([tier], version=version)
 
 

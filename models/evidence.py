@@ -41,6 +41,8 @@ class Cells:
 
 
 def _valid(s: Sample) -> bool:
+    if s.tree:  # a draft tree's counts say nothing of the chain depth of the same steps
+        return False
     numbers = (s.t_end, s.iterations, s.request_steps, s.tokens, s.gpu_seconds)
     if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in numbers):
         return False

@@ -7,10 +7,15 @@ consumed by the learners. Every rate the models use is an exact ratio of these d
     mean batch     = request_steps / iterations
     accept length  = tokens / request_steps          (tokens per request per iteration)
     decode tok/s   = tokens / gpu_seconds
+
+A shape server's draft trees are counted by shape (`specctl_tree_*`): their samples carry the
+tree's label and its steps as the depth. The learners model chain depths and off only and
+read `chain_samples`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -27,6 +32,7 @@ class Sample:
     tokens: float
     gpu_seconds: float
     explore_iterations: float = 0.0
+    tree: str = ""  # a draft tree's label (`3x4x16`); empty for a chain depth or off
 
     @property
     def mean_batch(self) -> float:
@@ -43,3 +49,8 @@ class Sample:
     @property
     def tok_per_s(self) -> float:
         return self.tokens / self.gpu_seconds
+
+
+def chain_samples(samples: Iterable[Sample]) -> list[Sample]:
+    """The samples of chain depths and off: what a depth model may learn from."""
+    return [s for s in samples if not s.tree]

@@ -2,7 +2,8 @@
 
 No Prometheus server runs here, so `PromStandIn` is a small loopback FastAPI stand-in of
 Prometheus' `GET /api/v1/query`: it understands exactly the instant-vector query the daemon
-sends (`sum by (depth, bs_bucket) (<family>_total{matchers})`), evaluated over the latest
+sends (`sum by (depth, bs_bucket) (<family>_total{matchers})`, a tree family's by `shape`),
+evaluated over the latest
 scrape of a real simulated server's /metrics text (as Prometheus would hold it, with an
 `instance` label added), and answers in Prometheus' JSON shape.
 """
@@ -20,7 +21,7 @@ from test_daemon_http import Loopback, controller_for, new_sim
 from sims.http import create_app
 from sims.server import SimulatedServer
 
-QUERY = re.compile(r"^sum by \(depth, bs_bucket\) \((\w+)\{(.*)\}\)$")
+QUERY = re.compile(r"^sum by \((depth|shape), bs_bucket\) \((\w+)\{(.*)\}\)$")
 MATCHER = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -49,7 +50,7 @@ class PromStandIn:
 
         self.app = app
 
-    def evaluate(self, sample_name: str, matchers: str) -> list[dict[str, Any]]:
+    def evaluate(self, arm: str, sample_name: str, matchers: str) -> list[dict[str, Any]]:
         want = dict(MATCHER.findall(matchers))
         sums: dict[tuple[str, str], float] = {}
         for fam in text_string_to_metric_families(self.sim.metrics_text()):
@@ -57,10 +58,10 @@ class PromStandIn:
                 labels = {**s.labels, "instance": self.instance}
                 if s.name != sample_name or any(labels.get(k) != v for k, v in want.items()):
                     continue
-                key = (labels["depth"], labels["bs_bucket"])
+                key = (labels[arm], labels["bs_bucket"])
                 sums[key] = sums.get(key, 0.0) + s.value
         return [
-            {"metric": {"depth": d, "bs_bucket": b}, "value": [1.0, repr(v)]}
+            {"metric": {arm: d, "bs_bucket": b}, "value": [1.0, repr(v)]}
             for (d, b), v in sorted(sums.items())
         ]
 

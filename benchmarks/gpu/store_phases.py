@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from controller.daemon.store import Store, StoreError
+from models.samples import chain_samples
 
 
 class StorePhasesError(RuntimeError):
@@ -61,7 +62,8 @@ def phase_rows(run_json: Path, store_path: Path, skip_s: float = 1.0) -> list[Ph
     except (StoreError, OSError) as err:
         raise StorePhasesError(f"{store_path}: not a daemon store ({err})") from None
     try:
-        samples = [s for _, s in store.samples(since=float(start))]
+        # By depth: the daemon steers chain servers (a shape server's trees it only stores).
+        samples = chain_samples(s for _, s in store.samples(since=float(start)))
     finally:
         store.close()
     rows, t = [], float(start)

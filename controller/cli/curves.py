@@ -47,7 +47,8 @@ def curves(
     """Show the learned tok/s per depth, its evidence and the tables.
 
     Per batch size: each depth's predicted decode tok/s with its band, the measured points
-    behind it, the depth the model prefers and the one the live table runs.
+    behind it, the depth the model prefers and the one the live table runs. On a server that
+    switches draft shapes, each tree's measured tok/s stands beside the depths.
 
     \b
     Examples:
@@ -89,6 +90,10 @@ def curves(
             f"{len(model.samples)} samples over {end - start:,.0f} s "
             f"(until {when(end)}); learner: {model.source}"
         )
+        if model.trees:
+            trees = ", ".join(sorted({s.tree for s in model.trees}))
+            console.print(f"draft trees, measured and not learned: {len(model.trees)} samples "
+                          f"of {trees}")  # fmt: skip
         print_table(console, curves_table(model, proposal))
         cross = ", ".join(f"d{a}->d{b} at batch {x:.1f}" for a, b, x in proposal.crossovers)
         console.print(f"crossovers: {cross or 'none'}")

@@ -4,7 +4,8 @@ Reads the daemon's SQLite store, refits a Learner on one group's samples (or loa
 latest learner snapshot with `--snapshot`) and shows, per depth, the predicted decode tok/s
 against batch size with its 90% band, the measured points (samples pooled per batch-size
 bucket, with how many decode iterations each rests on), the crossovers, and the live table
-(the last push the daemon judged good) next to the table the model proposes now.
+(the last push the daemon judged good) next to the table the model proposes now. A shape
+server's draft trees are measured, not learned: their points sit beside the depths' curves.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from rich.table import Table
 
 from controller.daemon.store import Store, StoreError, samples_only
 from models.learner import CurvePoint, Learner, Proposal
-from models.samples import Sample
+from models.samples import Sample, chain_samples
 from sglang_hooks.contract import BS_BUCKET_EDGES, PolicyError, PolicyTable, bs_bucket, parse_table
 
 
@@ -31,7 +32,7 @@ class CurvesError(RuntimeError):
 
 @dataclass(frozen=True)
 class MeasuredPoint:
-    """Samples of one (depth, bucket), pooled: exact ratios of summed counter deltas."""
+    """Samples of one (depth or tree, bucket), pooled: exact ratios of summed counter deltas."""
 
     depth: int
     bs_bucket: int
@@ -41,6 +42,7 @@ class MeasuredPoint:
     step_ms: float
     iterations: float
     samples: int
+    tree: str = ""  # a draft tree's label (its steps are `depth`); empty for a chain or off
 
 
 @dataclass
@@ -48,7 +50,8 @@ class GroupModel:
     store: Path
     group: str
     targets: list[str]
-    samples: list[Sample]
+    samples: list[Sample]  # chain depths and off: what the learner fits
+    trees: list[Sample]  # a shape server's draft trees: measured only
     learner: Learner
     now: float
     source: str  # how the learner was obtained
@@ -57,7 +60,8 @@ class GroupModel:
 
     @property
     def window(self) -> tuple[float, float]:
-        return min(s.t_end - s.interval_s for s in self.samples), max(s.t_end for s in self.samples)
+        every = self.samples + self.trees
+        return min(s.t_end - s.interval_s for s in every), max(s.t_end for s in every)
 
     def batch_histogram(self) -> dict[int, float]:
         """Share of decode iterations per bucket (what the load looked like)."""
@@ -81,19 +85,22 @@ class GroupModel:
 
 
 def measured_points(samples: Sequence[Sample]) -> list[MeasuredPoint]:
-    acc: dict[tuple[int, int], list[float]] = {}
+    """One point per (depth or tree, bucket) that ran, chains first."""
+    acc: dict[tuple[str, int, int], list[float]] = {}
     for s in samples:
-        row = acc.setdefault((s.depth, s.bs_bucket), [0.0, 0.0, 0.0, 0.0, 0.0])
+        row = acc.setdefault((s.tree, s.depth, s.bs_bucket), [0.0, 0.0, 0.0, 0.0, 0.0])
         row[0] += s.iterations
         row[1] += s.request_steps
         row[2] += s.tokens
         row[3] += s.gpu_seconds
         row[4] += 1
     out = []
-    for (d, b), (it, rs, tok, gpu, n) in sorted(acc.items()):
+    for (tree, d, b), (it, rs, tok, gpu, n) in sorted(acc.items()):
         if it <= 0 or rs <= 0 or gpu <= 0:
             continue
-        out.append(MeasuredPoint(d, b, rs / it, tok / gpu, tok / rs, 1000 * gpu / it, it, int(n)))
+        out.append(
+            MeasuredPoint(d, b, rs / it, tok / gpu, tok / rs, 1000 * gpu / it, it, int(n), tree)
+        )
     return out
 
 
@@ -133,11 +140,20 @@ def load_group_model(
             if len(groups) > 1:
                 raise CurvesError(f"the store holds several groups {groups}; pass --group NAME")
             group = groups[0]
-        samples = [
+        mine = [
             s for s in everything if s.group == group and (target is None or s.target == target)
         ]
-        if not samples:
+        if not mine:
             raise CurvesError(f"--group {group!r}: no samples; groups in the store: {groups}")
+        samples = chain_samples(mine)
+        trees = [s for s in mine if s.tree]
+        if not samples:
+            ran = ", ".join(sorted({s.tree for s in trees}))
+            raise CurvesError(
+                f"--group {group!r}: only draft trees ran ({ran}); the curves are learned from "
+                "chain depths and off: let the server's table run one, or read the trees' "
+                "tok/s per load with `specctl status --url URL` or `specctl bench --shapes`"
+            )
         targets = sorted({s.target for s in samples})
         now = max(s.t_end for s in samples)
         learner, source = _learner(store, group, samples, now, use_snapshot, seed)
@@ -145,7 +161,7 @@ def load_group_model(
     finally:
         store.close()
     return GroupModel(
-        store_path, group, targets, samples, learner, now, source, live_table, live_target
+        store_path, group, targets, samples, trees, learner, now, source, live_table, live_target
     )
 
 
@@ -190,8 +206,9 @@ def _live_table(store: Store, targets: list[str]) -> tuple[PolicyTable | None, s
 
 def batch_grid(model: GroupModel) -> list[int]:
     """Bucket edges up to twice the largest batch seen (where the table must still answer)."""
-    top = max(s.mean_batch for s in model.samples)
-    measured = {s.bs_bucket for s in model.samples}
+    every = model.samples + model.trees
+    top = max(s.mean_batch for s in every)
+    measured = {s.bs_bucket for s in every}
     powers = {b for b in BS_BUCKET_EDGES if b & (b - 1) == 0 and b <= max(2 * top, 8)}
     return sorted(measured | powers)
 
@@ -218,7 +235,7 @@ def curves_json(model: GroupModel, proposal: Proposal) -> dict[str, Any]:
         "curves": {
             str(d): [_clean(asdict(p)) for p in points] for d, points in sorted(curves.items())
         },
-        "measured": [asdict(m) for m in measured_points(model.samples)],
+        "measured": [asdict(m) for m in measured_points(model.samples + model.trees)],
         "crossovers": [
             {"from_depth": a, "to_depth": b, "batch": round(x, 2)}
             for a, b, x in proposal.crossovers
@@ -239,6 +256,7 @@ def curves_table(model: GroupModel, proposal: Proposal) -> Table:
     grid = batch_grid(model)
     curves = model.learner.curves(np.asarray(grid, float))
     measured = {(m.depth, m.bs_bucket): m for m in measured_points(model.samples)}
+    trees = _tree_points(model)
     depths = sorted(curves)
     t = Table(
         title="decode tok/s by batch size: predicted ±half its 90% band / measured (iterations)",
@@ -248,6 +266,8 @@ def curves_table(model: GroupModel, proposal: Proposal) -> Table:
     t.add_column("batch", justify="right", no_wrap=True)
     for d in depths:
         t.add_column("off" if d == 0 else f"d{d}", justify="right", no_wrap=True)
+    for tree in trees:
+        t.add_column(f"{tree}\n(measured)", justify="right", no_wrap=True)
     t.add_column("best", justify="center")
     t.add_column("live", justify="center")
     for i, b in enumerate(grid):
@@ -257,6 +277,9 @@ def curves_table(model: GroupModel, proposal: Proposal) -> Table:
         best = max(finite, key=lambda d: finite[d]) if finite else None
         for d in depths:
             row.append(_cell(preds[d], measured.get((d, bs_bucket(b))), d == best))
+        for points in trees.values():
+            m = points.get(bs_bucket(b))
+            row.append("[dim]-[/dim]" if m is None else _measured(m))
         row.append("-" if best is None else ("off" if best == 0 else f"d{best}"))
         live = model.live_table.depth_for(b) if model.live_table else None
         row.append("-" if live is None else ("off" if live == 0 else f"d{live}"))
@@ -270,12 +293,20 @@ def _cell(p: CurvePoint, m: MeasuredPoint | None, best: bool) -> str:
     else:
         pred = f"{p.tok_per_s:,.0f} ±{(p.hi - p.lo) / 2:,.0f}"
         pred = f"[bold]{pred}[/bold]" if best else pred
-    meas = (
-        "[dim]-[/dim]"
-        if m is None
-        else f"[cyan]{m.tok_per_s:,.0f}[/cyan] ({_fmt_n(m.iterations)} it)"
-    )
+    meas = "[dim]-[/dim]" if m is None else _measured(m)
     return f"{pred}\n{meas}"
+
+
+def _measured(m: MeasuredPoint) -> str:
+    return f"[cyan]{m.tok_per_s:,.0f}[/cyan] ({_fmt_n(m.iterations)} it)"
+
+
+def _tree_points(model: GroupModel) -> dict[str, dict[int, MeasuredPoint]]:
+    """Each tree's measured points by bucket, trees in label order."""
+    out: dict[str, dict[int, MeasuredPoint]] = {}
+    for m in measured_points(model.trees):
+        out.setdefault(m.tree, {})[m.bs_bucket] = m
+    return dict(sorted(out.items()))
 
 
 # Artist ids in the figure (`curves_figure`), for readers of the figure and its tests.
@@ -283,6 +314,7 @@ GID_MEASURED_RANGE = "predicted (sampled batches)"
 GID_EXTRAPOLATED = "predicted (extrapolated)"
 GID_CROSSOVER = "proposed crossover"
 GID_LIVE_TIER = "live tier"
+GID_TREE = "tree measured"
 
 
 def sampled_range(model: GroupModel) -> tuple[float, float]:
@@ -317,9 +349,10 @@ def curves_figure(model: GroupModel, proposal: Proposal) -> Any:
     Top: each depth's predicted decode tok/s relative to depth 0 (1.0: as fast as not
     drafting), solid over the sampled batches with its 90% band, dashed and greyed where the
     model extrapolates; measured points (pooled per bucket, sized by iterations) over depth 0's
-    prediction at their batch; the proposed table's crossovers as labelled vertical lines,
-    only inside the sampled batches (one beyond them is named in the title, not drawn). Under
-    it: the live table as a strip of tiers. Bottom: the same curves in absolute tok/s."""
+    prediction at their batch, a shape server's trees as diamonds (measured, not modelled);
+    the proposed table's crossovers as labelled vertical lines, only inside the sampled
+    batches (one beyond them is named in the title, not drawn). Under it: the live table as a
+    strip of tiers. Bottom: the same curves in absolute tok/s."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -373,6 +406,17 @@ def curves_figure(model: GroupModel, proposal: Proposal) -> Any:
                 axis.scatter(xs, np.asarray([m.tok_per_s for m in mine]) / scale, s=sizes,
                              color=color[d], edgecolor="black", linewidth=0.5, alpha=0.85,
                              zorder=3, label=label)  # fmt: skip
+    for i, (tree, by_bucket) in enumerate(_tree_points(model).items()):
+        mine = list(by_bucket.values())
+        xs = np.asarray([m.mean_batch for m in mine])
+        at = np.interp(np.log(xs), np.log(grid), base)
+        sizes = [12 + 150 * math.sqrt(m.iterations / max_it) for m in mine]
+        tone = colors[(len(curves) + i) % len(colors)]
+        for axis, scale in ((ax, at), (ax_abs, np.ones_like(at))):
+            label = f"tree {tree}: measured" if axis is ax else None
+            axis.scatter(xs, np.asarray([m.tok_per_s for m in mine]) / scale, s=sizes,
+                         marker="D", color=tone, edgecolor="black", linewidth=0.5, alpha=0.85,
+                         zorder=3, label=label, gid=GID_TREE)  # fmt: skip
     ax.axhline(1.0, color="black", lw=1.0, zorder=1)
     beyond = []
     for a, b, x in proposal.crossovers:

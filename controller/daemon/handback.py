@@ -32,12 +32,14 @@ def has_probes(table: PolicyTable | None) -> bool:
 
 
 def without_probes(table: PolicyTable, version: int) -> PolicyTable:
-    """`table` without exploration; neighbouring tiers that then run the same depth merge."""
+    """`table` without exploration; neighbouring tiers that then run the same depth or draft
+    tree merge. A tree tier stays that tree."""
     tiers: list[Tier] = []
     for t in table.tiers:
-        if tiers and tiers[-1].depth == t.depth:
+        if tiers and tiers[-1].shape == t.shape:
             continue
-        tiers.append(Tier(min_batch=t.min_batch, depth=t.depth, hysteresis=t.hysteresis))
+        tiers.append(Tier(min_batch=t.min_batch, depth=t.depth, hysteresis=t.hysteresis,
+                          topk=t.topk, draft_tokens=t.draft_tokens))  # fmt: skip
     return PolicyTable.build(tiers, version=version)
 
 

@@ -44,7 +44,7 @@ from controller.daemon.sources import CounterSource, MetricsPageSource, Promethe
 from controller.daemon.store import Store
 from controller.daemon.takeover import measured_choice
 from controller.daemon.transport import ServerTransport
-from models.samples import Sample
+from models.samples import Sample, chain_samples
 from sglang_hooks.contract import PolicyError, PolicyTable, parse_table
 
 log = logging.getLogger("specctl.daemon")
@@ -156,12 +156,13 @@ class Controller:
             last = store.last_sample_time(group=group.group)
             if last is not None:
                 since = last - config.schedule.history_s
-                group.add([s for _, s in store.samples(group=group.group, since=since)])
+                rows = store.samples(group=group.group, since=since)
+                group.add(chain_samples(s for _, s in rows))
         for st in self.targets.values():
             last = store.last_sample_time(target=st.name)
             if last is not None:
                 rows = store.samples(target=st.name, since=last - self._recent_horizon_s())
-                st.recent = [s for _, s in rows]
+                st.recent = chain_samples(s for _, s in rows)
 
     def _restore_push_state(self, state: TargetState) -> None:
         records = self.store.pushes(state.name)
@@ -235,8 +236,11 @@ class Controller:
         if iterations > 0:
             probes = sum(s.explore_iterations for s in built.samples)
             m.probe_share.labels(st.name).set(probes / iterations)
-        self.groups[st.cfg.group].add(built.samples)
-        st.recent.extend(built.samples)
+        # A shape server's tree samples are stored (`specctl curves` shows them by shape); the
+        # learner and the load it steers by read chain depths and off only.
+        chains = chain_samples(built.samples)
+        self.groups[st.cfg.group].add(chains)
+        st.recent.extend(chains)
         horizon = now - self._recent_horizon_s()
         if st.recent and st.recent[0].t_end <= horizon:
             st.recent = [s for s in st.recent if s.t_end > horizon]
@@ -252,10 +256,8 @@ class Controller:
         st.next_scrape_at = now + backoff
         self.metrics.scrape_errors.labels(st.name, kind).inc()
         self.metrics.target_up.labels(st.name).set(0)
-        # Log the first failure and then rarely: a dead target must not flood the log. A shape
-        # server running a tree has no per-depth series: said once when it was first read.
-        shapes = kind == "no_series" and st.live is not None and bool(st.live.captured_trees)
-        if (st.failures == 1 or st.failures % 20 == 0) and not shapes:
+        # Log the first failure and then rarely: a dead target must not flood the log.
+        if st.failures == 1 or st.failures % 20 == 0:
             log.warning(
                 "%s: scrape failed (%s, %d in a row; next try in %.0f s): %s",
                 st.name,
@@ -322,9 +324,10 @@ class Controller:
         if live.captured_trees and self.frozen is None:
             log.error(
                 "%s: the server switches draft shapes (trees %s captured); the daemon learns "
-                "chain depths only and leaves it as it runs: bench its shapes with `specctl "
-                "bench --shapes` and start it with the table that writes (`specctl serve "
-                "--shapes ... --policy-file shapes-table.yaml`)",
+                "chain depths only and leaves it as it runs, storing what each shape measures "
+                "(`specctl curves`): bench its shapes with `specctl bench --shapes` and start "
+                "it with the table that writes (`specctl serve --shapes ... --policy-file "
+                "shapes-table.yaml`)",
                 st.name, ", ".join(live.captured_trees),
             )  # fmt: skip
         elif self.frozen is not None:

@@ -2,7 +2,10 @@
 
 Counters are keyed per series `family|depth|bs_bucket|dp_rank` (TP rank 0 and PP rank 0 only:
 every TP/PP rank of a DP rank counts the same iterations). Deltas between two snapshots are
-summed over DP ranks into one `Sample` per (depth, bucket).
+summed over DP ranks into one `Sample` per (depth, bucket). With `trees=True` a shape server's
+draft trees (`specctl_tree_*{shape=...}`) are read too, keyed under the chain family's name
+with the tree's label in place of the depth (`specctl_decode_iterations|3x4x16|8|`), so cells,
+resets and checks are the same code.
 
 Counter resets. A server restart zeroes every counter at once, so if any series went down
 since the previous snapshot the whole server is taken to have restarted and each series'
@@ -34,16 +37,20 @@ from sglang_hooks.contract import (
     COUNTER_FAMILIES,
     LABEL_BUCKET,
     LABEL_DEPTH,
+    LABEL_SHAPE,
     MAX_DEPTH,
     METRIC_EXPLORE_ITERATIONS,
     METRIC_GPU_SECONDS,
     METRIC_ITERATIONS,
     METRIC_REQUEST_STEPS,
     METRIC_TOKENS,
+    TREE_COUNTER_FAMILIES,
     bucket_upper,
 )
+from sglang_hooks.draft_shape import DraftShape, ShapeError, parse_shape
 
 _FAMILIES = frozenset(COUNTER_FAMILIES)
+_CHAIN_FAMILY_OF_TREE = dict(zip(TREE_COUNTER_FAMILIES, COUNTER_FAMILIES, strict=True))
 _BUCKETS = frozenset(BS_BUCKET_EDGES)
 REL_TOL = 1e-6
 
@@ -56,13 +63,32 @@ class ScrapeError(RuntimeError):
         super().__init__(message)
 
 
-def series_key(family: str, depth: int, bucket: int, dp_rank: str) -> str:
-    return f"{family}|{depth}|{bucket}|{dp_rank}"
+def series_key(family: str, arm: int | str, bucket: int, dp_rank: str) -> str:
+    """`arm`: a chain depth, or a tree's label."""
+    return f"{family}|{arm}|{bucket}|{dp_rank}"
+
+
+def split_arm_key(key: str) -> tuple[str, str, int, str]:
+    """(family, depth or tree label as written, bucket, DP rank) of any series key."""
+    family, arm, bucket, dp = key.split("|")
+    return family, arm, int(bucket), dp
 
 
 def split_key(key: str) -> tuple[str, int, int, str]:
-    family, depth, bucket, dp = key.split("|")
-    return family, int(depth), int(bucket), dp
+    """A chain series' key with its depth (a tree's key: `split_arm_key`)."""
+    family, arm, bucket, dp = split_arm_key(key)
+    return family, int(arm), bucket, dp
+
+
+def tree_of(label: str | None) -> DraftShape | None:
+    """The tree a `shape` label names, or None if it names none a server can count."""
+    try:
+        shape = parse_shape(label or "")
+    except ShapeError:
+        return None
+    if not isinstance(shape, DraftShape) or shape.is_chain or not 1 <= shape.steps <= MAX_DEPTH:
+        return None
+    return shape
 
 
 @dataclass
@@ -73,11 +99,15 @@ class CounterSnapshot:
     dropped_series: int = 0  # NaN / negative / unreadable labels / incomplete cells
 
 
-def _family_of(sample_name: str) -> str | None:
+def _family_of(sample_name: str, trees: bool) -> tuple[str, bool] | None:
+    """(the chain family a counter sample belongs to, whether it counts a tree), or None."""
     if sample_name.endswith("_created"):
         return None
     base = sample_name.removesuffix("_total")
-    return base if base in _FAMILIES else None
+    if base in _FAMILIES:
+        return base, False
+    chain = _CHAIN_FAMILY_OF_TREE.get(base) if trees else None
+    return None if chain is None else (chain, True)
 
 
 def _parse_int(raw: str | None) -> int | None:
@@ -95,8 +125,9 @@ def first_rank(labels: Mapping[str, str]) -> bool:
     return labels.get("tp_rank", "0") == "0" and labels.get("pp_rank", "0") == "0"
 
 
-def parse_counters(text: str) -> CounterSnapshot:
-    """The specctl counters of one /metrics page. Raises ScrapeError('parse') on bad text."""
+def parse_counters(text: str, *, trees: bool = False) -> CounterSnapshot:
+    """The specctl counters of one /metrics page, with `trees` a shape server's tree counters
+    too (see the module's docstring). Raises ScrapeError('parse') on bad text."""
     snap = CounterSnapshot()
     try:
         families = list(text_string_to_metric_families(text))
@@ -104,18 +135,24 @@ def parse_counters(text: str) -> CounterSnapshot:
         raise ScrapeError("parse", f"/metrics text does not parse: {err!r}"[:300]) from None
     for fam in families:
         for s in fam.samples:
-            family = _family_of(s.name)
-            if family is None:
+            found = _family_of(s.name, trees)
+            if found is None:
                 continue
+            family, tree = found
             labels = s.labels
             if not first_rank(labels):
                 continue
-            depth = _parse_int(labels.get(LABEL_DEPTH))
+            arm: int | str | None
+            if tree:
+                shape = tree_of(labels.get(LABEL_SHAPE))
+                arm = None if shape is None else shape.label
+            else:
+                arm = _parse_int(labels.get(LABEL_DEPTH))
+                arm = arm if arm is not None and 0 <= arm <= MAX_DEPTH else None
             bucket = _parse_int(labels.get(LABEL_BUCKET))
             value = s.value
             if (
-                depth is None
-                or not 0 <= depth <= MAX_DEPTH
+                arm is None
                 or bucket not in _BUCKETS
                 or not isinstance(value, (int, float))
                 or not math.isfinite(value)
@@ -124,7 +161,7 @@ def parse_counters(text: str) -> CounterSnapshot:
                 snap.dropped_series += 1
                 continue
             assert bucket is not None
-            key = series_key(family, depth, bucket, labels.get("dp_rank", ""))
+            key = series_key(family, arm, bucket, labels.get("dp_rank", ""))
             snap.values[key] = snap.values.get(key, 0.0) + float(value)
     _keep_complete_cells(snap)
     return snap
@@ -139,16 +176,16 @@ def _keep_complete_cells(snap: CounterSnapshot) -> None:
     A cell whose tokens series is NaN (or missing) this scrape must not advance its other
     counters either: the next good scrape then yields one consistent delta for the cell.
     """
-    present: dict[tuple[int, int, str], set[str]] = defaultdict(set)
+    present: dict[tuple[str, int, str], set[str]] = defaultdict(set)
     for key in snap.values:
-        family, depth, bucket, dp = split_key(key)
-        present[(depth, bucket, dp)].add(family)
+        family, arm, bucket, dp = split_arm_key(key)
+        present[(arm, bucket, dp)].add(family)
     incomplete = {cell for cell, fams in present.items() if not all(f in fams for f in _REQUIRED)}
     if not incomplete:
         return
     for key in list(snap.values):
-        _family, depth, bucket, dp = split_key(key)
-        if (depth, bucket, dp) in incomplete:
+        _family, arm, bucket, dp = split_arm_key(key)
+        if (arm, bucket, dp) in incomplete:
             del snap.values[key]
     snap.dropped_series += len(incomplete)
 
@@ -194,18 +231,23 @@ def build_samples(
     t_end: float,
     interval_s: float,
 ) -> SampleBuild:
-    """Sum deltas over DP ranks into one checked `Sample` per (depth, bucket) that ran."""
-    sums: dict[tuple[int, int], dict[str, float]] = defaultdict(dict)
+    """Sum deltas over DP ranks into one checked `Sample` per (depth or tree, bucket) that
+    ran; a tree's sample carries its label and its steps as the depth."""
+    sums: dict[tuple[int, str, int], dict[str, float]] = defaultdict(dict)
     for key, delta in deltas.items():
-        family, depth, bucket, _dp = split_key(key)
-        cell = sums[(depth, bucket)]
+        family, arm, bucket, _dp = split_arm_key(key)
+        shape = None if arm.isdigit() else tree_of(arm)
+        if shape is None and not arm.isdigit():
+            continue  # a stored snapshot's key no release of specctl writes
+        depth, tree = (int(arm), "") if shape is None else (shape.steps, shape.label)
+        cell = sums[(depth, tree, bucket)]
         cell[family] = cell.get(family, 0.0) + delta
     out: list[Sample] = []
     inconsistent = 0
-    for (depth, bucket), cell in sorted(sums.items()):
+    for (depth, tree, bucket), cell in sorted(sums.items(), key=lambda kv: (kv[0][1], kv[0])):
         iterations = cell.get(METRIC_ITERATIONS, 0.0)
         if iterations <= 0:
-            continue  # nothing ran at this (depth, bucket) in the interval
+            continue  # nothing ran at this (depth or tree, bucket) in the interval
         sample = Sample(
             group=group,
             target=target,
@@ -218,6 +260,7 @@ def build_samples(
             tokens=cell.get(METRIC_TOKENS, 0.0),
             gpu_seconds=cell.get(METRIC_GPU_SECONDS, 0.0),
             explore_iterations=cell.get(METRIC_EXPLORE_ITERATIONS, 0.0),
+            tree=tree,
         )
         if why_inconsistent(sample) is None:
             out.append(sample)
@@ -234,10 +277,10 @@ def why_inconsistent(s: Sample) -> str | None:
     mean_batch = s.request_steps / s.iterations
     if not s.bs_bucket * lo <= mean_batch <= bucket_upper(s.bs_bucket) * hi:
         return f"mean batch {mean_batch:.2f} lies outside bucket {s.bs_bucket}"
+    # A tree of d steps, like a chain of depth d, accepts a path of at most d drafts.
     if not s.request_steps * lo <= s.tokens <= s.request_steps * (s.depth + 1) * hi:
-        return (
-            f"tokens {s.tokens} impossible for {s.request_steps} request steps at depth {s.depth}"
-        )
+        at = f"tree {s.tree}" if s.tree else f"depth {s.depth}"
+        return f"tokens {s.tokens} impossible for {s.request_steps} request steps at {at}"
     if s.explore_iterations > s.iterations * hi:
         return "more exploration iterations than iterations"
     return None

@@ -2,7 +2,8 @@
 
 Both return a `CounterSnapshot`, so deltas, reset handling and sample checks are the same code.
 The Prometheus source reads the raw counters (`sum by (depth, bs_bucket)` over DP ranks, TP and
-PP rank 0) through `/api/v1/query` rather than `increase()`: `increase()` extrapolates to the
+PP rank 0; a shape server's trees `sum by (shape, bs_bucket)`) through `/api/v1/query` rather
+than `increase()`: `increase()` extrapolates to the
 window edges, and the models need exact ratios of deltas.
 """
 
@@ -13,14 +14,22 @@ from typing import Any, Protocol
 
 import httpx
 
-from controller.daemon.scrape import CounterSnapshot, ScrapeError, parse_counters, series_key
+from controller.daemon.scrape import (
+    CounterSnapshot,
+    ScrapeError,
+    parse_counters,
+    series_key,
+    tree_of,
+)
 from controller.daemon.transport import ServerTransport, TransportError
 from sglang_hooks.contract import (
     BS_BUCKET_EDGES,
     COUNTER_FAMILIES,
     LABEL_BUCKET,
     LABEL_DEPTH,
+    LABEL_SHAPE,
     MAX_DEPTH,
+    TREE_COUNTER_FAMILIES,
 )
 
 
@@ -39,7 +48,7 @@ class MetricsPageSource:
             text = self.transport.metrics_text()
         except TransportError as err:
             raise ScrapeError(err.kind, str(err)) from err
-        snap = parse_counters(text)
+        snap = parse_counters(text, trees=True)
         if not snap.values and snap.dropped_series:
             raise ScrapeError(
                 "garbage",
@@ -64,11 +73,11 @@ class PrometheusSource:
         self.selector = selector.strip().strip(",")
         self._client = httpx.Client(base_url=self.base_url, timeout=timeout_s)
 
-    def query_for(self, family: str) -> str:
+    def query_for(self, family: str, arm_label: str = LABEL_DEPTH) -> str:
         matchers = 'tp_rank="0",pp_rank="0"'
         if self.selector:
             matchers += "," + self.selector
-        return f"sum by ({LABEL_DEPTH}, {LABEL_BUCKET}) ({family}_total{{{matchers}}})"
+        return f"sum by ({arm_label}, {LABEL_BUCKET}) ({family}_total{{{matchers}}})"
 
     def _query(self, promql: str) -> list[dict[str, Any]]:
         try:
@@ -95,25 +104,29 @@ class PrometheusSource:
 
     def read_counters(self) -> CounterSnapshot:
         snap = CounterSnapshot()
-        for family in COUNTER_FAMILIES:
-            for row in self._query(self.query_for(family)):
+        queries = [(f, f, LABEL_DEPTH) for f in COUNTER_FAMILIES]
+        # A shape server's trees, keyed under the chain family as parse_counters keys them.
+        trees = zip(COUNTER_FAMILIES, TREE_COUNTER_FAMILIES, strict=True)
+        queries += [(f, t, LABEL_SHAPE) for f, t in trees]
+        for family, name, arm_label in queries:
+            for row in self._query(self.query_for(name, arm_label)):
                 try:
                     labels = row["metric"]
-                    depth = int(labels[LABEL_DEPTH])
+                    arm = _arm(labels[arm_label], arm_label)
                     bucket = int(labels[LABEL_BUCKET])
                     value = float(row["value"][1])
                 except (KeyError, ValueError, TypeError, IndexError):
                     snap.dropped_series += 1
                     continue
                 if (
-                    not 0 <= depth <= MAX_DEPTH
+                    arm is None
                     or bucket not in BS_BUCKET_EDGES
                     or not math.isfinite(value)
                     or value < 0
                 ):
                     snap.dropped_series += 1
                     continue
-                snap.values[series_key(family, depth, bucket, "")] = value
+                snap.values[series_key(family, arm, bucket, "")] = value
         if not snap.values:
             raise ScrapeError(
                 "no_series", f"Prometheus has no specctl_* counters for {self.selector or 'any'}"
@@ -122,3 +135,12 @@ class PrometheusSource:
 
     def close(self) -> None:
         self._client.close()
+
+
+def _arm(raw: str, arm_label: str) -> int | str | None:
+    """A depth in [0, MAX_DEPTH], a countable tree's label, or None; ValueError: no integer."""
+    if arm_label == LABEL_SHAPE:
+        shape = tree_of(raw)
+        return None if shape is None else shape.label
+    depth = int(raw)
+    return depth if 0 <= depth <= MAX_DEPTH else None

@@ -82,13 +82,22 @@ MIGRATIONS: tuple[tuple[int, str, str], ...] = (
         CREATE INDEX learner_snapshots_group ON learner_snapshots (grp, t);
         """,
     ),
+    (
+        2,
+        "a shape server's tree samples",
+        "ALTER TABLE samples ADD COLUMN tree TEXT NOT NULL DEFAULT '';",
+    ),
 )
 
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 _SAMPLE_COLUMNS = (
     "grp, target, t_end, interval_s, depth, bs_bucket, iterations, request_steps, tokens, "
-    "gpu_seconds, explore_iterations"
+    "gpu_seconds, explore_iterations, tree"
+)
+_INSERT_SAMPLE = (
+    f"INSERT INTO samples ({_SAMPLE_COLUMNS}) "
+    f"VALUES ({','.join('?' * len(_SAMPLE_COLUMNS.split(',')))})"
 )
 
 
@@ -184,9 +193,7 @@ class Store:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
-                self._db.executemany(
-                    f"INSERT INTO samples ({_SAMPLE_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", rows
-                )
+                self._db.executemany(_INSERT_SAMPLE, rows)
                 if snapshot is not None:
                     self._db.execute(
                         "INSERT INTO counter_snapshots VALUES (?, ?, ?) ON CONFLICT(target) "
@@ -404,7 +411,7 @@ class Store:
 def _sample_row(s: Sample) -> tuple[Any, ...]:
     """A sample as the columns of `_SAMPLE_COLUMNS`, in order."""
     return (s.group, s.target, s.t_end, s.interval_s, s.depth, s.bs_bucket, s.iterations,
-            s.request_steps, s.tokens, s.gpu_seconds, s.explore_iterations)
+            s.request_steps, s.tokens, s.gpu_seconds, s.explore_iterations, s.tree)
 
 
 def samples_only(rows: Iterable[tuple[int, Sample]]) -> list[Sample]:

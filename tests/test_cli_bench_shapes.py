@@ -38,6 +38,12 @@ FAST = ["--requests-per-level", "8", "--output-tokens", "48", "--prompt-tokens",
         "--client-bound-share", "100"]  # fmt: skip
 
 
+def bench(url: str, out: Path, *args: str) -> Any:
+    """`specctl bench` of the server at `url` with the admin key, its results in `out`."""
+    return CliRunner().invoke(app, ["bench", "--url", url, "--admin-key", KEY, "--out", str(out),
+                                    *args])  # fmt: skip
+
+
 def flat(text: str) -> str:
     return " ".join(text.split())
 
@@ -50,9 +56,7 @@ def test_each_shape_is_held_and_benched_and_the_table_restored(
     with ServerClient(server.base_url, KEY) as client:
         client.push(BEFORE)
     out = tmp_path / "bench"
-    res = CliRunner().invoke(app, ["bench", "--url", server.base_url, "--admin-key", KEY,
-                                   "--shapes", "3x4x16,3x1x4", "--concurrency", "1,4",
-                                   "--out", str(out), *FAST])  # fmt: skip
+    res = bench(server.base_url, out, "--shapes", "3x4x16,3x1x4", "--concurrency", "1,4", *FAST)
     assert res.exit_code == 0, res.output
     text = flat(res.output)
     assert "holding 3x4x16: 1+: 3x4x16" in text and "holding 3x1x4: 1+: d3" in text
@@ -99,9 +103,8 @@ def test_plain_is_held_as_off_where_the_server_captured_it(
         assert 0 in client.state().captured_depths
         client.push(BEFORE)
     out = tmp_path / "bench"
-    res = CliRunner().invoke(app, ["bench", "--url", server.base_url, "--admin-key", KEY,
-                                   "--shapes", "3x4x16,3x1x4,plain", "--concurrency", "1,16",
-                                   "--out", str(out), *FAST])  # fmt: skip
+    res = bench(server.base_url, out, "--shapes", "3x4x16,3x1x4,plain", "--concurrency", "1,16",
+                *FAST)
     assert res.exit_code == 0, res.output
     text = flat(res.output)
     assert "benching 3x4x16, 3x1x4, plain held in turn" in text
@@ -179,8 +182,7 @@ def test_a_shape_list_the_server_cannot_hold_is_one_line(
 ) -> None:
     server = sim_server_factory(profile=PROFILE, shapes=["3x4x16", "3x1x4"], admin_key=KEY)
     out = tmp_path / "never"
-    res = CliRunner().invoke(app, ["bench", "--url", server.base_url, "--admin-key", KEY,
-                                   "--out", str(out), *args])  # fmt: skip
+    res = bench(server.base_url, out, *args)
     lines = [ln for ln in res.output.splitlines() if ln.strip()]
     assert res.exit_code == 2 and len(lines) == 1, res.output
     assert flat(lines[0]).startswith(expected), lines[0]

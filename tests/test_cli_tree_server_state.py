@@ -47,6 +47,12 @@ def flat(text: str) -> str:
     return " ".join(text.split())
 
 
+def freeze_check(policy: Path, text: str, url: str) -> Any:
+    """`specctl freeze --check` of a policy file holding `text`, against the server at `url`."""
+    policy.write_text(text)
+    return CliRunner().invoke(app, ["freeze", "--check", str(policy), "--url", url])
+
+
 def test_status_lists_the_trees_and_reads_the_tree_table(sim_server_factory: Any) -> None:
     url = _tree_server(sim_server_factory)
     res = CliRunner().invoke(app, ["status", "--url", url, "--json"])
@@ -66,22 +72,18 @@ def test_freeze_check_holds_a_tree_table_to_the_servers_trees(
     sim_server_factory: Any, tmp_path: Path
 ) -> None:
     url = _tree_server(sim_server_factory)
-    good = tmp_path / "good.yaml"
-    good.write_text("table: {tiers: [{min_batch: 1, depth: 3, topk: 4, draft_tokens: 16},"
-                    " {min_batch: 64, depth: 3}]}\n")
-    res = CliRunner().invoke(app, ["freeze", "--check", str(good), "--url", url])
+    res = freeze_check(tmp_path / "good.yaml", "table: {tiers: [{min_batch: 1, depth: 3, topk: 4, "
+                       "draft_tokens: 16}, {min_batch: 64, depth: 3}]}\n", url)  # fmt: skip
     assert res.exit_code == 0, res.output
     assert "(captured: [3], trees ['3x4x16'])" in flat(res.output)
-    bad = tmp_path / "bad.yaml"
-    bad.write_text("table: {tiers: [{min_batch: 1, depth: 5, topk: 8, draft_tokens: 32}]}\n")
-    res = CliRunner().invoke(app, ["freeze", "--check", str(bad), "--url", url])
+    res = freeze_check(tmp_path / "bad.yaml",
+                       "table: {tiers: [{min_batch: 1, depth: 5, topk: 8, draft_tokens: 32}]}\n",
+                       url)  # fmt: skip
     assert res.exit_code == 2
     assert ("table.tiers[0]: tree 5x8x32 was not captured by the server (captured trees: "
             "3x4x16); use a captured shape") in flat(res.output)
-    off = tmp_path / "off.yaml"
-    off.write_text("table: {tiers: [{min_batch: 1, depth: 3, topk: 4, draft_tokens: 16},"
-                   " {min_batch: 64, depth: 0}]}\n")
-    res = CliRunner().invoke(app, ["freeze", "--check", str(off), "--url", url])
+    res = freeze_check(tmp_path / "off.yaml", "table: {tiers: [{min_batch: 1, depth: 3, topk: 4, "
+                       "draft_tokens: 16}, {min_batch: 64, depth: 0}]}\n", url)  # fmt: skip
     assert res.exit_code == 2, res.output
     assert ("table.tiers[1].depth: off (depth 0) is captured on a shape server only when plain "
             "is listed; restart it with plain added to `specctl serve --shapes`") \
@@ -96,10 +98,9 @@ def test_a_shape_server_started_with_plain_holds_off(
     handle = sim_server_factory(profile=PROFILE, shapes=["3x4x16", "3x1x4", "plain"],
                                 admin_key="k")  # fmt: skip
     url = str(handle.base_url)
-    off = tmp_path / "off.yaml"
-    off.write_text("table: {version: 4, tiers: [{min_batch: 1, depth: 3, topk: 4, "
-                   "draft_tokens: 16}, {min_batch: 21, depth: 3}, {min_batch: 101, depth: 0}]}\n")
-    res = CliRunner().invoke(app, ["freeze", "--check", str(off), "--url", url])
+    res = freeze_check(tmp_path / "off.yaml", "table: {version: 4, tiers: [{min_batch: 1, "
+                       "depth: 3, topk: 4, draft_tokens: 16}, {min_batch: 21, depth: 3}, "
+                       "{min_batch: 101, depth: 0}]}\n", url)  # fmt: skip
     assert res.exit_code == 0, res.output
     assert "(captured: [0, 3], trees ['3x4x16'])" in flat(res.output)
     with ServerClient(url, "k") as client:

@@ -31,9 +31,15 @@ from sglang_hooks.contract import (
     split_policy_keys,
     state_trees,
 )
-from sglang_hooks.draft_shape import DraftShape
+from sglang_hooks.draft_shape import DraftShape, Shape, label
 from sglang_hooks.gpu_timer import make_timer
-from sglang_hooks.peers import default_peer_check, fingerprint
+from sglang_hooks.peers import (
+    SHAPES_FIX,
+    SHAPES_STAKE,
+    PeerCheck,
+    default_peer_check,
+    fingerprint,
+)
 from sglang_hooks.policy_file import load_policy_file, policy_file_from_env, table_fingerprint
 from sglang_hooks.runtime import NOT_STARTED, SchedulerRuntime, validate_change
 
@@ -115,9 +121,9 @@ def shape_config_reason(server_args: Any) -> str | None:
     if (_resolved(server_args, "speculative_eagle_topk", 1) or 1) <= 1:
         return ("SPECCTL_SHAPES needs a server started at the tree that dominates the list "
                 "(--speculative-eagle-topk above 1)")
-    for name, what in (("tp_size", "tensor parallelism"), ("pp_size", "pipeline parallelism")):
-        if (_resolved(server_args, name, 1) or 1) > 1:
-            return f"{what} is not supported with SPECCTL_SHAPES yet"
+    # Tensor parallelism passes: the ranks agree before the capture (build_shapes).
+    if (_resolved(server_args, "pp_size", 1) or 1) > 1:
+        return "pipeline parallelism is not supported with SPECCTL_SHAPES yet"
     return None
 
 
@@ -207,12 +213,9 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
             return None
         if peers is not None:
             # What must match on every rank; a rank without the plugin publishes nothing.
-            assert ADAPTER is not None
             peers.publish(fingerprint({
-                "sglang": ADAPTER.name, "depths": sorted(usable),
-                "startup": table_fingerprint(startup), "off_path": rt.off_path,
-                "off_path_features": sorted(rt.features),
-                settings.SGLANG_SKIP_EXTEND.name: settings.SGLANG_SKIP_EXTEND.get() or "",
+                "depths": sorted(usable),
+                **_steering_fields(table_fingerprint(startup), rt.off_path, rt.features),
             }))
         rt.activate(usable, startup, peers)
         # Every TP rank logs this line: with several nodes, each reads its own policy file.
@@ -229,20 +232,44 @@ def on_states_built(result: Any, controller: Any, cuda_graph_bs: Any = None, *ar
     return None
 
 
+def _steering_fields(startup: str, off_path: str | None,
+                     features: Iterable[OffPathFeature]) -> dict[str, Any]:
+    """What every TP rank of any server must share (peers.py): the SGLang adapter, the start-up
+    table's digest, what depth 0 runs and SGLang's own skip-extend variable."""
+    assert ADAPTER is not None
+    return {
+        "sglang": ADAPTER.name, "startup": startup, "off_path": off_path,
+        "off_path_features": sorted(features),
+        settings.SGLANG_SKIP_EXTEND.name: settings.SGLANG_SKIP_EXTEND.get() or "",
+    }
+
+
 def shapes_build(ret: Any, worker: Any, *args: Any, **kwargs: Any) -> Any:
     """AFTER EAGLEWorkerV2.init_cuda_graphs: on a server given SPECCTL_SHAPES, capture each
-    listed shape beside the start-up one and start steering over them (shapes.py). Anything
-    that goes wrong leaves SGLang at its static start-up shape and says why."""
+    listed shape beside the start-up one and start steering over them (shapes.py), once the
+    TP ranks agree (`build_shapes`). Anything that goes wrong leaves SGLang at its static
+    start-up shape and says why."""
     global SHAPES
     listed = settings.SHAPES.get()
     if not listed or SHAPES is not None:
         return ret
-    rt = RUNTIME
+    SHAPES = build_shapes(RUNTIME, worker, listed, default_peer_check)
+    return ret
+
+
+def build_shapes(rt: SchedulerRuntime, worker: Any, listed: Sequence[Shape],
+                 peer_check: Callable[..., PeerCheck | None]) -> shapes.ShapeRegistry | None:
+    """One scheduler's side of `shapes_build`: agree with the other TP ranks, capture, start
+    steering on `rt`. `peer_check` is default_peer_check or one called like it (with the
+    wording of a shape server's refusal). Returns the registry, or None where the server
+    stays at its start-up shape with nothing captured (`rt.inactive_reason` says why)."""
+    peers, registry = None, None
     try:
         reason = shapes.server_reason(worker, getattr(worker, "server_args", None))
-        registry = None
         if reason is None:
             registry = shapes.ShapeRegistry.start(worker)
+            peers, reason = _agree_on_shapes(peer_check, listed, registry.startup)
+        if reason is None and registry is not None:
             wanted = shapes.to_capture(list(listed), registry.startup,
                                        settings.SGLANG_SKIP_EXTEND.get())
             _capture_shapes(worker, registry, wanted)
@@ -252,15 +279,53 @@ def shapes_build(ret: Any, worker: Any, *args: Any, **kwargs: Any) -> Any:
         _log_failure_once("shapes_build")
         reason = f"capturing the listed shapes failed ({type(err).__name__}: {err})"
     if reason is not None or registry is None:
-        rt.deactivate(f"SPECCTL_SHAPES: {reason}")
+        rt.deactivate(f"SPECCTL_SHAPES: {reason}", peers)
         logger.error("specctl: not steering, the server runs its start-up shape: %s", reason)
-        return ret
-    SHAPES = registry
+        return None
     try:
-        _start_shape_steering(registry)
+        _start_shape_steering(rt, registry, peers)
     except Exception:
         _log_failure_once("shapes_build:activate")
-    return ret
+    return registry
+
+
+def _agree_on_shapes(peer_check: Callable[..., PeerCheck | None], listed: Sequence[Shape],
+                     startup: DraftShape) -> tuple[PeerCheck | None, str | None]:
+    """(the TP check, why no rank captures); (None, None) on a server of one rank. Settled
+    before any capture: capturing the target runs TP collectives, so a rank capturing another
+    list, or none, would hang the others. Every rank reaches the same verdict (peers.py)."""
+    try:
+        peers = peer_check(stake=SHAPES_STAKE, fix=SHAPES_FIX)
+    except Exception as err:
+        return None, (f"cannot reach the other TP ranks through torch.distributed's store "
+                      f"({type(err).__name__}: {err})")
+    if peers is None:
+        return None, None
+    try:
+        peers.publish(fingerprint(shape_peer_fields(listed, startup)))
+        verdict = peers.verdict()
+    except Exception as err:  # a broken store: refuse rather than guess
+        verdict = f"cannot compare with the other TP ranks ({type(err).__name__}: {err})"
+    return peers, None if verdict is None else f"no TP rank captures the listed shapes: {verdict}"
+
+
+def shape_peer_fields(listed: Sequence[Shape], startup: DraftShape) -> dict[str, Any]:
+    """What every TP rank of a shape server must share: a chain server's fields, the list in
+    its order (the order of the captures, which names the depths too) and the start-up shape.
+    The start-up table is the one its file holds: the capture it is checked against has not
+    run yet."""
+    return {"shapes": [label(s) for s in listed], "startup_shape": startup.label,
+            **_steering_fields(_file_table_fingerprint(), OFF_PATH, FEATURES)}
+
+
+def _file_table_fingerprint() -> str:
+    """The start-up table's digest as its file reads; "none" without a file, or for one that
+    does not read (no table runs from it then, on any rank)."""
+    path = policy_file_from_env()
+    try:
+        return table_fingerprint(None if path is None else load_policy_file(path))
+    except PolicyError:
+        return table_fingerprint(None)
 
 
 def _capture_shapes(worker: Any, registry: shapes.ShapeRegistry,
@@ -282,8 +347,8 @@ def _capture_shapes(worker: Any, registry: shapes.ShapeRegistry,
                     f"; refused: {registry.refused[name]}" if name in registry.refused else "")
 
 
-def _start_shape_steering(registry: shapes.ShapeRegistry) -> None:
-    rt = RUNTIME
+def _start_shape_steering(rt: SchedulerRuntime, registry: shapes.ShapeRegistry,
+                          peers: PeerCheck | None) -> None:
     rt.timer = make_timer()
     rt.use_off_path(*shape_off_path(registry))
     startup = None
@@ -295,12 +360,14 @@ def _start_shape_steering(registry: shapes.ShapeRegistry) -> None:
         except PolicyError as err:
             logger.error("specctl: start-up table not used, the start-up shape stays: %s", err)
             rt.last_rejection = str(err)
-    rt.activate(registry.chains, startup, None, captured_trees=registry.trees)
-    logger.info("specctl: active on shapes %s (started at %s); start-up table: %s%s%s",
+    rt.activate(registry.chains, startup, peers, captured_trees=registry.trees, agreed=True)
+    logger.info("specctl: active on shapes %s (started at %s); start-up table: %s%s%s%s",
                 ", ".join(sorted(shapes.shape_label(s) for s in registry.states)),
                 registry.startup.label, table_fingerprint(startup),
                 f" from {path}" if startup is not None else "",
-                f"; off on the {rt.off_path} path" if registry.off is not None else "")
+                f"; off on the {rt.off_path} path" if registry.off is not None else "",
+                f"; TP ranks 0-{peers.world_size - 1} agreed before capturing"
+                if peers is not None else "")
 
 
 def shape_off_path(registry: shapes.ShapeRegistry) -> tuple[str, frozenset[OffPathFeature]]:

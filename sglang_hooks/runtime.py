@@ -120,23 +120,29 @@ class SchedulerRuntime:
 
     def activate(self, captured_depths: Iterable[int], startup: PolicyTable | None,
                  peers: PeerCheck | None = None,
-                 captured_trees: Iterable[DraftShape] = ()) -> None:
+                 captured_trees: Iterable[DraftShape] = (), agreed: bool = False) -> None:
         """Start steering. With `peers` (several TP ranks), the start-up table waits until
-        the ranks agree (`settle_peers`, at the first point where a table could act)."""
+        the ranks agree (`settle_peers`, at the first point where a table could act), unless
+        they `agreed` already (a shape server's ranks agree before its capture)."""
         self.captured_depths = frozenset(captured_depths)
         self.captured_trees = frozenset(captured_trees)
         self.active = True
         self.inactive_reason = None
-        if peers is None:
+        if peers is not None:
+            self.peers = peers
+        if peers is None or agreed:
             if startup is not None:
                 self._install(startup, SOURCE_STARTUP)
         else:
-            self.peers = peers
             self._pending_startup = startup
             self._peers_pending = True
         self.flush()
 
-    def deactivate(self, reason: str) -> None:
+    def deactivate(self, reason: str, peers: PeerCheck | None = None) -> None:
+        """Stop steering; `peers` is the TP check that refused where the refusal came before
+        `activate` (a shape server's), reported as `settle_peers` leaves a refusing rank."""
+        if peers is not None:
+            self.peers = peers
         self.active = False
         self.inactive_reason = reason
         self.selector = None

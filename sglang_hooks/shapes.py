@@ -93,8 +93,7 @@ def server_reason(worker: Any, server_args: Any) -> str | None:
             return f"{what} is not supported with shapes; drop it"
     if (getattr(server_args, "pp_size", 1) or 1) > 1:
         return "pipeline parallelism is not supported with shapes"
-    if (getattr(server_args, "tp_size", 1) or 1) > 1:
-        return "shapes are switched on one GPU for now (tensor parallelism is not supported)"
+    # Tensor parallelism passes: the ranks agree on the list before any capture (hooks.py).
     return None
 
 

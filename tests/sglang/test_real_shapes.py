@@ -9,7 +9,8 @@ bags, which both methods read and write); `eagle_worker_v2`'s speculative MoE co
 a capture enters; `fast_topk`; `EagleDraftInput`; `maybe_create_verify_mask` / `VerifyMask`
 (the mask mode a target backend is built with); `SchedulerBatchResultProcessor.
 _resolve_spec_v2_tokens` and `GenerationBatchResult` for the counts; the plugin's contract,
-runtime, settings, adapters and hooks.
+runtime, settings, adapters and hooks; torch.distributed's `TCPStore` for the TP ranks' check
+(its section says what stands in for the ranks).
 
 Stand-ins, because no attention backend, CUDA graph or model can be built on a CPU: the
 speculative worker, its draft worker and their model runners (`SpecWorker`, `DraftWorker`,
@@ -27,8 +28,11 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import json
 import logging
 import random
+import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +52,9 @@ from sglang_hooks.contract import (
     encode_table,
     shape_tier,
 )
-from sglang_hooks.draft_shape import DraftShape, Shape, chain
+from sglang_hooks.draft_shape import DraftShape, Shape, chain, parse_shapes
 from sglang_hooks.gpu_timer import HostIntervalTimer
+from sglang_hooks.peers import SHAPES_FIX, SHAPES_STAKE, PeerCheck
 from sglang_hooks.runtime import SchedulerRuntime, exploration_rng
 from sglang_hooks.shapes import ShapeRegistry, ShapeSetupError, ShapeState
 
@@ -870,10 +875,11 @@ def test_shape_config_reason_reads_the_servers_arguments(monkeypatch: pytest.Mon
         hooks.shape_config_reason(args(speculative_adaptive=True)))
     assert "--speculative-eagle-topk above 1" in str(
         hooks.shape_config_reason(args(speculative_eagle_topk=1)))
-    assert "tensor parallelism" in str(hooks.shape_config_reason(args(tp_size=2)))
+    # tensor parallelism passes: the ranks agree before the capture (the TP tests below)
+    assert hooks.shape_config_reason(args(tp_size=2)) is None
     assert "pipeline parallelism" in str(hooks.shape_config_reason(args(pp_size=2)))
     fresh_settings.setenv("SPECCTL_SHAPES", "3x1x4,3x4x16")  # the plugin's check routes here
-    assert "tensor parallelism" in str(hooks.unsupported_config_reason(args(tp_size=2)))
+    assert "pipeline parallelism" in str(hooks.unsupported_config_reason(args(pp_size=2)))
     monkeypatch.setattr(hooks, "ADAPTER", v0_5_23.ADAPTER)
     assert "needs SGLang 0.5.17 to 0.5.22" in str(hooks.shape_config_reason(args()))
 
@@ -904,6 +910,7 @@ def test_the_hooks_capture_switch_and_narrow_the_listed_shapes(
     assert registry is not None and set(registry.states) == {STARTUP, CHAIN, NARROW}
     assert registry.refused == {} and registry.live == STARTUP
     assert rt.active and rt.captured_depths == {3} and rt.captured_trees == {STARTUP, NARROW}
+    assert rt.report()["tp_ranks_checked"] is None  # one rank: nothing to agree with
     assert _live(worker)["worker topk"] == 4 and worker.server_args.speculative_eagle_topk == 4
     assert hooks.shapes_build("again", worker) == "again" and hooks.SHAPES is registry
 
@@ -1226,3 +1233,160 @@ def test_a_shape_server_counts_off_at_depth_0(off_server: tuple[SchedulerRuntime
     pending = rt.counters.pending  # (depth, batch-size bucket) -> iterations, steps, tokens
     assert {key[0] for key in pending} == {0} and rt.tree_results == 0
     assert [sum(cell[i] for cell in pending.values()) for i in range(3)] == [2, 5, 5]
+
+
+# ----------------------------------------------------------------------------- TP ranks
+#
+# Real: `torch.distributed.TCPStore` (a master and one client per rank, each wrapped in a
+# `PrefixStore` as `init_process_group` wraps its own), the plugin's `PeerCheck` on it, and
+# `hooks.build_shapes`, the part of `shapes_build` each scheduler runs, capturing through the
+# stand-in workers above. Stand-ins: each TP rank is a thread of this process with its own
+# runtime, worker and store client, where a server runs one process per rank (the two ranks'
+# `shapes_build` would share this process's hooks.RUNTIME and hooks.SHAPES); their captures
+# run one at a time, since each overrides SGLang's process-wide RuntimeContext. No capture
+# runs TP collectives here, so a mismatch shows as a refusal, not as the hang it prevents.
+
+LISTED = "3x1x4,3x2x8,3x4x16"
+
+
+@pytest.fixture
+def tp_store() -> Iterator[Any]:
+    """A TCPStore master and a client factory, as every rank of a process group sees it."""
+    import datetime
+    import socket
+
+    from torch.distributed import PrefixStore, TCPStore
+
+    with socket.socket() as sock:  # a free loopback port
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    timeout = datetime.timedelta(seconds=10)
+    master = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timeout)
+
+    def client() -> Any:
+        return PrefixStore("default_pg", TCPStore("127.0.0.1", port, is_master=False,
+                                                  timeout=timeout))
+    yield client
+    del master
+
+
+@pytest.fixture
+def captures(tp_store: Any, fresh_settings: pytest.MonkeyPatch) -> list[bool]:
+    """Every capture any rank runs, one at a time: whether the ranks' verdict was in the store
+    when it began."""
+    from sglang_hooks.peers import VERDICT_KEY
+
+    capture, lock, store, began = hooks._capture_shapes, threading.Lock(), tp_store(), []
+
+    def one_at_a_time(worker: Any, registry: ShapeRegistry, wanted: list[DraftShape]) -> None:
+        with lock:
+            began.append(store.check([VERDICT_KEY]))
+            capture(worker, registry, wanted)
+
+    fresh_settings.setattr(hooks, "_capture_shapes", one_at_a_time)
+    return began
+
+
+@dataclass
+class Rank:
+    rt: SchedulerRuntime
+    worker: SpecWorker
+    before: dict[str, Any]  # the worker's live objects before the build
+    registry: ShapeRegistry | None = None
+
+
+def _tp_build(tp_store: Any, lists: list[str], world: int, wait_s: float = 5.0) -> list[Rank]:
+    """Ranks 0.. of a `world`-rank server, rank r given SPECCTL_SHAPES=lists[r], each through
+    `build_shapes` in its own thread; ranks beyond the lists run without the plugin."""
+    ranks = [Rank(SchedulerRuntime(timer=HostIntervalTimer()), w, _live(w))
+             for w in (SpecWorker() for _ in lists)]
+
+    def build(r: int) -> None:
+        def check(**wording: Any) -> PeerCheck:
+            return PeerCheck(tp_store(), r, world, wait_s=wait_s, **wording)
+
+        listed = parse_shapes(lists[r])
+        ranks[r].registry = hooks.build_shapes(ranks[r].rt, ranks[r].worker, listed, check)
+
+    threads = [threading.Thread(target=build, args=(r,)) for r in range(len(lists))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads), "a rank blocked beyond the check's bound"
+    return ranks
+
+
+def test_tp_ranks_given_the_same_list_agree_then_each_captures_it(
+    shape_server: SchedulerRuntime, captures: list[bool], tp_store: Any, tmp_path: Path,
+    fresh_settings: pytest.MonkeyPatch,
+) -> None:
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"table": {"version": 2, "tiers": [
+        {"min_batch": 1, "depth": 3, "topk": 2, "draft_tokens": 8},
+        {"min_batch": 8, "depth": 3}]}}))
+    fresh_settings.setenv("SPECCTL_POLICY_FILE", str(policy))
+    ranks = _tp_build(tp_store, [LISTED, LISTED], world=2)
+    for rank in ranks:
+        assert rank.registry is not None
+        assert set(rank.registry.states) == {STARTUP, CHAIN, NARROW}
+        assert rank.registry.refused == {}
+        report = rank.rt.report()
+        assert report["active"] and report["tp_ranks_checked"] == 2
+        # agreed before the capture: the start-up table runs from the first launch
+        assert rank.rt.source == "startup" and rank.rt.choose_shape(2) == (True, NARROW)
+    assert captures == [True, True]  # each rank's capture began after the verdict
+
+
+@pytest.mark.parametrize("other", ["3x1x4,3x4x16", "3x2x8,3x1x4,3x4x16"],
+                         ids=["another list", "another order"])
+def test_tp_ranks_given_other_lists_capture_nothing_and_say_one_reason(
+    shape_server: SchedulerRuntime, captures: list[bool], tp_store: Any, other: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.ERROR, logger="specctl"):
+        ranks = _tp_build(tp_store, [LISTED, other], world=2)
+    assert captures == []
+    reasons = {rank.rt.inactive_reason for rank in ranks}
+    assert len(reasons) == 1  # the verdict of the rank that decided first, on both
+    [reason] = reasons
+    assert reason is not None and reason.startswith(
+        "SPECCTL_SHAPES: no TP rank captures the listed shapes: TP ranks disagree: rank 0 has")
+    assert '"shapes":["3x1x4","3x2x8","3x4x16"]' in reason and reason.endswith(SHAPES_FIX)
+    for rank in ranks:
+        assert rank.registry is None and _live(rank.worker) == rank.before
+        report = rank.rt.report()
+        assert not report["active"] and report["inactive_reason"] == reason
+        assert report["tp_ranks_checked"] == 2
+        assert rank.rt.choose_shape(2) == (False, None)  # the start-up shape, as SGLang's
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(lines) == 2 and all(line.startswith(
+        "specctl: not steering, the server runs its start-up shape: no TP rank captures")
+        and line.endswith(SHAPES_FIX) for line in lines)
+
+
+def test_a_tp_rank_without_the_plugin_leaves_the_others_uncaptured_after_the_wait(
+    shape_server: SchedulerRuntime, captures: list[bool], tp_store: Any,
+) -> None:
+    start = time.monotonic()
+    [rank] = _tp_build(tp_store, [LISTED], world=2, wait_s=0.3)  # rank 1 publishes nothing
+    assert 0.3 <= time.monotonic() - start < 10
+    assert captures == [] and rank.registry is None and _live(rank.worker) == rank.before
+    report = rank.rt.report()
+    assert not report["active"] and report["tp_ranks_checked"] == 2
+    assert "TP rank(s) [1] of 2 published no specctl state within 0.3 s" in \
+        report["inactive_reason"]
+    assert report["inactive_reason"].endswith(f"{SHAPES_STAKE}; {SHAPES_FIX}")
+
+
+def test_the_ranks_compare_a_chain_servers_fields_the_list_and_the_start_up_shape(
+    monkeypatch: pytest.MonkeyPatch, fresh_settings: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(hooks, "ADAPTER", v0_5_17.ADAPTER)
+    fields = hooks.shape_peer_fields(parse_shapes("3x1x4,plain,3x4x16"), STARTUP)
+    assert fields == {
+        "shapes": ["3x1x4", "plain", "3x4x16"], "startup_shape": "3x4x16",
+        "sglang": v0_5_17.ADAPTER.name, "startup": "none", "off_path": hooks.OFF_PATH,
+        "off_path_features": sorted(hooks.FEATURES),
+        "SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND": "",
+    }

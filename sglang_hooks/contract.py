@@ -154,7 +154,11 @@ class PolicyTable:
 
     def depth_for(self, batch_size: int) -> int:
         """The depth for a batch size without hysteresis state (the table's plain reading)."""
-        return self.tiers[plain_tier_index(self._bounds, batch_size)].depth
+        return self.tier_for(batch_size).depth
+
+    def tier_for(self, batch_size: int) -> Tier:
+        """The tier for a batch size without hysteresis state (the table's plain reading)."""
+        return self.tiers[plain_tier_index(self._bounds, batch_size)]
 
     def to_json(self) -> dict[str, Any]:
         return {"version": self.version, "tiers": [t.to_json() for t in self.tiers]}

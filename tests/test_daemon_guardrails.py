@@ -17,12 +17,14 @@ from controller.daemon.guardrails import (
 )
 from controller.daemon.loop import Controller
 from controller.daemon.own_metrics import DaemonMetrics
+from controller.daemon.push_gate import missing_probes
 from controller.daemon.runner import run_simulated
 from controller.daemon.store import Store
 from controller.daemon.transport import InProcessTransport
 from models.learner import Proposal
 from models.samples import Sample
 from sglang_hooks.contract import PolicyTable, Tier
+from sglang_hooks.draft_shape import DraftShape
 from sims.profile import load_profile
 from sims.server import SimulatedServer
 from sims.workload import Workload
@@ -67,6 +69,23 @@ def test_structural_change_is_not_clamped_but_exploration_splits_are_kept_in_the
     out, clamped = bound_change(live, split, 0.5)
     assert clamped
     assert [(t.min_batch, t.depth) for t in out.tiers] == [(1, 3), (4, 3), (12, 1), (40, 1)]
+
+
+def test_a_tree_and_the_chain_of_its_steps_are_two_decisions_and_a_clamp_keeps_the_tree():
+    """3x4x16 and d3 have the same depth: the guardrails tell them apart by shape."""
+    tree = Tier(1, 3, topk=4, draft_tokens=16)
+    live = PolicyTable.build([tree, Tier(20, 3, 2), Tier(100, 0, 12)])
+    proposed = PolicyTable.build([tree, Tier(50, 3, 6), Tier(100, 0, 12)])
+    out, clamped = bound_change(live, proposed, max_move=0.5)
+    assert clamped and [t.min_batch for t in out.tiers] == [1, 30, 100]
+    assert out.tiers[0] == tree  # not turned into the chain d3
+    assert changed_buckets(live, proposed) == {20, 24, 28, 32, 40, 48}
+    swapped = PolicyTable.build([Tier(1, 3), Tier(20, 3, 2, topk=4, draft_tokens=16)])
+    assert bound_change(PolicyTable.build([tree, Tier(20, 3, 2)]), swapped, 0.5)[1] is False
+    assert 1 in changed_buckets(live, swapped)
+    probing = PolicyTable.build([Tier(1, 3, explore_share=0.03, explore_depths=(0,),
+                                      explore_trees=(DraftShape(3, 4, 16),))])
+    assert missing_probes(probing, table((1, 3)), {1: 1.0}, 0.03) == [(1, "off"), (1, "3x4x16")]
 
 
 def _sample(bucket: int, tok_per_s: float, t: float, depth: int = 1) -> Sample:

@@ -105,7 +105,7 @@ def test_push_gate_wants_a_margin_or_missing_evidence_or_fewer_probes():
     big = decide_push(same_but_moved, live, hists, gain(0.02), 0.005, 0.03)
     assert big.push and "+2.0%" in big.why
     probing = _t(Tier(1, 3, explore_share=0.03, explore_depths=(0, 2)), Tier(16, 1))
-    assert missing_probes(probing, live, {8: 1.0}, 0.03) == [(8, 0), (8, 2)]
+    assert missing_probes(probing, live, {8: 1.0}, 0.03) == [(8, "off"), (8, "d2")]
     need = decide_push(probing, live, hists, gain(-0.002), 0.005, 0.03)
     assert need.push and "evidence" in need.why
     # The other way round: dropping probes the model no longer needs.

@@ -120,8 +120,9 @@ def test_the_daemon_stores_a_shape_server_s_trees_and_curves_show_them(
     sim_server_factory: Any, tmp_path: Path
 ) -> None:
     """The server runs its table (the tree, probing depth 3 in a third of its iterations): the
-    daemon leaves it as it runs, stores both, learns depth 3 alone; `specctl curves` shows
-    the tree's measured tok/s beside the depths, in its JSON and its figure."""
+    daemon learns each shape where it runs, keeps the table it found (the tree is best at
+    four streams), stores both shapes; `specctl curves` shows the tree's measured tok/s beside
+    the depths, in its JSON and its figure."""
     handle = sim_server_factory(profile=PROFILE, shapes=["3x1x4", "3x4x16"], admin_key="k",
                                 concurrency=4.0, speedup=20.0)  # fmt: skip
     table = parse_table({"version": 3, "tiers": [
@@ -139,7 +140,7 @@ def test_the_daemon_stores_a_shape_server_s_trees_and_curves_show_them(
     runner = CliRunner()
     res = runner.invoke(load_commands(), ["daemon", "-c", str(config)])
     assert res.exit_code == 0, res.output
-    assert "storing what each shape measures" in " ".join(res.output.split())
+    assert "learns each shape's tok/s per batch bucket" in " ".join(res.output.split())
     with ServerClient(handle.base_url, "k") as client:
         left = client.state().table  # as found, without probes (the hand-back at exit)
     assert left is not None and [(t.shape, t.explore_share) for t in left.tiers] == [

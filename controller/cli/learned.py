@@ -23,6 +23,7 @@ from rich.table import Table
 from controller.daemon.store import Store, StoreError, samples_only
 from models.learner import CurvePoint, Learner, Proposal
 from models.samples import Sample, chain_samples
+from models.shape_learner import SHAPE_MODEL_VERSION
 from sglang_hooks.contract import BS_BUCKET_EDGES, PolicyError, PolicyTable, bs_bucket, parse_table
 
 
@@ -173,6 +174,10 @@ def _learner(
         if snap is None:
             raise CurvesError(f"no learner snapshot for group {group!r}; drop --snapshot to refit")
         t, version, state = snap
+        if version == SHAPE_MODEL_VERSION:
+            raise CurvesError(f"the snapshot of {group!r} is a shape server's learner (measured "
+                              "tok/s per shape and bucket, no curves); drop --snapshot to see "
+                              "its measured points beside the depths' refit")
         try:
             return Learner.from_json(state), f"snapshot saved at t={t:.0f} ({version})"
         except (ValueError, KeyError, TypeError) as err:

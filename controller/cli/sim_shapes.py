@@ -111,6 +111,12 @@ def shapes(
                      "many simulated seconds each: every static shape and the table on one "
                      "trace (0: not run)"),
     ] = 0.0,
+    daemon: Annotated[
+        bool,
+        typer.Option("--daemon", help="With --closed-loop: also run the daemon on the shape "
+                     "server over that trace, from an empty store (it learns each shape's "
+                     "tok/s per load as the load moves)"),
+    ] = False,
 ) -> None:
     """Closed-loop tok/s per static draft shape (SGLang started at STEPSxTOPKxDRAFT, chains
     and trees, and the plain server) and load, and the best shape per load: the table a
@@ -127,6 +133,7 @@ def shapes(
       specctl sim shapes --profile shapes.yaml --shapes 3x1x4,3x4x16,plain --json
       specctl sim shapes --profile shapes.yaml --phase b --policy-out b.yaml
       specctl sim shapes --profile shapes.yaml --phase b --closed-loop 60
+      specctl sim shapes --profile s.yaml --phase b --closed-loop 60 --daemon
     """
     from sims.shape_server import ShapeQuestionError, known_shapes
     from sims.shape_sweep import ShapeSweepSpec, render_tables, run_shape_sweep
@@ -152,6 +159,9 @@ def shapes(
     if not 0 <= warmup < duration:
         raise typer.BadParameter(f"must be >= 0 and shorter than --duration ({duration:g} s), "
                                  f"got {warmup:g}", param_hint="--warmup")  # fmt: skip
+    if daemon and closed_loop <= 0:
+        raise typer.BadParameter("the daemon runs over the closed loop: give --closed-loop "
+                                 "SECONDS too", param_hint="--daemon")  # fmt: skip
     if plot is not None and (problem := plot_path_problem(plot)) is not None:
         raise fail(problem)
     if policy_out is not None:
@@ -178,11 +188,25 @@ def shapes(
                                         lambda tick: run_shape_sweep(prof, spec, on_point=tick))
         for table in render_tables(result):
             print_table(console, table)
+    learned = {}
+    if daemon and spec.switches:
+        from controller.cli.shape_daemon_report import daemon_table, run_daemon_loops
+
+        learned = run_daemon_loops(prof, spec, quiet=as_json)
+        if not as_json:
+            for ph, run in learned.items():
+                print_table(console, daemon_table(result, ph, run))
     if plot is not None:
         draw(result, plot)
     if policy_out is not None and phase is not None:
         _write_policy(result, phase, policy_out)
     if as_json:
-        typer.echo(json.dumps(result.to_json()))
+        doc = result.to_json()
+        if learned:
+            from controller.cli.shape_daemon_report import daemon_json
+
+            doc["closed_loop_daemon"] = {ph: daemon_json(result, ph, run)
+                                         for ph, run in learned.items()}  # fmt: skip
+        typer.echo(json.dumps(doc))
     elif plot is not None:
         typer.echo(f"wrote {plot}")

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from models.samples import Sample
-from sglang_hooks.contract import BS_BUCKET_EDGES, PolicyTable, Tier, bucket_upper
+from sglang_hooks.contract import BS_BUCKET_EDGES, PolicyTable, Tier, bucket_upper, tier_label
 
 
 def _nearest_captured(depth: int, captured: Sequence[int]) -> int:
@@ -54,13 +54,23 @@ def restrict_to_captured(table: PolicyTable, captured: Iterable[int]) -> PolicyT
 
 
 def decision_runs(table: PolicyTable) -> list[tuple[int, int]]:
-    """(first batch size, depth) of each run of equal depth: the table's decisions, ignoring
-    tiers that only split a run to explore differently."""
+    """(first batch size, depth) of each run of one shape: the table's decisions, ignoring
+    tiers that only split a run to explore differently (a tree and the chain of its steps are
+    two runs of one depth)."""
+    return [(lo, table.tiers[i].depth) for lo, i in _runs(table)]
+
+
+def _runs(table: PolicyTable) -> list[tuple[int, int]]:
+    """(first batch size, index of its first tier) of each run of one shape."""
     runs: list[tuple[int, int]] = []
-    for t in table.tiers:
-        if not runs or runs[-1][1] != t.depth:
-            runs.append((t.min_batch, t.depth))
+    for i, t in enumerate(table.tiers):
+        if not runs or tier_label(table.tiers[runs[-1][1]]) != tier_label(t):
+            runs.append((t.min_batch, i))
     return runs
+
+
+def _run_shapes(table: PolicyTable) -> list[str]:
+    return [tier_label(table.tiers[i]) for _, i in _runs(table)]
 
 
 def bound_change(
@@ -76,7 +86,7 @@ def bound_change(
     if live is None:
         return proposed, False
     old_runs, new_runs = decision_runs(live), decision_runs(proposed)
-    if [d for _, d in old_runs] != [d for _, d in new_runs]:
+    if _run_shapes(live) != _run_shapes(proposed):
         return proposed, False
     starts = [1]
     clamped = False
@@ -100,7 +110,7 @@ def bound_change(
             if start <= starts[run] or (next_start is not None and start >= next_start):
                 continue  # an exploration split that fell outside its clamped run
         hysteresis = 0 if not tiers else min(t.hysteresis, start - tiers[-1].min_batch - 1)
-        tiers.append(Tier(start, t.depth, hysteresis, t.explore_share, t.explore_depths))
+        tiers.append(replace(t, min_batch=start, hysteresis=hysteresis))
     return PolicyTable.build(tiers, version=proposed.version), True
 
 
@@ -130,13 +140,14 @@ def bucket_rates(samples: Iterable[Sample]) -> dict[int, BucketRate]:
 
 
 def changed_buckets(old: PolicyTable | None, new: PolicyTable | None) -> set[int]:
-    """Buckets where the two tables' plain readings differ anywhere (None: all buckets)."""
+    """Buckets where the two tables' plain readings (the shape run) differ anywhere (None: all
+    buckets)."""
     if old is None or new is None:
         return set(BS_BUCKET_EDGES)
     out = set()
     for lo in BS_BUCKET_EDGES:
         hi = min(bucket_upper(lo), 2048)
-        if any(old.depth_for(b) != new.depth_for(b) for b in range(lo, hi + 1)):
+        if any(old.tier_for(b).shape != new.tier_for(b).shape for b in range(lo, hi + 1)):
             out.add(lo)
     return out
 

@@ -44,8 +44,9 @@ from controller.daemon.sources import CounterSource, MetricsPageSource, Promethe
 from controller.daemon.store import Store
 from controller.daemon.takeover import measured_choice
 from controller.daemon.transport import ServerTransport
-from models.samples import Sample, chain_samples
+from models.samples import Sample
 from sglang_hooks.contract import PolicyError, PolicyTable, parse_table
+from sglang_hooks.draft_shape import DraftShape, chain, label, parse_shape
 
 log = logging.getLogger("specctl.daemon")
 
@@ -157,12 +158,12 @@ class Controller:
             if last is not None:
                 since = last - config.schedule.history_s
                 rows = store.samples(group=group.group, since=since)
-                group.add(chain_samples(s for _, s in rows))
+                group.add([s for _, s in rows])
         for st in self.targets.values():
             last = store.last_sample_time(target=st.name)
             if last is not None:
                 rows = store.samples(target=st.name, since=last - self._recent_horizon_s())
-                st.recent = chain_samples(s for _, s in rows)
+                st.recent = [s for _, s in rows]
 
     def _restore_push_state(self, state: TargetState) -> None:
         records = self.store.pushes(state.name)
@@ -236,11 +237,10 @@ class Controller:
         if iterations > 0:
             probes = sum(s.explore_iterations for s in built.samples)
             m.probe_share.labels(st.name).set(probes / iterations)
-        # A shape server's tree samples are stored (`specctl curves` shows them by shape); the
-        # learner and the load it steers by read chain depths and off only.
-        chains = chain_samples(built.samples)
-        self.groups[st.cfg.group].add(chains)
-        st.recent.extend(chains)
+        # A shape server's tree samples go with the rest: the chain learner drops them
+        # (models/evidence.py), a shape server's learner reads every shape.
+        self.groups[st.cfg.group].add(built.samples)
+        st.recent.extend(built.samples)
         horizon = now - self._recent_horizon_s()
         if st.recent and st.recent[0].t_end <= horizon:
             st.recent = [s for s in st.recent if s.t_end > horizon]
@@ -272,11 +272,15 @@ class Controller:
     def fit(self, group: str, now: float) -> bool:
         gm = self.groups[group]
         if gm.learner is None:
-            captured = self._captured_for_group(group)
-            if captured is None:
+            live = self._live_for_group(group)
+            if live is None:
                 return False
             snap = self.store.latest_learner_snapshot(group)
-            gm.ensure_learner(captured, None if snap is None else snap[2])
+            state = None if snap is None else snap[2]
+            if live.captured_trees:
+                gm.ensure_shape_learner(served_shapes(live), state)
+            else:
+                gm.ensure_learner(live.captured_depths, state)
         try:
             fitted = gm.fit(now, self.config.schedule.history_s)
         except Exception as err:  # a learner bug must not stop scraping or other groups
@@ -295,13 +299,14 @@ class Controller:
                 log.warning("%s: learner snapshot not stored: %s", group, err)
         return fitted
 
-    def _captured_for_group(self, group: str) -> tuple[int, ...] | None:
+    def _live_for_group(self, group: str) -> LiveState | None:
+        """What the group's first readable server captured (its members are alike)."""
         for st in self.targets.values():
             if st.cfg.group != group:
                 continue
             live = self._read_live(st)
-            if live is not None and live.captured_depths:
-                return live.captured_depths
+            if live is not None and (live.captured_depths or live.captured_trees):
+                return live
         return None
 
     def _read_live(self, st: TargetState) -> LiveState | None:
@@ -322,15 +327,13 @@ class Controller:
             return
         st.found = Found(table, live.source)
         if live.captured_trees and self.frozen is None:
-            log.error(
-                "%s: the server switches draft shapes (trees %s captured); the daemon learns "
-                "chain depths only and leaves it as it runs, storing what each shape measures "
-                "(`specctl curves`): bench its shapes with `specctl bench --shapes` and start "
-                "it with the table that writes (`specctl serve --shapes ... --policy-file "
-                "shapes-table.yaml`)",
-                st.name, ", ".join(live.captured_trees),
+            log.info(
+                "%s: the server switches draft shapes (%s); the daemon learns each shape's "
+                "tok/s per batch bucket from what it measures and probes (no model carries a "
+                "shape to loads it has not run at)",
+                st.name, ", ".join(served_shapes(live)),
             )  # fmt: skip
-        elif self.frozen is not None:
+        if self.frozen is not None:
             frozen = "frozen mode keeps the policy file's table there"
             log.info("%s: found %s; %s", st.name, describe(table), frozen)
         elif table is None:
@@ -460,13 +463,15 @@ class Controller:
         if gm.learner is None or gm.fitted_at is None:
             return None
         live = self._read_live(st)
-        if live is None or live.captured_trees:  # a shape server: not steered (_note_live)
+        if live is None:
             return None
         hist = self.batch_histogram(st, now)
         current = self.batch_histogram(st, now, window_s=CURRENT_LOAD_S)
         # The server's own choice, as measured: the first table keeps it unless the model
-        # predicts takeover_min_gain more (controller/daemon/takeover.py).
-        incumbent = measured_choice(st.recent) if live.table is None else None
+        # predicts takeover_min_gain more (controller/daemon/takeover.py). A shape server's
+        # own choice is its start-up shape, which its learner knows.
+        chains_only = not live.captured_trees
+        incumbent = measured_choice(st.recent) if live.table is None and chains_only else None
         # A table someone else chose (found on the server, set by hand, loaded from a policy
         # file) is replaced only for a predicted gain: the model's wish for probes is no
         # evidence against it. Until then it runs with its own probes, if any, and the
@@ -498,7 +503,10 @@ class Controller:
         ):
             return None
         try:
-            table = restrict_to_captured(proposal.table, live.captured_depths)
+            table = (restrict_to_captured(proposal.table, live.captured_depths) if chains_only
+                     else PolicyTable.build(proposal.table.tiers, proposal.table.version,
+                                            live.captured_depths,
+                                            captured_trees(live)))
             # A reaction follows the load to where the live table had no evidence: the
             # boundary clamp (there against one bad fit) would only hold the old thresholds.
             table, clamped = (
@@ -621,6 +629,13 @@ class Controller:
         g = self.config.guardrails
         p = st.pending
         assert p is not None
+        changed = changed_buckets(p.old, p.new)
+        if not changed:
+            # Only probes changed: no decision to judge, nothing to roll back (their cost is
+            # bounded by the cap), so the next table need not wait for the window.
+            st.pending = None
+            self.store.set_push_outcome(p.push_id, "good", "probes only: no decision changed")
+            return None
         in_window = now < p.t + g.rollback_window_s
         if in_window and not early:
             return None
@@ -629,9 +644,7 @@ class Controller:
         after = [
             s for s in st.recent if p.t + self.config.schedule.scrape_interval_s < s.t_end <= now
         ]
-        cmp = compare_after_push(
-            before, after, changed_buckets(p.old, p.new), g.rollback_min_iterations
-        )
+        cmp = compare_after_push(before, after, changed, g.rollback_min_iterations)
         drop = cmp.drop
         moot = st.react_kind in ("load", "acceptance") and p.t < st.react_since
         if in_window and drop is None and not moot:
@@ -915,3 +928,13 @@ def group_members(config: ControllerConfig) -> dict[str, Sequence[str]]:
     for t in config.targets:
         out.setdefault(t.group, []).append(t.name)
     return {k: tuple(v) for k, v in out.items()}
+
+
+def served_shapes(live: LiveState) -> list[str]:
+    """Every shape a shape server runs: its captured chains and off, then its trees."""
+    chains = [label(chain(d)) for d in sorted(live.captured_depths)]
+    return chains + [t for t in live.captured_trees if t not in chains]
+
+
+def captured_trees(live: LiveState) -> list[DraftShape]:
+    return [t for t in map(parse_shape, live.captured_trees) if isinstance(t, DraftShape)]

@@ -1,7 +1,8 @@
 """Model: one learner per target group, fitted on the group's pooled samples.
 
 Targets that declare the same `group` (same hardware + model) pool their evidence into one
-`models.learner.Learner`; every other group has its own. The learner's state is snapshotted to
+`models.learner.Learner` (a shape server's group: `models.shape_learner.ShapeLearner`); every
+other group has its own. The learner's state is snapshotted to
 the store after each fit so a restarted daemon resumes where it stopped.
 """
 
@@ -70,6 +71,16 @@ def default_learner_factory(
     return learner
 
 
+def shape_learner_factory(shapes: Sequence[str], overrides: dict[str, Any],
+                          seed: int) -> LearnerLike:  # fmt: skip
+    """A shape server's learner (models/shape_learner.py), with the same `learner:` knobs."""
+    from models.learner import LearnerConfig
+    from models.shape_learner import ShapeLearner
+
+    learner: LearnerLike = ShapeLearner(shapes, LearnerConfig.model_validate(overrides), seed)
+    return learner
+
+
 def restore_learner(learner: LearnerLike, state: Any) -> LearnerLike:
     """A learner rebuilt from a stored snapshot, or the fresh one if that fails."""
     from_json = getattr(type(learner), "from_json", None)
@@ -125,6 +136,16 @@ class GroupModel:
         if self.learner is None:
             self.captured = tuple(sorted(set(captured)))
             learner = self.factory(self.captured, self.overrides, self.seed)
+            if snapshot is not None:
+                learner = restore_learner(learner, snapshot)
+            self.learner = learner
+        return self.learner
+
+    def ensure_shape_learner(self, shapes: Sequence[str], snapshot: Any | None = None
+                             ) -> LearnerLike:  # fmt: skip
+        """`ensure_learner` for a shape server: one learner over `shapes` (labels)."""
+        if self.learner is None:
+            learner = shape_learner_factory(shapes, self.overrides, self.seed)
             if snapshot is not None:
                 learner = restore_learner(learner, snapshot)
             self.learner = learner

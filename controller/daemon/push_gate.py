@@ -8,7 +8,7 @@ table replaces the live one only when one of these holds:
   over the recent load (the last 10 minutes) or the load of the moment (the last minute), for
   the plain decisions or with probes counted (dropping probes that are no longer needed is a
   gain of its own);
-- **evidence**: at a batch bucket that carries load, the new table probes a depth at half the
+- **evidence**: at a batch bucket that carries load, the new table probes a shape at half the
   exploration cap or more that the live table does not probe there: the model asks for
   evidence it cannot get otherwise (the cost stays within the cap);
 - **fewer probes**: over the load, the new table probes at most half as often as the live one
@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from sglang_hooks.contract import PolicyTable, Tier, bucket_upper
+from sglang_hooks.contract import PolicyTable, Tier, bucket_upper, shape_tier, tier_label
 
 LOADED_SHARE = 0.05  # a bucket with this share of the load is one where probes matter
 
@@ -44,7 +44,7 @@ GainFn = Callable[[PolicyTable, PolicyTable, Mapping[int, float], bool], float |
 class GateDecision:
     push: bool
     gain: float | None  # the largest predicted gain found (None: nothing to compare)
-    missing_probes: tuple[tuple[int, int], ...]  # (bucket, depth) the new table adds
+    missing_probes: tuple[tuple[int, str], ...]  # (bucket, shape: `off`, `d2`, `3x4x16`) added
     why: str
     # Which rule let the push through ("" when none did): the daemon's metrics count pushes
     # by it. takeover | gain | evidence | fewer_probes | cheaper_probes
@@ -64,9 +64,10 @@ def missing_probes(
     live: PolicyTable,
     hist: Mapping[int, float],
     cap: float,
-) -> list[tuple[int, int]]:
-    """(bucket, depth) pairs probed by `candidate` at >= cap/2 in a loaded bucket, not by `live`."""
-    out: list[tuple[int, int]] = []
+) -> list[tuple[int, str]]:
+    """(bucket, shape) pairs probed by `candidate` at >= cap/2 in a loaded bucket, not by
+    `live`; a shape as `tier_label` names it (`off`, `d2`, `3x4x16`)."""
+    out: list[tuple[int, str]] = []
     for bucket, share in sorted(hist.items()):
         if share < LOADED_SHARE:
             continue
@@ -74,10 +75,11 @@ def missing_probes(
             new, old = _tier_at(candidate, batch), _tier_at(live, batch)
             if new.explore_share < cap / 2:
                 continue
-            probed = set(old.explore_depths) if old.explore_share > 0 else set()
-            for d in new.explore_depths:
-                if d not in probed and d != old.depth and (bucket, d) not in out:
-                    out.append((bucket, d))
+            probed = set(old.explore_shapes) if old.explore_share > 0 else set()
+            for shape in new.explore_shapes:
+                name = tier_label(shape_tier(1, shape))
+                if shape not in probed and shape != old.shape and (bucket, name) not in out:
+                    out.append((bucket, name))
     return out
 
 
@@ -143,7 +145,7 @@ def decide_push(
             merged[b] = max(merged.get(b, 0.0), w)
     missing = missing_probes(candidate, live, merged, cap)
     if missing:
-        where = ", ".join(f"{'off' if d == 0 else f'd{d}'} at bucket {b}" for b, d in missing[:3])
+        where = ", ".join(f"{name} at bucket {b}" for b, name in missing[:3])
         return GateDecision(
             True, gain, tuple(missing), f"evidence needed: probes {where}", "evidence"
         )

@@ -189,9 +189,11 @@ def test_status_reads_a_tree_s_decode_work_by_shape(sim_server_factory) -> None:
     assert server["metrics_note"] is None
 
 
-def test_the_daemon_leaves_a_shape_server_as_it_runs_and_says_why(
+def test_the_daemon_steers_a_shape_server_and_leaves_it_as_found(
     sim_server_factory: Callable[..., object], tmp_path: Path
 ) -> None:
+    """No table on the server: the daemon takes over from the start-up shape with its shape
+    learner (probing the chain it has not measured) and, at exit, leaves the server as found."""
     handle = sim_server_factory(profile=PROFILE, shapes=["3x1x4", "3x4x16"], admin_key="k",
                                 concurrency=4.0, speedup=20.0)  # fmt: skip
     config = tmp_path / "daemon.yaml"
@@ -203,8 +205,10 @@ def test_the_daemon_leaves_a_shape_server_as_it_runs_and_says_why(
     res = CliRunner().invoke(load_commands(), ["daemon", "-c", str(config)])
     text = " ".join(res.output.split())
     assert res.exit_code == 0, res.output
-    assert ("shapes: the server switches draft shapes (trees 3x4x16 captured); the daemon "
-            "learns chain depths only") in text
-    assert "0 pushes" in text and "no specctl_* counters" not in text
+    assert ("shapes: the server switches draft shapes (3x1x4, 3x4x16); the daemon learns each "
+            "shape's tok/s per batch bucket") in text
+    assert "found its start-up shape running" in text and "no specctl_* counters" not in text
+    assert "push shapes [learned] v1" in text and "3x4x16 (probes)" in text, text
+    assert "left released (SGLang's own choice), as found at start-up" in text
     with ServerClient(handle.base_url, "k") as client:  # type: ignore[attr-defined]
         assert client.state().table is None

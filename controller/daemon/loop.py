@@ -336,6 +336,9 @@ class Controller:
         if self.frozen is not None:
             frozen = "frozen mode keeps the policy file's table there"
             log.info("%s: found %s; %s", st.name, describe(table), frozen)
+        elif table is None and live.captured_trees:
+            log.info("%s: found its start-up shape running (no specctl table); taking over",
+                     st.name)
         elif table is None:
             log.info("%s: found SGLang's own choice (no specctl table); taking over", st.name)
         elif kept:

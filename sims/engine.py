@@ -26,6 +26,7 @@ same inputs give identical results.
 from __future__ import annotations
 
 import bisect
+import functools
 import heapq
 import math
 import random
@@ -65,7 +66,91 @@ class Lane:
 
 DECODE_LOG_INTERVAL = 40  # SGLang's default: gauges refresh every 40 decode iterations
 _CTX_GRID = np.geomspace(16, 2**21, 72)  # context lengths the cost table is tabulated at
+_CTX_LIST = _CTX_GRID.tolist()
 _EVENT_CHECK_S = 0.25  # how often the concurrency trace is re-read
+
+
+class _ByContent:
+    """A profile as a cache key, equal to another of the same content (profiles are frozen,
+    and a fit builds a fresh one per evaluation, each replayed by many engines)."""
+
+    __slots__ = ("_key", "profile")
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+        self._key = profile.model_dump_json()
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _ByContent) and self._key == other._key
+
+
+@dataclass(frozen=True)
+class _Tables:
+    """What an engine derives from its profile alone, read-only and shared by the engines of
+    one profile: per depth the survival rows (phase x depth) and those rows negated per phase,
+    the padded batch per running count, per depth the iteration cost (rows: running requests,
+    columns: `_CTX_GRID`), and the bs bucket per running count."""
+
+    surv: dict[int, np.ndarray]
+    neg_surv: dict[int, list[np.ndarray]]
+    padded_batch: np.ndarray
+    cost: dict[int, list[list[float]]]
+    buckets: list[int]
+
+
+@functools.lru_cache(maxsize=8)
+def _profile_tables(keyed: _ByContent, speculative: bool, cap: int) -> _Tables:
+    profile = keyed.profile
+    padded, grid = _cost_grid(profile, speculative, cap)
+    depths: list[int | None] = list(profile.captured_depths) if speculative else [None]
+    cost = {
+        0 if d is None else d: np.asarray(profile.iteration_ms(d, *grid), dtype=float).tolist()
+        for d in depths
+    }
+    surv = _survival(profile, speculative)
+    for arr in (padded, *surv.values()):
+        arr.flags.writeable = False
+    return _Tables(surv, _negated(surv), padded, cost, _buckets(cap))
+
+
+def _survival(profile: Profile, speculative: bool) -> dict[int, np.ndarray]:
+    """Per depth, surv[phase, k]: P(at least k+1 drafts accepted), phases in profile order."""
+    probs = profile.acceptance.phases
+    width = max(max(profile.captured_depths) if speculative else 0, 1)
+    surv = np.zeros((len(probs), width))
+    for i, name in enumerate(probs):
+        p = np.asarray(probs[name][:width], dtype=float)
+        surv[i] = np.cumprod(np.pad(p, (0, width - len(p))))
+    return {d: surv[:, :d] for d in range(width + 1)}
+
+
+def _negated(surv: dict[int, np.ndarray]) -> dict[int, list[np.ndarray]]:
+    """Per lane (a depth, or a switching shape server's shape), its survival rows negated per
+    phase: -surv is increasing, so searchsorted(-surv[:d], -u) counts the k with u < surv[k]."""
+    return {k: [np.ascontiguousarray(-row) for row in rows] for k, rows in surv.items()}
+
+
+def _cost_grid(
+    profile: Profile, speculative: bool, cap: int
+) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray]]:
+    """The padded batch per running count (0 to `cap`), and the (padded batch, context) grid
+    the cost tables are tabulated on."""
+    graph_bs = (
+        spec_cuda_graph_batch_sizes(cap) if speculative else nospec_cuda_graph_batch_sizes(cap)
+    )
+    batch = np.arange(cap + 1, dtype=float)
+    batch[0] = 1.0
+    padded = pad_batches(batch, graph_bs) if profile.scheduler.cuda_graph_padding else batch
+    # Padding rows carry no KV: scale context so that padded * ctx = real batch * ctx.
+    ctx = _CTX_GRID[None, :] * (batch / padded)[:, None]
+    return padded, (padded[:, None], ctx)
+
+
+def _buckets(cap: int) -> list[int]:
+    return [bs_bucket(max(b, 1)) for b in range(cap + 1)]
 
 
 class RequestListener(Protocol):
@@ -211,8 +296,11 @@ class Engine:
         self.lane_switches = 0  # decodes whose lane differs from the one before
 
         self._phase_names = list(profile.acceptance.phases)
-        self._init_acceptance()
-        self._init_costs()
+        if lanes:
+            self._init_lanes(lanes)
+        else:
+            self._use_tables(_profile_tables(_ByContent(profile), speculative, self.max_running))
+        self._init_noise()
         self._init_arrays()
 
         # Workload state.
@@ -279,30 +367,24 @@ class Engine:
         if bind is not None:
             bind(self)
 
-    def _init_acceptance(self) -> None:
-        probs = self.profile.acceptance.phases
-        depth = max(self.profile.captured_depths) if self.speculative else 0
-        width = max(depth, 1)
-        surv = np.zeros((len(probs), width))
-        for i, name in enumerate(self._phase_names):
-            p = np.asarray(probs[name][:width], dtype=float)
-            p = np.pad(p, (0, width - len(p)))
-            surv[i] = np.cumprod(p)
-        # surv[phase, k]: P(at least k+1 drafts accepted)
-        # Per lane (a depth, or a switching shape server's shape): its steps, its survival rows
-        # (phase x steps) and, per phase, those rows negated: -surv is increasing, so
-        # searchsorted(-surv[:d], -u) counts the k with u < surv[k].
-        if self.lanes:
-            self._lane_steps = {k: lane.steps for k, lane in self.lanes.items()}
-            self._lane_surv = {k: self._lane_rows(lane) for k, lane in self.lanes.items()}
-        else:
-            self._lane_steps = {d: d for d in range(width + 1)}
-            self._lane_surv = {d: surv[:, :d] for d in range(width + 1)}
-        self._lane_neg_surv = {
-            k: [np.ascontiguousarray(-row) for row in rows] for k, rows in self._lane_surv.items()
+    def _init_lanes(self, lanes: dict[int, Lane]) -> None:
+        """A switching shape server's lanes: their steps, survival rows and cost tables."""
+        self._lane_steps = {k: lane.steps for k, lane in lanes.items()}
+        self._lane_surv = {k: self._lane_rows(lane) for k, lane in lanes.items()}
+        self._lane_neg_surv = _negated(self._lane_surv)
+        self.padded_batch, grid = _cost_grid(self.profile, self.speculative, self.max_running)
+        self._cost = {
+            k: np.asarray(lane.cost_ms(*grid), dtype=float).tolist() for k, lane in lanes.items()
         }
-        self._neg_u: np.ndarray = np.empty(0)
-        self._u_pos = 0
+        self._buckets = _buckets(self.max_running)
+
+    def _use_tables(self, tables: _Tables) -> None:
+        self._lane_steps = {d: d for d in tables.surv}
+        self._lane_surv = tables.surv
+        self._lane_neg_surv = tables.neg_surv
+        self.padded_batch = tables.padded_batch
+        self._cost = tables.cost
+        self._buckets = tables.buckets
 
     def _lane_rows(self, lane: Lane) -> np.ndarray:
         rows = np.zeros((len(self._phase_names), lane.steps))
@@ -311,43 +393,16 @@ class Engine:
             rows[i] = np.cumprod(np.pad(p, (0, lane.steps - len(p))))
         return rows
 
-    def _init_costs(self) -> None:
-        cap = self.max_running
-        graph_bs = (
-            spec_cuda_graph_batch_sizes(cap)
-            if self.speculative
-            else nospec_cuda_graph_batch_sizes(cap)
-        )
-        batch = np.arange(cap + 1, dtype=float)
-        batch[0] = 1.0
-        padded = (
-            pad_batches(batch, graph_bs) if self.profile.scheduler.cuda_graph_padding else batch
-        )
-        self.padded_batch = padded
-        # Padding rows carry no KV: scale context so that padded * ctx = real batch * ctx.
-        ctx = _CTX_GRID[None, :] * (batch / padded)[:, None]
-        depths: list[int | None] = (
-            list(self.profile.captured_depths) if self.speculative else [None]
-        )
-        self._cost_grid = (padded[:, None], ctx)
-        self._cost: dict[int, list[list[float]]]
-        if self.lanes:
-            self._cost = {
-                k: np.asarray(lane.cost_ms(*self._cost_grid), dtype=float).tolist()
-                for k, lane in self.lanes.items()
-            }
-        else:
-            self._cost = {0 if d is None else d: self._cost_table(d) for d in depths}
-        self._ctx_grid = _CTX_GRID.tolist()
+    def _init_noise(self) -> None:
+        self._neg_u: np.ndarray = np.empty(0)
+        self._u_pos = 0
+        self._ctx_grid = _CTX_LIST
         cv = self.profile.step_time_cv
         self._noise_sigma = math.sqrt(math.log1p(cv * cv))
+        # No noise: every factor would be exp(0) = 1 exactly, so none is drawn.
+        self._quiet = self._noise_sigma == 0.0
         self._noise: list[float] = []
         self._noise_pos = 0
-        self._buckets = [bs_bucket(max(b, 1)) for b in range(cap + 1)]
-
-    def _cost_table(self, depth: int | None) -> list[list[float]]:
-        table = self.profile.iteration_ms(depth, *self._cost_grid)
-        return list(np.asarray(table, dtype=float).tolist())
 
     def _init_host(self) -> None:
         # Keyed as the cost tables: depth, 0 for a server without speculation.
@@ -652,6 +707,8 @@ class Engine:
             self._apply_pending_policy()
 
     def _noise_factor(self) -> float:
+        if self._quiet:
+            return 1.0
         if self._noise_pos >= len(self._noise):
             s = self._noise_sigma
             self._noise = self._rng_noise.lognormal(-s * s / 2, s, 8192).tolist()

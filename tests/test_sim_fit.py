@@ -3,7 +3,7 @@
 The end-to-end test over loopback HTTP (`specctl bench` against `specctl sim serve`, then the
 fit) is tests/test_sim_fit_e2e.py. Here the measured side of a "bench" is the replay of a known
 profile itself (the same protocol, in process), so the fit can be checked on every field,
-two prompt lengths included, in a few seconds.
+two prompt lengths included, on the simulator's clock instead of a served bench's.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from controller.cli import app
 from sims.engine import Engine
 from sims.fit.bench_file import BenchFileError, BenchRun, Level, load_bench
 from sims.fit.closed_form import host_floor_guesses
-from sims.fit.fitting import fit_profile, framed_only, split_levels
+from sims.fit.fitting import FitResult, fit_profile, framed_only, split_levels
 from sims.fit.framing import FitError, acceptance_rates, active_keys, frame
 from sims.fit.outliers import slower_than_more_streams
 from sims.fit.params import with_values
@@ -104,7 +104,7 @@ def test_acceptance_rates_reproduce_the_measured_lengths() -> None:
     assert acceptance_rates({1: 1.0, 3: 1.0}, 3) == [0.0, 0.0, 0.0]  # random weights
 
 
-# A whole fit: 70-110 s alone on one core, past the suite's 300 s under four workers on two
+# A whole fit: 50-65 s alone on one core, up to twice that under four workers on two
 @pytest.mark.timeout(900)
 def test_fit_recovers_every_cost_from_two_prompt_lengths() -> None:
     """Two prompt lengths pin the context and prefill terms too; the fit starts from the
@@ -137,10 +137,33 @@ def test_fit_recovers_every_cost_from_two_prompt_lengths() -> None:
     assert prof.scheduler.max_running_requests_nospec == 64
 
 
-def test_one_prompt_length_keeps_the_context_term_and_says_why() -> None:
-    result = fit_profile(replayed((160,), concurrency=(1, 4)), load_profile(TRUTH), "f")
+@pytest.fixture(scope="module")
+def one_prompt_fit() -> tuple[BenchRun, FitResult]:
+    """One prompt length at one and four streams fitted from the truth, its prompts come round
+    (which changes only the result's notes): one fit for the tests of what it keeps and says."""
+    run = replace(replayed((160,), concurrency=(1, 4))[0], prompts_came_round=True)
+    return run, fit_profile([run], load_profile(TRUTH), "f")
+
+
+def test_one_prompt_length_keeps_the_context_term_and_says_why(
+    one_prompt_fit: tuple[BenchRun, FitResult],
+) -> None:
+    _, result = one_prompt_fit
     assert "target.kv_us_per_req_per_1k_ctx" not in result.keys
     assert "one context length" in result.kept["target.kv_us_per_req_per_1k_ctx"]
+
+
+def test_a_bench_whose_prompts_came_round_gets_a_note(
+    one_prompt_fit: tuple[BenchRun, FitResult],
+) -> None:
+    """The model has no prefix cache: a bench whose repeats the server's cache could serve
+    whole is fitted, and the result says which and why."""
+    run, result = one_prompt_fit
+    assert [n for n in result.notes if "came round" in n] == [
+        f"{run.path}: its prompts came round within a server's KV pool, so its prefix "
+        "cache may have served repeats whole (one token left to prefill, which SGLang's plain "
+        "server runs eager); the model has no prefix cache, so its prefill fields take that "
+        "in: fit benches of more prompts than requests"]
 
 
 def test_a_kept_field_holds_the_base_value_and_says_why() -> None:
@@ -210,8 +233,7 @@ def test_several_benches_are_named_by_what_tells_their_paths_apart() -> None:
     assert worst is not None and worst.worst == pytest.approx(0.2)
     assert worst.worst_at.endswith(", bench_family")
     truth = load_profile(TRUTH)
-    result = fit_profile([run], truth, "f")
-    result.outliers.clear()
+    result = framed_only([run], truth)  # these lines come from the rows, not from fitted costs
     report = Report(replace(result, levels=levels), truth, rows, "f.yaml")
     table, *lines = render(report)
     cells = [str(c) for c in table.columns[0]._cells]
@@ -238,8 +260,7 @@ def test_the_report_sets_the_benchs_best_depth_beside_the_replays() -> None:
     assert [(b.concurrency, b.bench, b.replay, b.agrees) for b in best] == [
         (1, "d3", "d3", True), (4, "d3", "d0", False)]  # fmt: skip
     truth = load_profile(TRUTH)
-    result = fit_profile([run], truth, "f")
-    result.outliers.clear()
+    result = framed_only([run], truth)  # these lines come from the rows, not from fitted costs
     report = Report(replace(result, levels=list(run.levels)), truth, rows, "f.yaml")
     _, *lines = render(report)
     text = " ".join(str(x) for x in lines)
@@ -277,8 +298,7 @@ def test_levels_benched_twice_report_the_servers_own_spread() -> None:
     line = repeats_line(found)
     assert line is not None and "most +10.0% (d0 c=1, 2 benches)" in line
     truth = load_profile(TRUTH)
-    result = fit_profile([run], truth, "f")
-    result.outliers.clear()
+    result = framed_only([run], truth)  # these lines come from the rows, not from fitted costs
     rows = [Row(level=lv, tok_per_s=lv.tok_per_s, tpot_ms=lv.tpot_p50_ms, ttft_ms=None)
             for lv in [*first, *second]]  # fmt: skip
     report = Report(replace(result, levels=[*first, *second], repeats=found), truth, rows,
@@ -373,19 +393,6 @@ def test_a_valid_bench_file_loads(tmp_path: Path) -> None:
     assert run.levels[0].step_ms == 12.0 and run.levels[0].unfit_reason() is None
     assert run.prompts_came_round is False  # benches before the key existed
     assert load_bench(bench_json(tmp_path, prompts_came_round=True)).prompts_came_round
-
-
-def test_a_bench_whose_prompts_came_round_gets_a_note() -> None:
-    """The model has no prefix cache: a bench whose repeats the server's cache could serve
-    whole is fitted, and the result says which and why."""
-    runs = replayed((160,), concurrency=(1, 4))
-    came_round = [replace(runs[0], prompts_came_round=True), *runs[1:]]
-    notes = fit_profile(came_round, load_profile(TRUTH), "f").notes
-    assert [n for n in notes if "came round" in n] == [
-        f"{runs[0].path}: its prompts came round within a server's KV pool, so its prefix "
-        "cache may have served repeats whole (one token left to prefill, which SGLang's plain "
-        "server runs eager); the model has no prefix cache, so its prefill fields take that "
-        "in: fit benches of more prompts than requests"]
 
 
 @pytest.mark.parametrize(

@@ -101,7 +101,7 @@ def check_symbol(root: Path, sym: SymbolSpec) -> str | None:
     want = list(sym.params)
     if args[: len(want)] != want:
         return f"{sym.where}{_sig(args)} no longer starts with {_sig(want)}"
-    return None
+    return _check_reads(fn, sym)
 
 
 def _check_function(tree: ast.Module, sym: SymbolSpec) -> str | None:
@@ -111,7 +111,17 @@ def _check_function(tree: ast.Module, sym: SymbolSpec) -> str | None:
         return f"function {sym.where} is missing"
     names = {a.arg for a in (*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs)}
     missing = [p for p in sym.params if p not in names]
-    return f"function {sym.where} has no parameter {', '.join(missing)}" if missing else None
+    if missing:
+        return f"function {sym.where} has no parameter {', '.join(missing)}"
+    return _check_reads(fn, sym)
+
+
+def _check_reads(fn: ast.FunctionDef | ast.AsyncFunctionDef, sym: SymbolSpec) -> str | None:
+    """Whether the body still reads what the plugin relies on (compared as `ast.unparse`
+    writes it, so formatting and comments do not matter)."""
+    if not sym.reads or sym.reads in ast.unparse(fn):
+        return None
+    return f"{sym.where} no longer reads {sym.reads}"
 
 
 def _init_assigned(cls: ast.ClassDef) -> set[str]:

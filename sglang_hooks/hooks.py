@@ -83,12 +83,17 @@ def _log_failure_once(name: str) -> None:
 
 def _resolved(server_args: Any, name: str, default: Any = None) -> Any:
     """A server arg as SGLang resolved it (0.5.23 resolves some values in a view)."""
+    return getattr(_resolved_args(server_args), name, default)
+
+
+def _resolved_args(server_args: Any) -> Any:
+    """The server args as SGLang resolved them: 0.5.23's resolved view, else the record."""
     try:
         from sglang.srt.arg_groups.overrides import resolved_view
 
-        return getattr(resolved_view(server_args), name, default)
+        return resolved_view(server_args)
     except Exception:
-        return getattr(server_args, name, default)
+        return server_args
 
 
 def unsupported_config_reason(server_args: Any) -> str | None:
@@ -115,7 +120,7 @@ def shape_config_reason(server_args: Any) -> str | None:
     """Why a server given SPECCTL_SHAPES cannot switch them, read off its arguments (the
     scheduler checks its worker too, shapes.server_reason)."""
     if ADAPTER is not None and not ADAPTER.switches_shapes:
-        return f"SPECCTL_SHAPES needs SGLang 0.5.17 to 0.5.22 for now (this is {ADAPTER.name})"
+        return f"SPECCTL_SHAPES is not supported on this SGLang ({ADAPTER.name})"
     if _resolved(server_args, "speculative_adaptive", False):
         return "SPECCTL_SHAPES captures its own states; drop --speculative-adaptive"
     if (_resolved(server_args, "speculative_eagle_topk", 1) or 1) <= 1:
@@ -265,7 +270,7 @@ def build_shapes(rt: SchedulerRuntime, worker: Any, listed: Sequence[Shape],
     stays at its start-up shape with nothing captured (`rt.inactive_reason` says why)."""
     peers, registry = None, None
     try:
-        reason = shapes.server_reason(worker, getattr(worker, "server_args", None))
+        reason = shapes.server_reason(worker, _resolved_args(getattr(worker, "server_args", None)))
         if reason is None:
             registry = shapes.ShapeRegistry.start(worker)
             peers, reason = _agree_on_shapes(peer_check, listed, registry.startup)
@@ -333,13 +338,16 @@ def _capture_shapes(worker: Any, registry: shapes.ShapeRegistry,
     import torch
     from sglang.srt.utils import get_available_gpu_memory
 
+    build = ADAPTER.shape_build if ADAPTER is not None else None
+    if build is None:  # the config check refuses first; a scheduler must not capture blind
+        raise shapes.ShapeSetupError("this SGLang's adapter does not build draft shapes")
     module = sys.modules[type(worker).__module__]
     graphs = not module.check_cuda_graph_backend(module.Phase.DECODE, module.Backend.DISABLED)
     device, gpu_id = worker.device, getattr(worker, "gpu_id", 0)
     free = ((lambda: float(get_available_gpu_memory(device, gpu_id, empty_cache=False)))
             if torch.cuda.is_available() else None)
     for shape in wanted:
-        state = shapes.capture(worker, shape, graphs=graphs, gpu_free_gb=free)
+        state = shapes.capture(worker, shape, build=build, graphs=graphs, gpu_free_gb=free)
         registry.add(state)
         name = shapes.shape_label(shape)
         logger.info("specctl: shape %s captured in %.1f s%s%s", name, state.capture_s,

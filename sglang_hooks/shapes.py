@@ -5,34 +5,35 @@ shape. Started at the shape that dominates a list (`draft_shape.dominating`: lar
 draft tokens and steps x top-k, so every buffer and the KV reserve SGLang sizes once fit every
 shape), the plugin captures each other listed shape the way SGLang builds an adaptive state,
 with top-k set to the shape's for the capture (the attention backends and graph runners read
-it from the server's arguments when built), and switches the live shape by assigning the
-worker's per-shape objects (docs/decisions/draft-shapes.md).
+it from SGLang's configuration when built, not from the worker), and switches the live shape
+by assigning the worker's per-shape objects (docs/decisions/draft-shapes.md).
 
 Width rule: the draft input (`topk_p`, `topk_index`) crosses iterations at the start-up
 top-k K, because SGLang's stash of it and its batch merges are sized by the first write. The
 draft worker therefore keeps top-k K outside its draft, so its extends write K columns, and
 the draft of a narrower shape reads the first k of them (`fast_topk` sorts them).
 
-Runs on SGLang 0.5.17 to 0.5.22 (the start-up record `ServerArgs.override`, FlashAttention 3);
-the class names it reaches are read by the guard through the adapter.
+Version-neutral: what differs between SGLang releases in building a shape (where the builders
+read top-k, the contexts they run under, the target graph runner class) is the adapter's
+`ShapeBuild` (adapters/v0_5_17.py, v0_5_23.py), and the names it reaches are read by the guard
+through the adapter. FlashAttention 3 only (`server_reason`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sglang_hooks.draft_shape import DraftShape, Shape, dominating, label
 
-logger = logging.getLogger("specctl")
+if TYPE_CHECKING:
+    from sglang_hooks.adapters.base import ShapeBuild
 
-CAPTURE_SOURCE = "specctl.shape_capture"
-TOPK_FIELD = "speculative_eagle_topk"
+logger = logging.getLogger("specctl")
 # Off (`plain` in the list) on a shape server: SGLang's own depth 0, captured as the state of 0
 # steps and 1 draft token at top-k 1 (no draft; a one-token verify whose target backend attends
 # causally). Its draft extend is skipped at off tiers on the plugin's off path (hooks.py), the
@@ -75,7 +76,7 @@ class ShapeState:
 
 
 def server_reason(worker: Any, server_args: Any) -> str | None:
-    """Why this speculative worker cannot switch shapes, or None."""
+    """Why this speculative worker cannot switch shapes, or None (`server_args` as resolved)."""
     if getattr(worker, "adaptive_controller", None) is not None:
         return "--speculative-adaptive is on; a shape server runs its own states: drop it"
     if (getattr(worker, "topk", 1) or 1) <= 1:
@@ -84,7 +85,9 @@ def server_reason(worker: Any, server_args: Any) -> str | None:
     backend = getattr(worker._target_worker.model_runner, "attn_backend", None)
     if getattr(backend, "fa_impl_ver", None) != 3:
         return "tree shapes run on FlashAttention 3 only; pass --attention-backend fa3"
-    if (getattr(server_args, "page_size", 1) or 1) != 1:
+    # the worker holds the resolved page size (0.5.23's record keeps only what was passed)
+    page_size = getattr(worker, "page_size", None) or getattr(server_args, "page_size", 1)
+    if (page_size or 1) != 1:
         return "paged trees reserve whole pages per branch; drop --page-size"
     for flag, what in (("enable_dp_attention", "DP attention"),
                        ("enable_two_batch_overlap", "two-batch overlap"),
@@ -133,56 +136,22 @@ def shape_label(shape: DraftShape) -> str:
 # ----------------------------------------------------------------------------- capture
 
 
-def _server_args_objects(worker: Any) -> list[Any]:
-    """Every distinct start-up record the backends and runners read top-k from."""
-    dw = worker._draft_worker
-    found: dict[int, Any] = {}
-    for owner in (worker, dw, worker._target_worker.model_runner, dw.draft_runner):
-        args = getattr(owner, "server_args", None)
-        if args is not None:
-            found.setdefault(id(args), args)
-    return list(found.values())
-
-
-def _set_record_topk(records: list[Any], topk: int) -> None:
-    for args in records:
-        override = getattr(args, "override", None)
-        if callable(override):  # 0.5.17's read-only record changes only through it
-            override(CAPTURE_SOURCE, **{TOPK_FIELD: topk})
-        else:
-            setattr(args, TOPK_FIELD, topk)
-
-
-def _set_bag_topk(topk: int) -> None:
-    """The spec bag's top-k (some backends read it there); absent on a release without it."""
-    try:
-        from sglang.srt.runtime_context import get_context
-    except ImportError:
-        return
-    with contextlib.suppress(ValueError):
-        get_context().override(CAPTURE_SOURCE, **{TOPK_FIELD: topk})
-
-
 @contextlib.contextmanager
-def topk_for_capture(worker: Any, topk: int) -> Iterator[None]:
-    """Top-k at `topk` on both workers, the start-up records and the spec bag, restored on
-    exit. Entered inside SGLang's `_override_worker_state` and left before it restores the
-    steps, so its rebuild of the chain buffers sees the start-up top-k again."""
+def topk_for_capture(worker: Any, topk: int, build: ShapeBuild) -> Iterator[None]:
+    """Top-k at `topk` on both workers and wherever this SGLang's builders read it
+    (`build.topk`), restored on exit. Entered inside SGLang's `_override_worker_state` and left
+    before it restores the steps, so its rebuild of the chain buffers sees the start-up top-k
+    again."""
     dw = worker._draft_worker
     saved = worker.topk, dw.topk
-    records = _server_args_objects(worker)
-    startup = [getattr(a, TOPK_FIELD) for a in records]
-    try:  # the set-up inside too: a failed rebuild must not leave the capture's top-k behind
-        worker.topk = dw.topk = topk
-        _set_record_topk(records, topk)
-        _set_bag_topk(topk)
-        dw._rebuild_topk1_chain_buffers()  # a chain's buffers at its steps; nothing for a tree
-        yield
-    finally:
-        worker.topk, dw.topk = saved
-        for args, value in zip(records, startup, strict=True):
-            _set_record_topk([args], value)
-        _set_bag_topk(saved[0])
+    with contextlib.ExitStack() as stack:
+        try:  # the set-up inside too: a failed rebuild must not leave the capture's top-k behind
+            worker.topk = dw.topk = topk
+            stack.enter_context(build.topk(worker, topk))
+            dw._rebuild_topk1_chain_buffers()  # a chain's buffers at its steps; none for a tree
+            yield
+        finally:
+            worker.topk, dw.topk = saved
 
 
 def state_of(worker: Any, shape: DraftShape) -> ShapeState:
@@ -203,22 +172,19 @@ def state_of(worker: Any, shape: DraftShape) -> ShapeState:
     )
 
 
-def capture(worker: Any, shape: DraftShape, *, graphs: bool,
+def capture(worker: Any, shape: DraftShape, *, build: ShapeBuild, graphs: bool,
             gpu_free_gb: Callable[[], float] | None = None) -> ShapeState:
-    """Build `shape`'s backends and graphs as SGLang builds an adaptive state, at its top-k.
-    The worker is back at its start-up objects afterwards."""
-    module = sys.modules[type(worker).__module__]
+    """Build `shape`'s backends and graphs as SGLang builds an adaptive state, at its top-k
+    (`build`: this SGLang's adapter's way). The worker is back at its start-up objects
+    afterwards."""
     dw, runner = worker._draft_worker, worker._target_worker.model_runner
     tic = time.perf_counter()
     before = gpu_free_gb() if gpu_free_gb else None
     saved_target = runner.attn_backend, runner.decode_cuda_graph_runner
     with contextlib.ExitStack() as stack:
-        # as SGLang's init_cuda_graphs enters them around its adaptive states
-        stack.enter_context(dw.draft_tp_context(dw.draft_runner.tp_group))
-        stack.enter_context(module.speculative_moe_backend_context())
-        stack.enter_context(module.speculative_moe_a2a_backend_context())
+        stack.enter_context(build.contexts(worker))  # as SGLang's init_cuda_graphs enters them
         stack.enter_context(worker._override_worker_state(shape.steps, shape.draft_tokens))
-        stack.enter_context(topk_for_capture(worker, shape.topk))
+        stack.enter_context(topk_for_capture(worker, shape.topk, build))
         dw.init_attention_backend()
         dw._capture_cuda_graphs()
         saved_workspace = runner.init_new_workspace
@@ -227,8 +193,9 @@ def capture(worker: Any, shape: DraftShape, *, graphs: bool,
         finally:
             runner.init_new_workspace = saved_workspace
         target_graphs = None
-        if graphs:
-            target_graphs = module.DecodeCudaGraphRunner(
+        runner_cls = build.target_graph_runner(worker) if graphs else None
+        if runner_cls is not None:
+            target_graphs = runner_cls(
                 runner, attn_backend=target_backend, speculative_num_steps=shape.steps,
                 speculative_num_draft_tokens=shape.draft_tokens)
         state = state_of(worker, shape)

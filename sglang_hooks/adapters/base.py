@@ -4,6 +4,7 @@ few accessors whose spelling differs between SGLang versions."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -11,8 +12,12 @@ from sglang_hooks.contract import OffPathFeature
 
 # Hook kinds, spelled like sglang.srt.plugins.hook_registry.HookType members.
 AROUND, AFTER = "AROUND", "AFTER"
+# The source a shape's capture names where it overrides SGLang's configuration (its logs).
+SHAPE_CAPTURE_SOURCE = "specctl.shape_capture"
+TOPK_FIELD = "speculative_eagle_topk"
 
-__all__ = ["AFTER", "AROUND", "Adapter", "HookSpec", "OffPathFeature", "SymbolSpec"]
+__all__ = ["AFTER", "AROUND", "SHAPE_CAPTURE_SOURCE", "TOPK_FIELD", "Adapter", "HookSpec",
+           "OffPathFeature", "ShapeBuild", "SymbolSpec"]
 
 
 @dataclass(frozen=True)
@@ -23,7 +28,9 @@ class SymbolSpec:
     `module`/`cls` say where it is *defined* (what the guard parses); `params` are the
     leading parameters after `self` that the hook reads, by position and name. An empty
     `cls` names a module-level function; its `params` are parameter names it must have
-    (positional or keyword-only), since such a hook reads them by name.
+    (positional or keyword-only), since such a hook reads them by name. `reads`, for a
+    function or method: source text its body must hold (as `ast.unparse` writes it), where the
+    plugin relies on what SGLang reads there (where a builder takes top-k from).
     """
 
     module: str
@@ -33,6 +40,7 @@ class SymbolSpec:
     is_async: bool = False
     attribute: bool = False
     instance: bool = False
+    reads: str = ""
 
     @property
     def where(self) -> str:
@@ -52,6 +60,22 @@ class HookSpec:
 
 
 @dataclass(frozen=True)
+class ShapeBuild:
+    """What differs between releases in building one draft shape the way SGLang builds an
+    adaptive state (shapes.capture). Each takes the speculative worker (EAGLEWorkerV2)."""
+
+    # (worker, top-k): a context inside which SGLang's builders read that top-k (the backends
+    # and graph runners take it from the configuration, not from the worker); what they read
+    # is put back on exit, also when the build raised
+    topk: Callable[[Any, int], AbstractContextManager[None]]
+    # the contexts SGLang's init_cuda_graphs builds its adaptive states under (draft TP, MoE)
+    contexts: Callable[[Any], AbstractContextManager[None]]
+    # the class that captures the target verify graphs, as SGLang's state builder picks it;
+    # None: this platform captures none
+    target_graph_runner: Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
 class Adapter:
     name: str
     min_version: tuple[int, int, int]
@@ -65,6 +89,8 @@ class Adapter:
     scheduler_of: Callable[[Any], Any] = field(default=lambda obj: obj)
     # (result, batch size) -> tokens emitted by that decode iteration, bonus included.
     tokens_of: Callable[[Any, int], int] = field(default=lambda result, bs: 0)
+    # How this SGLang builds a draft shape (shapes.py); None where shapes are not supported.
+    shape_build: ShapeBuild | None = None
 
     @property
     def versions(self) -> str:
@@ -76,8 +102,9 @@ class Adapter:
 
     @property
     def switches_shapes(self) -> bool:
-        """Whether this SGLang can capture and switch draft shapes (it declares their hooks)."""
-        return any(h.shapes for h in self.hooks)
+        """Whether this SGLang can capture and switch draft shapes: it declares their hooks and
+        how a shape is built."""
+        return self.shape_build is not None and any(h.shapes for h in self.hooks)
 
     def hooks_for(self, features: frozenset[OffPathFeature],
                   shapes: bool = False) -> tuple[HookSpec, ...]:

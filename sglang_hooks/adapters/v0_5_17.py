@@ -9,14 +9,20 @@ statistics, which a policy push should not do.
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 from sglang_hooks.adapters.base import (
     AFTER,
     AROUND,
+    SHAPE_CAPTURE_SOURCE,
+    TOPK_FIELD,
     Adapter,
     HookSpec,
     OffPathFeature,
+    ShapeBuild,
     SymbolSpec,
 )
 from sglang_hooks.adapters.common import COMMON_HOOKS, COMMON_READS
@@ -37,6 +43,86 @@ _INFO = "sglang.srt.speculative.eagle_info"
 def _tokens(result: Any, batch_size: int) -> int:
     # 0.5.17 sets num_correct_drafts = sum(accept_lens) - batch size: one bonus per request
     return int(result.num_correct_drafts) + batch_size
+
+
+# ----------------------------------------------------------------------------- draft shapes
+# How a shape is built here (shapes.capture): FlashAttention 3, the draft graph runners and the
+# verify widths read top-k from the read-only start-up record, which changes only through its
+# `override(source, **fields)`.
+
+
+def _start_up_records(worker: Any) -> list[Any]:
+    """Every distinct start-up record the backends and runners read top-k from."""
+    dw = worker._draft_worker
+    found: dict[int, Any] = {}
+    for owner in (worker, dw, worker._target_worker.model_runner, dw.draft_runner):
+        args = getattr(owner, "server_args", None)
+        if args is not None:
+            found.setdefault(id(args), args)
+    return list(found.values())
+
+
+def _set_record_topk(records: list[Any], topk: int) -> None:
+    for args in records:
+        override = getattr(args, "override", None)
+        if callable(override):  # the read-only record changes only through it
+            override(SHAPE_CAPTURE_SOURCE, **{TOPK_FIELD: topk})
+        else:
+            setattr(args, TOPK_FIELD, topk)
+
+
+def _set_bag_topk(topk: int | None) -> None:
+    """The spec bag's top-k too (some backends read it there); absent while unpublished."""
+    from sglang.srt.runtime_context import get_context
+
+    if topk is not None:
+        with contextlib.suppress(ValueError):
+            get_context().override(SHAPE_CAPTURE_SOURCE, **{TOPK_FIELD: topk})
+
+
+def _bag_topk() -> int | None:
+    from sglang.srt.runtime_context import get_spec
+
+    try:
+        return int(get_spec().speculative_eagle_topk)
+    except (ValueError, TypeError):  # unpublished
+        return None
+
+
+@contextlib.contextmanager
+def _capture_topk(worker: Any, topk: int) -> Iterator[None]:
+    records = _start_up_records(worker)
+    startup, bag = [getattr(a, TOPK_FIELD) for a in records], _bag_topk()
+    try:
+        _set_record_topk(records, topk)
+        _set_bag_topk(topk)
+        yield
+    finally:
+        for args, value in zip(records, startup, strict=True):
+            _set_record_topk([args], value)
+        _set_bag_topk(bag)
+
+
+@contextlib.contextmanager
+def _capture_contexts(worker: Any) -> Iterator[None]:
+    """As `EAGLEWorkerV2.init_cuda_graphs` builds its adaptive states: the draft worker's own
+    TP context on its runner's group, then the speculative MoE contexts."""
+    module = sys.modules[type(worker).__module__]
+    dw = worker._draft_worker
+    with (dw.draft_tp_context(dw.draft_runner.tp_group),
+          module.speculative_moe_backend_context(),
+          module.speculative_moe_a2a_backend_context()):
+        yield
+
+
+def _target_graph_runner(worker: Any) -> Any:
+    return sys.modules[type(worker).__module__].DecodeCudaGraphRunner
+
+
+SHAPE_BUILD = ShapeBuild(topk=_capture_topk, contexts=_capture_contexts,
+                         target_graph_runner=_target_graph_runner)
+_FA3 = "sglang.srt.layers.attention.flashattention_backend"
+_RECORD_TOPK = "model_runner.server_args.speculative_eagle_topk"
 
 
 _HOST_TRIMS, _PLAIN_DECODE = OffPathFeature.HOST_TRIMS, OffPathFeature.PLAIN_DECODE
@@ -139,7 +225,18 @@ ADAPTER = Adapter(
         *(SymbolSpec(_WORKER, "EagleDraftWorker", name, instance=True)
           for name in ("topk", "draft_tp_context", "draft_runner")),
         SymbolSpec(_WORKER, "EAGLEWorkerV2", "adaptive_controller", instance=True),
-        SymbolSpec(_RUNNER, "DecodeCudaGraphRunner", "get_spec_info", ("num_tokens",)),
+        SymbolSpec(_RUNNER, "DecodeCudaGraphRunner", "get_spec_info", ("num_tokens",),
+                   reads=f"self.{_RECORD_TOPK}"),
+        # where a shape's builders read top-k: the start-up record, and how it changes
+        SymbolSpec(_FA3, "FlashAttentionBackend", "__init__", ("model_runner",),
+                   reads=_RECORD_TOPK),
+        SymbolSpec("sglang.srt.speculative.eagle_draft_cuda_graph_runner",
+                   "EAGLEDraftCudaGraphRunner", "__init__", ("eagle_worker",),
+                   reads=_RECORD_TOPK),
+        SymbolSpec("sglang.srt.server_args", "ServerArgs", "override", ("source",)),
+        # the width rule: the extend's top-k is the draft worker's
+        SymbolSpec(_WORKER, "EagleDraftWorker", "_draft_extend_for_decode",
+                   ("batch", "batch_result"), reads="fast_topk(probs, self.topk, dim=-1)"),
         SymbolSpec(_RUNNER, "DecodeCudaGraphRunner", "can_run_graph", ("forward_batch",)),
         SymbolSpec(_MODEL_RUNNER, "ModelRunner", "_get_attention_backend",
                    ("init_new_workspace",)),
@@ -153,4 +250,5 @@ ADAPTER = Adapter(
     ),
     scheduler_of=lambda scheduler: scheduler,
     tokens_of=_tokens,
+    shape_build=SHAPE_BUILD,
 )

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import dataclasses
 import json
 import logging
 import random
@@ -44,6 +45,7 @@ import torch
 
 from sglang_hooks import hooks, plugin, settings, shapes
 from sglang_hooks.adapters import v0_5_17, v0_5_23
+from sglang_hooks.adapters.base import SHAPE_CAPTURE_SOURCE, TOPK_FIELD
 from sglang_hooks.contract import (
     PolicyError,
     PolicyTable,
@@ -64,6 +66,7 @@ NARROW = DraftShape(3, 2, 8)  # a tree of top-k 2: its draft reads 2 of the 4 co
 MAX_RUNNING = 8  # max_running_requests of the published ServerArgs: the chain buffers' rows
 WORKER_MODULE = "sglang.srt.speculative.eagle_worker_v2"
 SHAPE_HOOKS = {"shapes_build", "shape_switch", "shape_draft"}
+BUILD = v0_5_17.SHAPE_BUILD  # how 0.5.17 builds a shape: its start-up records hold top-k
 
 
 # ----------------------------------------------------------------------------- stand-ins
@@ -434,7 +437,7 @@ def test_topk_for_capture_sets_the_captures_topk_everywhere_and_restores_it(
         if body_raises:
             outer.enter_context(pytest.raises(RuntimeError, match="capture failed"))
         with (worker._override_worker_state(CHAIN.steps, CHAIN.draft_tokens),
-              shapes.topk_for_capture(worker, CHAIN.topk)):
+              shapes.topk_for_capture(worker, CHAIN.topk, BUILD)):
             assert (worker.topk, dw.topk) == (1, 1)
             assert record.speculative_eagle_topk == runner_record.speculative_eagle_topk == 1
             assert _spec() == (1, 3, 4)
@@ -446,8 +449,8 @@ def test_topk_for_capture_sets_the_captures_topk_everywhere_and_restores_it(
     assert (worker.topk, dw.topk) == (4, 4)
     assert record.speculative_eagle_topk == runner_record.speculative_eagle_topk == 4
     assert _spec() == (4, 3, 16)
-    source = shapes.CAPTURE_SOURCE
-    assert record.calls == [(source, {shapes.TOPK_FIELD: 1}), (source, {shapes.TOPK_FIELD: 4})]
+    source = SHAPE_CAPTURE_SOURCE
+    assert record.calls == [(source, {TOPK_FIELD: 1}), (source, {TOPK_FIELD: 4})]
     after = _live(worker)
     after["chain buffers"] = before["chain buffers"]  # left built; top-k 4 never reads them
     assert after == before
@@ -456,7 +459,7 @@ def test_topk_for_capture_sets_the_captures_topk_everywhere_and_restores_it(
 def test_a_tree_capture_builds_no_chain_buffers(published: Any) -> None:
     worker = SpecWorker()
     with (worker._override_worker_state(NARROW.steps, NARROW.draft_tokens),
-          shapes.topk_for_capture(worker, NARROW.topk)):
+          shapes.topk_for_capture(worker, NARROW.topk, BUILD)):
         assert (worker.topk, worker._draft_worker.topk, _spec()) == (2, 2, (2, 3, 8))
         assert _buffers(worker) == (None, None)
     assert (worker.topk, worker._draft_worker.topk, _spec()) == (4, 4, (4, 3, 16))
@@ -476,7 +479,7 @@ def test_topk_for_capture_restores_when_its_own_rebuild_raises(published: Any) -
     asserts inside `topk_for_capture`'s set-up. The server must be left at its top-k."""
     worker = SpecWorker()
     record, runner_record = _records(worker)
-    with pytest.raises(AssertionError), shapes.topk_for_capture(worker, 1):
+    with pytest.raises(AssertionError), shapes.topk_for_capture(worker, 1, BUILD):
         pass
     assert (worker.topk, worker._draft_worker.topk) == (4, 4)
     assert record.speculative_eagle_topk == runner_record.speculative_eagle_topk == 4
@@ -492,7 +495,8 @@ def test_a_chain_capture_builds_every_object_at_the_chains_topk(
     dw, runner = worker._draft_worker, worker._target_worker.model_runner
     before = _live(worker)
     free = iter([10.0, 9.5])
-    state = shapes.capture(worker, CHAIN, graphs=True, gpu_free_gb=lambda: next(free))
+    state = shapes.capture(worker, CHAIN, build=BUILD, graphs=True,
+                           gpu_free_gb=lambda: next(free))
     assert state.shape == CHAIN
     for obj, what in ((state.draft_attn_backend, "draft decode"),
                       (state.draft_extend_attn_backend, "draft extend"),
@@ -520,7 +524,7 @@ def test_a_chain_capture_builds_every_object_at_the_chains_topk(
 
 def test_a_capture_without_graphs_keeps_no_target_graphs(published: Any) -> None:
     worker = SpecWorker()
-    state = shapes.capture(worker, NARROW, graphs=False)
+    state = shapes.capture(worker, NARROW, build=BUILD, graphs=False)
     assert state.target_graph_runner is None and state.memory_gb is None
     assert state.chain_buffers is None
     assert (state.target_attn_backend.topk, state.cuda_graph_runner.topk) == (2, 2)
@@ -530,7 +534,7 @@ def test_a_capture_without_graphs_keeps_no_target_graphs(published: Any) -> None
 def test_a_capture_whose_target_backend_ignores_the_override_is_refused(published: Any) -> None:
     worker = SpecWorker(runner=StartupTopkRunner)
     registry = ShapeRegistry.start(worker)
-    registry.add(shapes.capture(worker, CHAIN, graphs=False))
+    registry.add(shapes.capture(worker, CHAIN, build=BUILD, graphs=False))
     assert CHAIN not in registry.states and registry.chains == frozenset()
     assert registry.refused == {"3x1x4": "its target backend was built for top-k 4"}
 
@@ -717,7 +721,7 @@ def test_by_width_names_the_one_shape_of_a_verify_width() -> None:
 def test_the_report_names_each_shape_its_cost_and_its_verify_mode(published: Any) -> None:
     worker = SpecWorker(runner=StartupTopkRunner)
     registry = ShapeRegistry.start(worker)
-    registry.add(shapes.capture(worker, CHAIN, graphs=False))  # refused: built at top-k 4
+    registry.add(shapes.capture(worker, CHAIN, build=BUILD, graphs=False))  # refused: top-k 4
     narrow = _state(NARROW)
     narrow.capture_s, narrow.memory_gb = 1.23456, 0.12345
     registry.add(narrow)
@@ -824,8 +828,8 @@ def test_the_shape_hooks_register_only_on_a_server_given_shapes(
     assert not {h.hook for h in adapter.hooks_for(features)} & SHAPE_HOOKS
     with_shapes = {h.hook for h in adapter.hooks_for(features, shapes=True)}
     assert with_shapes == {h.hook for h in adapter.hooks_for(features)} | SHAPE_HOOKS
-    assert adapter.switches_shapes and not v0_5_23.ADAPTER.switches_shapes
-    assert not {h.hook for h in v0_5_23.ADAPTER.hooks_for(features, shapes=True)} & SHAPE_HOOKS
+    assert adapter.switches_shapes and v0_5_23.ADAPTER.switches_shapes
+    assert {h.hook for h in v0_5_23.ADAPTER.hooks_for(features, shapes=True)} >= SHAPE_HOOKS
 
     def wanted(a: Any) -> set[str]:
         return {spec.hook for spec in plugin.wanted_hooks(a)}
@@ -833,7 +837,7 @@ def test_the_shape_hooks_register_only_on_a_server_given_shapes(
     assert not wanted(adapter) & SHAPE_HOOKS
     fresh_settings.setenv("SPECCTL_SHAPES", "3x1x4,3x4x16")
     assert wanted(adapter) & SHAPE_HOOKS == SHAPE_HOOKS
-    assert not wanted(v0_5_23.ADAPTER) & SHAPE_HOOKS
+    assert wanted(v0_5_23.ADAPTER) & SHAPE_HOOKS == SHAPE_HOOKS
     fresh_settings.setenv("SPECCTL_SHAPES", "3x4x")  # a typo: no shapes, no shape hooks
     assert not wanted(adapter) & SHAPE_HOOKS
 
@@ -881,7 +885,11 @@ def test_shape_config_reason_reads_the_servers_arguments(monkeypatch: pytest.Mon
     fresh_settings.setenv("SPECCTL_SHAPES", "3x1x4,3x4x16")  # the plugin's check routes here
     assert "pipeline parallelism" in str(hooks.unsupported_config_reason(args(pp_size=2)))
     monkeypatch.setattr(hooks, "ADAPTER", v0_5_23.ADAPTER)
-    assert "needs SGLang 0.5.17 to 0.5.22" in str(hooks.shape_config_reason(args()))
+    assert hooks.shape_config_reason(args()) is None
+    # an SGLang whose adapter does not say how it builds a shape: one line, nothing captured
+    monkeypatch.setattr(hooks, "ADAPTER", dataclasses.replace(v0_5_23.ADAPTER, shape_build=None))
+    assert hooks.shape_config_reason(args()) == \
+        "SPECCTL_SHAPES is not supported on this SGLang (sglang-0.5.23)"
 
 
 # ----------------------------------------------------------------------------- the hooks
@@ -890,8 +898,9 @@ def test_shape_config_reason_reads_the_servers_arguments(monkeypatch: pytest.Mon
 @pytest.fixture
 def shape_server(runtime: SchedulerRuntime, published: Any, fresh_settings: pytest.MonkeyPatch,
                  graph_recorder: type[GraphRunnerRecorder]) -> Iterator[SchedulerRuntime]:
-    """A scheduler of a server given SPECCTL_SHAPES; hooks.SHAPES and the logged failures
-    are this test's."""
+    """A scheduler of a 0.5.17 server given SPECCTL_SHAPES (its adapter builds the shapes);
+    hooks.SHAPES and the logged failures are this test's."""
+    fresh_settings.setattr(hooks, "ADAPTER", v0_5_17.ADAPTER)
     fresh_settings.setattr(hooks, "SHAPES", None)
     fresh_settings.setattr(hooks, "_failed", set())
     fresh_settings.setenv("SPECCTL_SHAPES", "3x1x4,3x2x8,3x4x16")

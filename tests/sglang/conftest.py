@@ -17,7 +17,9 @@ import importlib.metadata
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -98,3 +100,25 @@ def fresh_settings(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
         if isinstance(setting, settings.Setting):
             monkeypatch.delenv(setting.name, raising=False)
     return monkeypatch
+
+
+@pytest.fixture
+def tp_store() -> Iterator[Any]:
+    """A TCPStore master on a free loopback port and a client factory, as every rank of a
+    process group sees torch.distributed's default store."""
+    import datetime
+    import socket
+
+    from torch.distributed import PrefixStore, TCPStore
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    timeout = datetime.timedelta(seconds=10)
+    master = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timeout)
+
+    def client() -> Any:
+        return PrefixStore("default_pg", TCPStore("127.0.0.1", port, is_master=False,
+                                                  timeout=timeout))
+    yield client
+    del master

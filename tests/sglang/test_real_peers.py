@@ -1,4 +1,4 @@
-"""TP ranks agree before a table steers: real torch.distributed stores on loopback.
+"""TP ranks agree before a table steers: real torch.distributed tp_store on loopback.
 
 Real: `torch.distributed.TCPStore` (master and one client per simulated rank, wrapped in a
 `PrefixStore` as `init_process_group` wraps its own), and, end to end, two processes that
@@ -9,7 +9,6 @@ No stand-ins: the ranks differ only in what the plugin publishes.
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import socket
@@ -19,8 +18,6 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from sglang_hooks.contract import PolicyTable, Tier
 from sglang_hooks.gpu_timer import HostIntervalTimer
@@ -32,27 +29,9 @@ TABLE = PolicyTable.build([Tier(1, 2), Tier(8, 0, hysteresis=2)], 3)
 
 
 def _free_port() -> int:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    return port
-
-
-@pytest.fixture
-def stores() -> Any:
-    """A TCPStore master and a client factory, as every rank of a process group sees it."""
-    from torch.distributed import PrefixStore, TCPStore
-
-    port = _free_port()
-    timeout = datetime.timedelta(seconds=10)
-    master = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timeout)
-
-    def client() -> Any:
-        return PrefixStore("default_pg", TCPStore("127.0.0.1", port, is_master=False,
-                                                  timeout=timeout))
-    yield client
-    del master
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
 
 
 def _rank(store: Any, rank: int, world: int, wait_s: float = 0.3) -> tuple[SchedulerRuntime,
@@ -61,8 +40,8 @@ def _rank(store: Any, rank: int, world: int, wait_s: float = 0.3) -> tuple[Sched
     return rt, PeerCheck(store, rank, world, wait_s=wait_s)
 
 
-def test_ranks_with_the_same_state_steer_with_their_start_up_table(stores: Any) -> None:
-    ranks = [_rank(stores(), r, 3) for r in range(3)]
+def test_ranks_with_the_same_state_steer_with_their_start_up_table(tp_store: Any) -> None:
+    ranks = [_rank(tp_store(), r, 3) for r in range(3)]
     for rt, peers in ranks:
         peers.publish("same")
         rt.activate({0, 2}, TABLE, peers)
@@ -73,9 +52,9 @@ def test_ranks_with_the_same_state_steer_with_their_start_up_table(stores: Any) 
 
 
 def test_a_rank_without_the_plugin_makes_every_plugin_rank_refuse_within_the_bound(
-    stores: Any,
+    tp_store: Any,
 ) -> None:
-    ranks = [_rank(stores(), r, 3) for r in range(2)]  # rank 2 never publishes
+    ranks = [_rank(tp_store(), r, 3) for r in range(2)]  # rank 2 never publishes
     for rt, peers in ranks:
         peers.publish("same")
         rt.activate({0, 2}, TABLE, peers)
@@ -96,8 +75,8 @@ def test_a_rank_without_the_plugin_makes_every_plugin_rank_refuse_within_the_bou
         assert rt.choose(20) is None  # SGLang's own choice, as on the rank without the plugin
 
 
-def test_ranks_that_differ_refuse_and_a_late_rank_adopts_the_verdict(stores: Any) -> None:
-    ranks = [_rank(stores(), r, 3, wait_s=0.2) for r in range(3)]
+def test_ranks_that_differ_refuse_and_a_late_rank_adopts_the_verdict(tp_store: Any) -> None:
+    ranks = [_rank(tp_store(), r, 3, wait_s=0.2) for r in range(3)]
     ranks[0][1].publish("table v3")
     ranks[1][1].publish("table v3")
     for rt, peers in ranks[:2]:
@@ -111,7 +90,7 @@ def test_ranks_that_differ_refuse_and_a_late_rank_adopts_the_verdict(stores: Any
     reasons = {rt.inactive_reason for rt, _ in ranks}
     assert len(reasons) == 1 and all(not rt.active for rt, _ in ranks)  # one verdict for all
 
-    other = [_rank(stores(), r, 2) for r in range(2)]
+    other = [_rank(tp_store(), r, 2) for r in range(2)]
     other[0][1].store.delete_key(VERDICT_KEY)
     for (rt, peers), state in zip(other, ("table v3", "table v4"), strict=True):
         peers.publish(state)

@@ -1259,27 +1259,6 @@ LISTED = "3x1x4,3x2x8,3x4x16"
 
 
 @pytest.fixture
-def tp_store() -> Iterator[Any]:
-    """A TCPStore master and a client factory, as every rank of a process group sees it."""
-    import datetime
-    import socket
-
-    from torch.distributed import PrefixStore, TCPStore
-
-    with socket.socket() as sock:  # a free loopback port
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    timeout = datetime.timedelta(seconds=10)
-    master = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=timeout)
-
-    def client() -> Any:
-        return PrefixStore("default_pg", TCPStore("127.0.0.1", port, is_master=False,
-                                                  timeout=timeout))
-    yield client
-    del master
-
-
-@pytest.fixture
 def captures(tp_store: Any, fresh_settings: pytest.MonkeyPatch) -> list[bool]:
     """Every capture any rank runs, one at a time: whether the ranks' verdict was in the store
     when it began."""

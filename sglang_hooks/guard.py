@@ -145,16 +145,22 @@ def _sig(args: list[str]) -> str:
     return "(self, " + ", ".join(args) + ")" if args else "(self)"
 
 
-def check_adapter(root: Path, adapter: Adapter) -> str | None:
-    for sym in adapter.symbols():
+def check_adapter(root: Path, adapter: Adapter, shapes: bool = True) -> str | None:
+    for sym in adapter.symbols(shapes):
         problem = check_symbol(root, sym)
         if problem is not None:
             return problem
     return None
 
 
-def evaluate(root: Path | None = None, version: str | None = None) -> GuardResult:
-    """Pick the adapter for the SGLang at `root` (default: the installed one)."""
+def evaluate(root: Path | None = None, version: str | None = None,
+             shapes: bool | None = None) -> GuardResult:
+    """Pick the adapter for the SGLang at `root` (default: the installed one). `shapes`
+    (default: whether SPECCTL_SHAPES lists shapes): check what a shape server needs too."""
+    if shapes is None:
+        from sglang_hooks import settings
+
+        shapes = bool(settings.SHAPES.get())
     root = sglang_root() if root is None else root
     if root is None:
         return GuardResult(None, "", "SGLang is not installed")
@@ -171,7 +177,7 @@ def evaluate(root: Path | None = None, version: str | None = None) -> GuardResul
     for adapter in ADAPTERS:
         if not adapter.min_version <= parsed <= adapter.max_version:
             continue
-        problem = check_adapter(root, adapter)
+        problem = check_adapter(root, adapter, shapes)
         if problem is None:
             return GuardResult(adapter, version, None)
         problems.append(problem)

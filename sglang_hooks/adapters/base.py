@@ -85,6 +85,8 @@ class Adapter:
     off_path: frozenset[OffPathFeature] = frozenset()
     # Symbols read but not hooked (fields of result objects and the like).
     reads: tuple[SymbolSpec, ...] = ()
+    # Symbols only a shape server's build reads (checked where SPECCTL_SHAPES lists shapes).
+    shape_reads: tuple[SymbolSpec, ...] = ()
     # self of the set/get_internal_state hook -> the Scheduler.
     scheduler_of: Callable[[Any], Any] = field(default=lambda obj: obj)
     # (result, batch size) -> tokens emitted by that decode iteration, bonus included.
@@ -97,8 +99,11 @@ class Adapter:
         lo, hi = self.min_version, self.max_version
         return f"{'.'.join(map(str, lo))} to {'.'.join(map(str, hi))}"
 
-    def symbols(self) -> tuple[SymbolSpec, ...]:
-        return tuple(h.symbol for h in self.hooks) + self.reads
+    def symbols(self, shapes: bool = True) -> tuple[SymbolSpec, ...]:
+        """What the guard checks; without `shapes` (no SPECCTL_SHAPES) not what only a shape
+        server hooks or reads, so a release that moved one of those still runs chains."""
+        hooked = tuple(h.symbol for h in self.hooks if shapes or not h.shapes)
+        return hooked + self.reads + (self.shape_reads if shapes else ())
 
     @property
     def switches_shapes(self) -> bool:

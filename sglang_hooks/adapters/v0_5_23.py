@@ -121,6 +121,8 @@ ADAPTER = Adapter(
         SymbolSpec(_STATE, _CTRL, "__init__", ("scheduler", "record_step_time")),
         SymbolSpec("sglang.srt.managers.utils", "GenerationBatchResult",
                    "num_non_draft_tokens_per_req", attribute=True),
+    ),
+    shape_reads=(
         # a shape's capture: what SGLang's adaptive state builder calls and enters
         SymbolSpec(_WORKER, "EAGLEWorkerV2", "_override_worker_state",
                    ("speculative_num_steps", "speculative_num_draft_tokens")),

@@ -81,3 +81,17 @@ COMMON_READS: tuple[SymbolSpec, ...] = (
     SymbolSpec(_CONTEXT, "RuntimeContext", "override", ("source",)),
     SymbolSpec(_CONTEXT, "RuntimeContext", "_overrides_log", instance=True),
 )
+
+
+# Draft shapes (shapes.py), registered only where SPECCTL_SHAPES lists shapes: the capture after
+# SGLang's graphs, the switch where SGLang's adaptive mode chooses its state, the narrower
+# shape's draft (0.5.23's keyword-only `with_topology` passes through).
+SHAPE_HOOKS: tuple[HookSpec, ...] = (
+    HookSpec(f"{_WORKER}.EAGLEWorkerV2.init_cuda_graphs", AFTER, "shapes_build",
+             SymbolSpec(_WORKER, "EAGLEWorkerV2", "init_cuda_graphs"), shapes=True),
+    HookSpec(f"{_WORKER}.EAGLEWorkerV2.activate_step_by_batch", AROUND, "shape_switch",
+             SymbolSpec(_WORKER, "EAGLEWorkerV2", "activate_step_by_batch", ("batch_size",)),
+             shapes=True),
+    HookSpec(f"{_WORKER}.EagleDraftWorker.draft", AROUND, "shape_draft",
+             SymbolSpec(_WORKER, "EagleDraftWorker", "draft", ("batch",)), shapes=True),
+)

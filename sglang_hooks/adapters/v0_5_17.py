@@ -25,7 +25,7 @@ from sglang_hooks.adapters.base import (
     ShapeBuild,
     SymbolSpec,
 )
-from sglang_hooks.adapters.common import COMMON_HOOKS, COMMON_READS
+from sglang_hooks.adapters.common import COMMON_HOOKS, COMMON_READS, SHAPE_HOOKS
 
 _SCHED = "sglang.srt.managers.scheduler"
 _ALLOC = "sglang.srt.mem_cache.allocation"
@@ -175,15 +175,7 @@ ADAPTER = Adapter(
         HookSpec(f"{_WORKER}.EAGLEWorkerV2.verify", AROUND, "plain_decode_verify",
                  SymbolSpec(_WORKER, "EAGLEWorkerV2", "verify", ("batch", "grammar_barrier")),
                  _PLAIN_DECODE),
-        # draft shapes (shapes.py): the capture after SGLang's graphs, the switch where SGLang's
-        # adaptive mode chooses its state, the narrower shape's draft
-        HookSpec(f"{_WORKER}.EAGLEWorkerV2.init_cuda_graphs", AFTER, "shapes_build",
-                 SymbolSpec(_WORKER, "EAGLEWorkerV2", "init_cuda_graphs"), shapes=True),
-        HookSpec(f"{_WORKER}.EAGLEWorkerV2.activate_step_by_batch", AROUND, "shape_switch",
-                 SymbolSpec(_WORKER, "EAGLEWorkerV2", "activate_step_by_batch",
-                            ("batch_size",)), shapes=True),
-        HookSpec(f"{_WORKER}.EagleDraftWorker.draft", AROUND, "shape_draft",
-                 SymbolSpec(_WORKER, "EagleDraftWorker", "draft", ("batch",)), shapes=True),
+        *SHAPE_HOOKS,
     ),
     reads=(
         *COMMON_READS,

@@ -29,7 +29,7 @@ from sglang_hooks.adapters.base import (
     ShapeBuild,
     SymbolSpec,
 )
-from sglang_hooks.adapters.common import COMMON_HOOKS, COMMON_READS
+from sglang_hooks.adapters.common import COMMON_HOOKS, COMMON_READS, SHAPE_HOOKS
 
 _STATE = "sglang.srt.managers.scheduler_components.internal_state"
 _CTRL = "SchedulerInternalStateController"
@@ -105,16 +105,7 @@ ADAPTER = Adapter(
                  SymbolSpec(_STATE, _CTRL, "set_internal_state", ("recv_req",))),
         HookSpec(f"{_STATE}.{_CTRL}.get_internal_state", AFTER, "get_internal_state",
                  SymbolSpec(_STATE, _CTRL, "get_internal_state", ("recv_req",))),
-        # draft shapes (shapes.py): the capture after SGLang's graphs, the switch where SGLang's
-        # adaptive mode chooses its state, the narrower shape's draft (`with_topology` passes
-        # through as a keyword)
-        HookSpec(f"{_WORKER}.EAGLEWorkerV2.init_cuda_graphs", AFTER, "shapes_build",
-                 SymbolSpec(_WORKER, "EAGLEWorkerV2", "init_cuda_graphs"), shapes=True),
-        HookSpec(f"{_WORKER}.EAGLEWorkerV2.activate_step_by_batch", AROUND, "shape_switch",
-                 SymbolSpec(_WORKER, "EAGLEWorkerV2", "activate_step_by_batch",
-                            ("batch_size",)), shapes=True),
-        HookSpec(f"{_WORKER}.EagleDraftWorker.draft", AROUND, "shape_draft",
-                 SymbolSpec(_WORKER, "EagleDraftWorker", "draft", ("batch",)), shapes=True),
+        *SHAPE_HOOKS,
     ),
     reads=(
         *COMMON_READS,

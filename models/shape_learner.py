@@ -235,7 +235,7 @@ class ShapeLearner:
     def _live_shape(self, live: PolicyTable | None, bucket: int) -> str:
         if live is None:
             return self.startup
-        tier = live.tiers[_tier_index(live, bucket)]
+        tier = live.tier_for(bucket)
         name = label(tier.shape)
         return name if name in self.shapes else self.startup
 
@@ -302,7 +302,7 @@ class ShapeLearner:
         return out
 
     def _table_tok(self, table: PolicyTable | None, bucket: int, *, probes: bool) -> float | None:
-        tier = table.tiers[_tier_index(table, bucket)] if table is not None else None
+        tier = table.tier_for(bucket) if table is not None else None
         main = self.startup if tier is None else label(tier.shape)
         here = self.measured(bucket)
         cell = here.get(main)
@@ -399,16 +399,8 @@ def _histogram(batch_histogram: Mapping[int, float] | None) -> dict[int, float]:
     return {b: v / total for b, v in raw.items()} if total > 0 else {}
 
 
-def _tier_index(table: PolicyTable, batch: int) -> int:
-    idx = 0
-    for i, t in enumerate(table.tiers):
-        if t.min_batch <= batch:
-            idx = i
-    return idx
-
-
 def _expected_share(table: PolicyTable, hist: Mapping[int, float]) -> float:
     if not hist:
         return max((t.explore_share for t in table.tiers), default=0.0)
-    return sum(w * table.tiers[_tier_index(table, b)].explore_share for b, w in hist.items())
+    return sum(w * table.tier_for(b).explore_share for b, w in hist.items())
 

@@ -152,7 +152,7 @@ def test_the_daemon_stores_a_shape_server_s_trees_and_curves_show_them(
     assert any(s.depth == 3 and not s.tree for s in stored), stored
     res = runner.invoke(load_commands(), ["curves", "--store", str(store), "--json"])
     assert res.exit_code == 0, res.output
-    doc = json.loads(res.output)
+    doc = json.loads(res.stdout)
     assert set(doc["curves"]) <= {"0", "3"}  # learned: chains and off only
     measured_trees = [m for m in doc["measured"] if m["tree"]]
     assert measured_trees and all(m["tree"] == "3x4x16" for m in measured_trees)

@@ -28,7 +28,7 @@ def test_the_daemon_learns_the_shape_per_load_and_beats_every_static_shape() -> 
     over the trace than any one shape held throughout."""
     res = CliRunner().invoke(load_commands(), [*ARGS, "--daemon", "--json"])
     assert res.exit_code == 0, res.output
-    doc = json.loads(res.output)["closed_loop_daemon"]["b"]
+    doc = json.loads(res.stdout)["closed_loop_daemon"]["b"]  # stderr may hold log lines
     table = parse_table(doc["final_table"])
     assert [tier_label(table.tier_for(b)) for b in (1, 64, 256)] == ["3x4x16", "d3", "off"], (
         doc["final_table_text"])

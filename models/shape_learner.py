@@ -47,7 +47,7 @@ SHAPE_MODEL_VERSION = "specctl-shapes/1 (measured tok/s per shape and bucket, th
 # One request step's relative spread of accepted tokens, at least: a chain's accepted tokens
 # per step range over 1..depth+1. A batch of B averages B of them.
 PRIOR_REQUEST_CV = 0.4
-MIN_SAMPLES_FOR_CV = 8  # samples beside their cell's mean before their scatter replaces it
+MIN_SAMPLES_FOR_CV = 8  # samples beside their cell's mean before their scatter may widen the prior
 FLOOR_SD = 0.01  # what no amount of evidence removes: acceptance and load drift in a cell
 # A shape placed less tightly than this at a bucket (log tok/s) is probed there, not run: a
 # few probe steps at batch 1 say too little (at the prior spread, 16 of them give 0.1).
